@@ -1,0 +1,255 @@
+"""Prompt sets and chat inputs: what the decoding loop is asked to answer.
+
+Three sources, one entry point (`load_prompts`, fed by the `data` config group):
+
+- `builtin`: a small prompt set written for this project and shipped with the package
+  (`specdec/data/builtin.jsonl`), so every run has a workload without downloads.
+- `spec_bench`: Spec-Bench's `question.jsonl` (or any file in its format), the standard workload on
+  which speculative-decoding methods are compared; acceptance differs a lot between its categories
+  (summaries and RAG copy from the prompt, translation does not), so prompts carry their category.
+- `hf`: anything `datasets.load_dataset` can open: local json/jsonl/csv/parquet files, a local
+  dataset folder, or a hub name when a network exists. Kept offline unless the caller says otherwise.
+
+A prompt has one or more user turns. The caller answers them turn by turn with `build_turn_input`,
+which renders the whole conversation so far through the tokenizer's chat template. Turn 2's ids
+start with turn 1's input + answer ids only when the answer ids are the tokenizer's own encoding of the
+answer text and the template re-renders earlier turns unchanged (true for SmolLM2-135M-Instruct); a
+model may generate another tokenization of the same text, and some templates strip or rewrite earlier
+turns. So a caller reuses the KV cache up to `common_prefix_len` and feeds only the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+SOURCES = ("builtin", "spec_bench", "hf")
+SPEC_BENCH_FIELDS = ("question_id", "category", "turns")
+# Local files `datasets` reads with a packaged builder, by extension.
+HF_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One request: its id, its category (for per-category statistics) and its user turns."""
+
+    prompt_id: str
+    category: str
+    turns: tuple[str, ...]
+
+
+def _make_prompt(prompt_id: str, category: str, turns: Any, where: str) -> Prompt:
+    """Build a Prompt from raw fields, refusing empty turns or non-text turns."""
+    if isinstance(turns, str):
+        turns = [turns]
+    if not isinstance(turns, (list, tuple)) or not turns:
+        raise ValueError(f"{where}: prompt {prompt_id!r} has no turns")
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, str):
+            raise ValueError(f"{where}: prompt {prompt_id!r} turn {i} is {type(turn).__name__}, not text")
+        if not turn.strip():
+            raise ValueError(f"{where}: prompt {prompt_id!r} turn {i} is empty")
+    return Prompt(prompt_id=prompt_id, category=category, turns=tuple(turns))
+
+
+def _parse_spec_bench(lines: Iterable[str], name: str) -> list[Prompt]:
+    """Parse Spec-Bench JSONL lines (`question_id`, `category`, `turns`; other fields are ignored)."""
+    prompts = []
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{name}, line {lineno}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: malformed JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
+        missing = [f for f in SPEC_BENCH_FIELDS if f not in row]
+        if missing:
+            raise ValueError(
+                f"{where}: missing field(s) {missing}; a Spec-Bench line has {list(SPEC_BENCH_FIELDS)}"
+            )
+        if isinstance(row["turns"], str):
+            raise ValueError(f"{where}: `turns` must be a list of strings")
+        prompts.append(_make_prompt(str(row["question_id"]), str(row["category"]), row["turns"], where))
+    return prompts
+
+
+def load_builtin() -> list[Prompt]:
+    """The prompt set shipped with the package."""
+    text = resources.files("specdec").joinpath("data/builtin.jsonl").read_text(encoding="utf-8")
+    return _parse_spec_bench(text.splitlines(), "specdec/data/builtin.jsonl")
+
+
+def _require_file(path: str | Path) -> Path:
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"data file not found: {path} (set data.path)")
+    return path
+
+
+def load_spec_bench(path: str | Path) -> list[Prompt]:
+    """A Spec-Bench `question.jsonl` file (or any file in its format)."""
+    path = _require_file(path)
+    with path.open(encoding="utf-8") as f:
+        return _parse_spec_bench(f, str(path))
+
+
+def load_hf(
+    path: str | None = None,
+    hf_name: str | None = None,
+    split: str = "train",
+    text_field: str = "text",
+    category_field: str | None = None,
+    id_field: str | None = None,
+) -> list[Prompt]:
+    """Any source `datasets.load_dataset` opens; a text field holding a list of strings is multi-turn."""
+    # `datasets` reads these once, at its import: set them first so even local loads never reach for a
+    # hub (if something imported `datasets` earlier, its settings stand). An exported value wins.
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import datasets
+
+    if path is not None and Path(path).suffix.lower() in HF_BUILDERS:
+        local = _require_file(path)
+        builder = HF_BUILDERS[local.suffix.lower()]
+        # Naming the split in data_files lets any split name select the single file.
+        ds = datasets.load_dataset(builder, data_files={split: str(local)}, split=split)
+        name = str(local)
+    elif hf_name or path:
+        name = hf_name or path
+        ds = datasets.load_dataset(name, split=split)
+    else:
+        raise ValueError("data.source=hf needs data.hf_name (a dataset name) or data.path (a local file)")
+
+    columns = list(ds.column_names)
+    for key, field in (
+        ("text_field", text_field),
+        ("category_field", category_field),
+        ("id_field", id_field),
+    ):
+        if field is not None and field not in columns:
+            raise ValueError(f"{name}: no field {field!r} (data.{key}); available columns: {columns}")
+
+    prompts = []
+    for index, row in enumerate(ds):
+        prompt_id = str(row[id_field]) if id_field else str(index)
+        category = str(row[category_field]) if category_field else "hf"
+        prompts.append(_make_prompt(prompt_id, category, row[text_field], f"{name}, row {index}"))
+    return prompts
+
+
+def select_prompts(
+    prompts: list[Prompt],
+    limit: int | None = None,
+    categories: list[str] | None = None,
+    per_category: bool = True,
+) -> list[Prompt]:
+    """Keep the requested categories, then the first `limit` prompts of each (or overall), in order."""
+    if categories is not None:
+        existing = sorted({p.category for p in prompts})
+        unknown = [c for c in categories if c not in existing]
+        if unknown:
+            raise ValueError(f"unknown data.categories {unknown}; existing categories: {existing}")
+        prompts = [p for p in prompts if p.category in categories]
+    if limit is None:
+        return prompts
+    if not per_category:
+        return prompts[:limit]
+    taken: dict[str, int] = {}
+    kept = []
+    for p in prompts:
+        if taken.get(p.category, 0) < limit:
+            taken[p.category] = taken.get(p.category, 0) + 1
+            kept.append(p)
+    return kept
+
+
+def load_prompts(
+    source: str,
+    path: str | None = None,
+    limit: int | None = None,
+    categories: list[str] | None = None,
+    per_category: bool = True,
+    hf_name: str | None = None,
+    split: str = "train",
+    text_field: str = "text",
+    category_field: str | None = None,
+    id_field: str | None = None,
+) -> list[Prompt]:
+    """Load a prompt set (`source`: builtin, spec_bench or hf) and select from it.
+
+    `limit` keeps the first `limit` prompts of each category when `per_category` (Spec-Bench studies
+    use a fixed number per category), else the first `limit` overall. File order is preserved.
+    """
+    if limit is not None and limit < 1:
+        raise ValueError(f"data.limit must be >= 1 (or null for all prompts), got {limit}")
+    if source == "builtin":
+        prompts = load_builtin()
+    elif source == "spec_bench":
+        if path is None:
+            raise ValueError("data.source=spec_bench needs data.path (a Spec-Bench question.jsonl)")
+        prompts = load_spec_bench(path)
+    elif source == "hf":
+        prompts = load_hf(path, hf_name, split, text_field, category_field, id_field)
+    else:
+        raise ValueError(f"unknown data.source {source!r}; valid sources: {list(SOURCES)}")
+
+    seen: set[str] = set()
+    for p in prompts:
+        if p.prompt_id in seen:
+            raise ValueError(
+                f"duplicate prompt id {p.prompt_id!r} in data.source={source}; ids must be unique"
+            )
+        seen.add(p.prompt_id)
+    return select_prompts(prompts, limit, categories, per_category)
+
+
+def build_turn_input(
+    tokenizer: Any,
+    history: list[tuple[str, str]],
+    user_turn: str,
+    system_prompt: str | None = None,
+) -> list[int]:
+    """Token ids of the conversation so far plus `user_turn`, ending where the assistant's answer starts.
+
+    `history` holds (user_text, assistant_text) pairs of earlier turns. With a chat template the ids are
+    the template's rendering; without one, a plain "User: ...\\nAssistant: ..." transcript.
+    Turn 2's ids need not start with turn 1's input + generated ids: the template closes the answer with
+    its end-of-turn marker, the model may have tokenized the answer another way, and plain text may
+    merge tokens across the boundary. Compare with `common_prefix_len` before reusing a KV cache.
+    """
+    if getattr(tokenizer, "chat_template", None):
+        messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        for user_text, assistant_text in history:
+            messages += [
+                {"role": "user", "content": user_text},
+                {"role": "assistant", "content": assistant_text},
+            ]
+        messages.append({"role": "user", "content": user_turn})
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        # transformers 5 returns a BatchEncoding (a dict) by default; older versions a plain list.
+        if hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
+
+    text = f"{system_prompt}\n" if system_prompt else ""
+    for user_text, assistant_text in history:
+        text += f"User: {user_text}\nAssistant: {assistant_text}\n"
+    text += f"User: {user_turn}\nAssistant:"
+    return list(tokenizer.encode(text, add_special_tokens=True))
+
+
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two id lists: how much of a cached sequence can be reused."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

@@ -1,0 +1,193 @@
+"""Prompt sets (builtin, Spec-Bench, `datasets` sources) and chat inputs for multi-turn prompts."""
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from specdec.data import Prompt, build_turn_input, common_prefix_len, load_prompts
+
+# The shared Spec-Bench file sits beside the repository root (../shared), in a checkout and in CI.
+SPEC_BENCH = Path(__file__).resolve().parents[2] / "shared/data/spec_bench/question.jsonl"
+needs_spec_bench = pytest.mark.skipif(not SPEC_BENCH.is_file(), reason=f"{SPEC_BENCH} not present")
+
+WORDS = (
+    "[UNK] [BOS] <s> </s> User: Assistant: user assistant system hello world how are you fine thanks be brief"
+)
+TEMPLATE = (
+    "{% for m in messages %}<s> {{ m['role'] }} {{ m['content'] }} </s> {% endfor %}"
+    "{% if add_generation_prompt %}<s> assistant{% endif %}"
+)
+
+
+@pytest.fixture
+def tokenizer():
+    """A tiny word-level tokenizer with no chat template (so the plain-text fallback applies)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(WORDS.split())}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", bos_token="[BOS]")
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+# --- builtin ---------------------------------------------------------------------------------------
+
+
+def test_builtin_set_is_complete():
+    prompts = load_prompts("builtin")
+    counts = Counter(p.category for p in prompts)
+    assert len(counts) >= 6 and min(counts.values()) >= 4
+    assert {"conversation", "translation", "summarization", "qa", "math_reasoning", "rag"} <= set(counts)
+    assert sum(len(p.turns) == 2 for p in prompts if p.category == "conversation") >= 2
+    assert all(isinstance(p, Prompt) and p.turns and all(t.strip() for t in p.turns) for p in prompts)
+    assert len({p.prompt_id for p in prompts}) == len(prompts)
+
+
+def test_builtin_limit_and_categories():
+    prompts = load_prompts("builtin", limit=1, categories=["qa", "rag"])
+    assert [p.category for p in prompts] == ["qa", "rag"]
+    assert len(load_prompts("builtin", limit=3, per_category=False)) == 3
+
+
+# --- spec_bench ------------------------------------------------------------------------------------
+
+
+@needs_spec_bench
+def test_spec_bench_file():
+    prompts = load_prompts("spec_bench", path=str(SPEC_BENCH))
+    counts = Counter(p.category for p in prompts)
+    assert len(prompts) == 480 and len(counts) == 13
+    assert all(len(p.turns) == 2 for p in prompts if counts[p.category] == 10)  # the MT-bench part
+    assert all(len(p.turns) == 1 for p in prompts if counts[p.category] == 80)
+
+    two_each = load_prompts("spec_bench", path=str(SPEC_BENCH), limit=2)
+    assert len(two_each) == 26 and set(Counter(p.category for p in two_each).values()) == {2}
+    # File order is kept: the first two of a category are its first two lines.
+    assert [p.prompt_id for p in two_each if p.category == "rag"] == [
+        p.prompt_id for p in prompts if p.category == "rag"
+    ][:2]
+
+    picked = load_prompts("spec_bench", path=str(SPEC_BENCH), categories=["translation", "coding"], limit=3)
+    assert Counter(p.category for p in picked) == {"translation": 3, "coding": 3}
+    assert len(load_prompts("spec_bench", path=str(SPEC_BENCH), limit=5, per_category=False)) == 5
+
+
+def test_malformed_jsonl_names_line(tmp_path):
+    good = {"question_id": 1, "category": "qa", "turns": ["Why?"]}
+    path = tmp_path / "q.jsonl"
+    path.write_text(json.dumps(good) + "\n{not json\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"q\.jsonl, line 2: malformed JSON"):
+        load_prompts("spec_bench", path=str(path))
+
+    write_jsonl(path, [good, {"question_id": 2, "turns": ["Hi"]}])
+    with pytest.raises(ValueError, match=r"line 2: missing field\(s\) \['category'\]"):
+        load_prompts("spec_bench", path=str(path))
+
+    write_jsonl(path, [{"question_id": 7, "category": "qa", "turns": ["ok", "  "]}])
+    with pytest.raises(ValueError, match="prompt '7' turn 1 is empty"):
+        load_prompts("spec_bench", path=str(path))
+
+    write_jsonl(path, [{"question_id": 8, "category": "qa", "turns": []}])
+    with pytest.raises(ValueError, match="prompt '8' has no turns"):
+        load_prompts("spec_bench", path=str(path))
+
+
+def test_config_errors(tmp_path):
+    missing = tmp_path / "nope.jsonl"
+    with pytest.raises(FileNotFoundError, match=r"nope\.jsonl.*data\.path"):
+        load_prompts("spec_bench", path=str(missing))
+    with pytest.raises(FileNotFoundError, match="data.path"):
+        load_prompts("hf", path=str(missing))
+    with pytest.raises(ValueError, match="data.limit"):
+        load_prompts("builtin", limit=0)
+    with pytest.raises(ValueError, match=r"existing categories: \[.*'conversation'.*'rag'"):
+        load_prompts("builtin", categories=["qa", "poetry"])
+    with pytest.raises(ValueError, match="builtin.*spec_bench.*hf"):
+        load_prompts("sharegpt")
+
+
+# --- hf (local files through `datasets`) -----------------------------------------------------------
+
+
+@pytest.fixture
+def hf_cache(tmp_path, monkeypatch):
+    """Offline `datasets` whose cache lives in tmp_path, so the tests leave nothing in the home folder."""
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # before `datasets` is first imported
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf_cache")
+
+
+def test_hf_local_jsonl_and_csv(tmp_path, hf_cache):
+    rows = [
+        {"qid": "a", "kind": "chat", "prompt": ["Hello there.", "And then?"]},
+        {"qid": "b", "kind": "qa", "prompt": ["What is two plus two?"]},
+    ]
+    path = write_jsonl(tmp_path / "set.jsonl", rows)
+    prompts = load_prompts("hf", path=str(path), text_field="prompt", category_field="kind", id_field="qid")
+    assert prompts == [
+        Prompt("a", "chat", ("Hello there.", "And then?")),
+        Prompt("b", "qa", ("What is two plus two?",)),
+    ]
+
+    csv = tmp_path / "set.csv"
+    csv.write_text("text,topic\nWhat is rain?,weather\nName a prime.,math\nWhy is snow white?,weather\n")
+    prompts = load_prompts("hf", path=str(csv), category_field="topic", limit=1)
+    assert prompts == [Prompt("0", "weather", ("What is rain?",)), Prompt("1", "math", ("Name a prime.",))]
+    assert load_prompts("hf", path=str(csv))[2].category == "hf"
+
+
+def test_hf_missing_field_lists_columns(tmp_path, hf_cache):
+    csv = tmp_path / "set.csv"
+    csv.write_text("question,topic\nWhat is rain?,weather\n")
+    with pytest.raises(ValueError, match=r"'text' \(data\.text_field\).*\['question', 'topic'\]"):
+        load_prompts("hf", path=str(csv))
+    with pytest.raises(ValueError, match=r"'label' \(data\.category_field\)"):
+        load_prompts("hf", path=str(csv), text_field="question", category_field="label")
+
+
+# --- chat inputs -----------------------------------------------------------------------------------
+
+
+def test_common_prefix_len():
+    assert common_prefix_len([1, 2, 3], [1, 2, 4, 5]) == 2
+    assert common_prefix_len([1, 2], [1, 2, 3]) == 2
+    assert common_prefix_len([], [1]) == 0
+    assert common_prefix_len([7], [8]) == 0
+
+
+def test_turn_input_plain_text(tokenizer):
+    first = build_turn_input(tokenizer, [], "hello")
+    assert first == tokenizer.encode("User: hello\nAssistant:", add_special_tokens=True)
+    answer = tokenizer.encode("fine thanks", add_special_tokens=False)
+    second = build_turn_input(tokenizer, [("hello", "fine thanks")], "how are you")
+    # Whitespace pre-tokenization makes the transcript extend exactly; a BPE tokenizer may not.
+    assert second[: len(first) + len(answer)] == first + answer
+    assert common_prefix_len(first + answer, second) == len(first) + len(answer)
+
+
+def test_turn_input_chat_template(tokenizer):
+    tokenizer.chat_template = TEMPLATE
+    first = build_turn_input(tokenizer, [], "hello", system_prompt="be brief")
+    assert isinstance(first, list) and all(type(i) is int for i in first)
+    vocab = tokenizer.get_vocab()
+    expected = "<s> system be brief </s> <s> user hello </s> <s> assistant".split()
+    assert first == [vocab[w] for w in expected]
+
+    answer = tokenizer.encode("fine thanks", add_special_tokens=False)
+    second = build_turn_input(tokenizer, [("hello", "fine thanks")], "how are you", system_prompt="be brief")
+    # Turn 2 extends turn 1's input + the answer; then the template closes the answer with "</s>", a
+    # token the model may not have generated, so a caller re-feeds from the common prefix on.
+    reused = common_prefix_len(first + answer, second)
+    assert reused == len(first) + len(answer)
+    assert second[:reused] == first + answer
+    assert second[reused] == vocab["</s>"]
