@@ -1,0 +1,250 @@
+"""Experiment tracking: the local results files, always, and Weights & Biases, when asked.
+
+An experiment's results must survive whatever happens to the tracker, so the two are kept apart:
+
+- `write_local_results` writes `results.jsonl` (one line per prompt) and `summary.json` into the job's
+  output folder. It needs nothing but the standard library and is called whether or not W&B works.
+- `Tracker` is the no-op logger (`logger=none`); `WandbTracker` sends the same numbers to W&B, offline by
+  default. Any exception from W&B is caught, logged as a warning, and turns the tracker into a no-op:
+  W&B may lose a run, the run never loses its results.
+- `read_offline_summary` reads the summary of an offline run back, so tests can check that W&B saw
+  what `summary.json` holds.
+
+W&B facts this relies on (wandb 0.31): `reinit="create_new"` gives every job its own run even when
+Hydra runs many jobs in one process; an offline run writes `offline-run-*/run-*.wandb` and no
+`wandb-summary.json`, which `wandb leet inspect --summary --json` reads back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+log = logging.getLogger("specdec")
+
+TRACKERS = ("none", "wandb")
+SCALAR = (bool, int, float, str)
+
+
+def _jsonable(obj: Any) -> Any:
+    """Make `obj` strict JSON: non-finite floats become None, tuples lists, paths and the rest strings."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if obj is None or isinstance(obj, SCALAR):
+        return obj
+    if isinstance(obj, Mapping):  # dicts, and OmegaConf configs too
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, Sequence):
+        return [_jsonable(v) for v in obj]
+    if hasattr(obj, "item"):  # numpy / torch scalars
+        return _jsonable(obj.item())
+    return str(obj)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write via a temporary file and `os.replace`, so a crash never leaves a half-written file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_local_results(out_dir: Path, rows: list[dict], summary: dict) -> None:
+    """Write `results.jsonl` (one JSON line per row) and `summary.json` into `out_dir`; NaN/inf -> null."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lines = "".join(json.dumps(_jsonable(row), allow_nan=False) + "\n" for row in rows)
+    _write_atomic(out_dir / "results.jsonl", lines)
+    _write_atomic(out_dir / "summary.json", json.dumps(_jsonable(summary), indent=2, allow_nan=False) + "\n")
+
+
+def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts and lists -> {"a/b/c": scalar}; list items are numbered from 1 (position i = 1..k).
+
+    None and non-finite floats are left out: W&B drops None anyway, and summary.json holds them as null.
+    """
+    if isinstance(obj, Mapping):
+        items = [(str(k), v) for k, v in obj.items()]
+    elif isinstance(obj, Sequence) and not isinstance(obj, str):
+        items = [(str(i), v) for i, v in enumerate(obj, start=1)]
+    else:
+        value = _jsonable(obj)
+        return {} if value is None else {prefix: value}
+    flat: dict[str, Any] = {}
+    for key, value in items:
+        flat.update(flatten(value, f"{prefix}/{key}" if prefix else key))
+    return flat
+
+
+class Tracker:
+    """The no-op tracker (`logger=none`) and the interface every tracker keeps."""
+
+    def start(self, config: dict, name: str, group: str | None, out_dir: Path) -> None:
+        pass
+
+    def log_rows(self, rows: list[dict]) -> None:
+        """Per-prompt metrics."""
+
+    def log_summary(self, summary: dict, rows: list[dict], plots: dict[str, Path]) -> None:
+        """The run's aggregate metrics, a table of the rows, and plots saved as image files."""
+
+    def finish(self, failed: bool = False) -> None:
+        pass
+
+    @property
+    def run_dir(self) -> Path | None:
+        """Where the tracker wrote the run; None when it wrote nothing."""
+        return None
+
+    def __enter__(self) -> Tracker:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.finish(failed=exc is not None)  # returns None: the exception, if any, propagates
+
+
+class WandbTracker(Tracker):
+    """Weights & Biases, one run per job. Every W&B call is guarded: on failure, warn and go quiet."""
+
+    def __init__(
+        self,
+        project: str = "specdec",
+        entity: str | None = None,
+        mode: str | None = None,
+        tags: tuple[str, ...] | list[str] = (),
+        init_timeout: float = 15.0,
+    ) -> None:
+        self.project = project
+        self.entity = entity
+        # An explicit wandb.init(mode=...) overrides WANDB_MODE, so resolve the env var here.
+        self.mode = mode or os.environ.get("WANDB_MODE") or "offline"
+        self.tags = list(tags)
+        self.init_timeout = init_timeout
+        self._run: Any = None
+        self._run_dir: Path | None = None
+        self._out_dir: Path | None = None
+
+    @property
+    def run_dir(self) -> Path | None:
+        return self._run_dir
+
+    def _fail(self, during: str, exc: Exception) -> None:
+        log.warning(
+            "W&B failed during %s (%s: %s); continuing without W&B. Local results are still written in %s",
+            during,
+            type(exc).__name__,
+            exc,
+            self._out_dir,
+        )
+        run, self._run = self._run, None
+        if run is not None and during != "finish":
+            try:  # close the broken run so it does not linger until the process exits
+                run.finish(exit_code=1)
+            except Exception:  # already warned; this run is past saving
+                pass
+
+    def start(self, config: dict, name: str, group: str | None, out_dir: Path) -> None:
+        self._out_dir = Path(out_dir)
+        os.environ.setdefault("WANDB_ERROR_REPORTING", "false")  # else it phones home even offline
+        os.environ.setdefault("WANDB_SILENT", "true")
+        try:
+            import wandb
+
+            self._out_dir.mkdir(parents=True, exist_ok=True)
+            self._run = wandb.init(
+                project=self.project,
+                entity=self.entity,
+                name=name,
+                group=group,
+                tags=self.tags,
+                config=_jsonable(config),
+                dir=self._out_dir,
+                mode=self.mode,
+                reinit="create_new",  # a new run per job, even with a previous run still open
+                settings=wandb.Settings(init_timeout=self.init_timeout),
+            )
+            self._run_dir = Path(self._run.dir).parent  # .../wandb/offline-run-*/files -> the run folder
+        except Exception as exc:
+            self._fail("init", exc)
+
+    def log_rows(self, rows: list[dict]) -> None:
+        if self._run is None:
+            return
+        try:
+            for row in rows:  # one step per prompt; "prompt/" keeps them apart from the summary's keys
+                metrics = {
+                    f"prompt/{k}": v
+                    for k, v in row.items()
+                    if isinstance(v, (int, float)) and math.isfinite(v)
+                }
+                self._run.log(metrics)
+        except Exception as exc:
+            self._fail("log_rows", exc)
+
+    def log_summary(self, summary: dict, rows: list[dict], plots: dict[str, Path]) -> None:
+        if self._run is None:
+            return
+        try:
+            import wandb
+
+            self._run.summary.update(flatten(summary))  # first: the numbers matter more than the pictures
+            media: dict[str, Any] = {f"plots/{name}": wandb.Image(str(path)) for name, path in plots.items()}
+            if rows:
+                media["results"] = _table(wandb, rows)
+            if media:
+                self._run.log(media)
+        except Exception as exc:
+            self._fail("log_summary", exc)
+
+    def finish(self, failed: bool = False) -> None:
+        if self._run is None:
+            return
+        try:
+            self._run.finish(exit_code=1 if failed else 0)
+        except Exception as exc:
+            self._fail("finish", exc)
+        self._run = None
+
+
+def _table(wandb: Any, rows: list[dict]) -> Any:
+    """A wandb.Table of the rows: one column per key seen in any row; lists and dicts as JSON strings."""
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    data = [
+        [v if v is None or isinstance(v, SCALAR) else json.dumps(_jsonable(v)) for v in map(row.get, columns)]
+        for row in rows
+    ]
+    return wandb.Table(columns=columns, data=_jsonable(data))
+
+
+def make_tracker(kind: str, **kwargs: Any) -> Tracker:
+    """The tracker for `logger=<kind>`: "none" -> the no-op Tracker, "wandb" -> WandbTracker(**kwargs)."""
+    if kind == "none":
+        return Tracker()
+    if kind == "wandb":
+        return WandbTracker(**kwargs)
+    raise ValueError(f"unknown tracker {kind!r}; valid kinds: {', '.join(TRACKERS)}")
+
+
+def inspect_offline_run(run_dir: Path) -> dict:
+    """A W&B run folder (or its .wandb file) as `wandb leet inspect --summary --json` reads it: run_id, name,
+    state, exit_code, config, summary, console tail."""
+    cmd = [sys.executable, "-m", "wandb", "leet", "inspect", "--summary", "--json", str(run_dir)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()}")
+    return json.loads(proc.stdout)
+
+
+def read_offline_summary(run_dir: Path) -> dict:
+    """The summary of a W&B run: the flattened keys the tracker wrote, W&B's own (`_step`, `_runtime`,
+    `_timestamp`) and the last value of every logged history key (`prompt/...`, `results`, `plots/...`)."""
+    return inspect_offline_run(run_dir)["summary"]
