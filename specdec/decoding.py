@@ -1,0 +1,301 @@
+"""The decoding loop: prefill, then propose -> score -> verify -> commit -> observe until done.
+
+`SpeculativeDecoder` runs any proposer against the target on one `Engine`. With no proposer it is
+the plain autoregressive baseline: the same loop, caches and code path with zero drafts per step,
+so a measured speedup compares the drafting and nothing else.
+
+Cache invariant: after every commit the target's cache holds `seq_len - 1` tokens per row; the last
+emitted token is fed at the start of the next scoring pass, followed by the drafts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from specdec.engine import Engine, Timer
+from specdec.metrics import GenerationStats, RowStats
+from specdec.proposers.autoregressive import NoDraftProposer
+from specdec.proposers.base import Proposal, Proposer
+from specdec.sampling import SamplingParams
+from specdec.verify import Verification, make_verifier
+
+# on_tokens(row, new_token_ids): called as soon as tokens are committed, for streaming.
+TokenCallback = Callable[[int, list[int]], None]
+
+
+@dataclass
+class DecodeState:
+    """Everything the loop and the proposers share about the batch being decoded.
+
+    tokens:    [B, max_len] token buffer; row b holds `seq_lens[b]` real tokens (prompt + output).
+    reuse:     per row, how many leading tokens of a previous generation's caches are still valid
+               (multi-turn continuation), or None for a fresh start.
+    """
+
+    tokens: torch.Tensor
+    seq_lens: list[int]
+    prompt_lens: list[int]
+    active: list[bool]
+    max_new_tokens: int
+    max_len: int
+    sampling: SamplingParams
+    generator: torch.Generator
+    reuse: list[int] | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.seq_lens)
+
+    def output_ids(self, row: int) -> list[int]:
+        return self.tokens[row, self.prompt_lens[row] : self.seq_lens[row]].tolist()
+
+
+@dataclass
+class StepOutcome:
+    """What one step did, handed to the proposer's `observe`."""
+
+    proposal: Proposal
+    verification: Verification
+    prev_seq_lens: list[int]  # sequence lengths before this step's commit
+    accepted: list[int]  # accepted drafts per row (0 for rows that were already finished)
+    emitted: list[int]  # tokens appended per row (after EOS and max_new_tokens cuts)
+    active: list[bool]  # which rows took part in this step
+
+
+@dataclass
+class Generation:
+    """Result of `SpeculativeDecoder.generate`."""
+
+    output_ids: list[list[int]]
+    prompt_ids: list[list[int]]
+    stats: GenerationStats
+    state: DecodeState
+    texts: list[str] | None = None
+    lossless: bool = True
+    verifier: str = "greedy"
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class SpeculativeDecoder:
+    """Speculative decoding of a batch of prompts with any proposer (None: plain decoding).
+
+    engine:                 target (and draft) models with their caches.
+    proposer:               a `Proposer`; None gives the autoregressive baseline.
+    num_speculative_tokens: k, drafts proposed per step (ignored without a proposer).
+    verifier:               "auto" (greedy at temperature 0, else speculative sampling), or a name.
+    tokenizer:              optional; needed to pass text prompts and to get text back.
+    eos_token_id:           id or ids that end a row; default from the tokenizer / model config.
+    max_len:                minimum cache length to allocate, so later turns of a conversation fit.
+    """
+
+    def __init__(self, engine: Engine, proposer: Proposer | None = None, num_speculative_tokens: int = 4,
+                 verifier: str = "auto", tokenizer=None, eos_token_id: int | Sequence[int] | None = None,
+                 max_len: int = 0):
+        self.engine = engine
+        self.proposer = proposer or NoDraftProposer()
+        self.speculative = proposer is not None
+        if self.speculative and num_speculative_tokens < 1:
+            raise ValueError(f"num_speculative_tokens (k) must be >= 1, got {num_speculative_tokens}")
+        self.k = num_speculative_tokens if self.speculative else 0
+        self.verifier_name = verifier
+        self.tokenizer = tokenizer
+        self.eos_ids = self._eos_ids(eos_token_id)
+        self.max_len = max_len
+
+    def _eos_ids(self, eos: int | Sequence[int] | None) -> set[int]:
+        if eos is None and self.tokenizer is not None:
+            eos = self.tokenizer.eos_token_id
+        if eos is None:
+            eos = getattr(self.engine.target.model.generation_config, "eos_token_id", None)
+        if eos is None:
+            return set()
+        return {eos} if isinstance(eos, int) else set(eos)
+
+    # ---------------------------------------------------------------- input checks
+
+    def encode(self, prompts: Sequence[str] | Sequence[Sequence[int]]) -> list[list[int]]:
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            raise TypeError("generate() takes a list of prompts: a list of strings or a list of token-id lists")
+        ids = []
+        for i, p in enumerate(prompts):
+            if isinstance(p, str):
+                if self.tokenizer is None:
+                    raise ValueError("text prompts need a tokenizer; pass tokenizer= or give token ids")
+                p = self.tokenizer.encode(p)
+            if len(p) == 0:
+                raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
+            ids.append([int(t) for t in p])
+        if not ids:
+            raise ValueError("no prompts given")
+        return ids
+
+    def _check_lengths(self, ids: list[list[int]], max_new_tokens: int) -> int:
+        """Cache length needed; raises before any model work if a prompt cannot fit."""
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        # +k+1: a step writes the last token and k drafts past the committed length.
+        need = max(len(p) for p in ids) + max_new_tokens + self.k + 1
+        for model in (self.engine.target, self.engine.draft):
+            ctx = model.context_length if model is not None else None
+            if ctx is not None and need > ctx:
+                longest = max(len(p) for p in ids)
+                raise ValueError(
+                    f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) + k+1 ({self.k + 1}) "
+                    f"= {need} exceeds the {model.name}'s context of {ctx} tokens; "
+                    "shorten the prompt or lower max_new_tokens."
+                )
+        return max(need, min(self.max_len, *(m.context_length or need for m in self._models())))
+
+    def _models(self):
+        return [m for m in (self.engine.target, self.engine.draft) if m is not None]
+
+    # ---------------------------------------------------------------- the loop
+
+    def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_tokens: int = 128,
+                 temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+                 on_tokens: TokenCallback | None = None, past: Generation | None = None) -> Generation:
+        """Decode a batch of prompts (text or token ids). `past`: a previous Generation of the same
+        batch size whose caches are reused for the shared prefix (the next turn of a conversation)."""
+        sampling = SamplingParams(temperature, top_k, top_p)
+        verifier = make_verifier(self.verifier_name, sampling)
+        ids = self.encode(prompts)
+        max_len = self._check_lengths(ids, max_new_tokens)
+        device = self.engine.device
+        state = self._new_state(ids, max_new_tokens, max_len, sampling, seed, past)
+        target = self.engine.target
+        if state.reuse is None:
+            target.reset(state.batch_size, state.max_len)
+        else:
+            target.rollback([min(n, r) for n, r in zip(target.lengths, state.reuse)])
+        self.proposer.reset(state)
+        stats = GenerationStats(rows=[RowStats() for _ in ids])
+        draft_t, verify_t = Timer(device), Timer(device)
+        start = time.perf_counter()
+
+        # prefill: the first token of each row comes from the prompt's last logits (TTFT ends here)
+        logits = target.catch_up(state.tokens, state.seq_lens)
+        first = verifier(logits[:, None], Proposal.empty(state.batch_size, device), sampling, state.generator)
+        self._commit(state, first.tokens[:, :1].tolist(), [1] * state.batch_size, stats, start, on_tokens)
+        target.rollback([n - 1 for n in state.seq_lens])
+        stats.ttft_s = time.perf_counter() - start
+
+        while any(state.active):
+            k = self.k
+            with draft_t:
+                proposal = self.proposer.propose(state, k)  # 1. propose
+            with verify_t:
+                logits = self._score(state, proposal)  # 2. score
+                result = verifier(logits, proposal, sampling, state.generator)  # 3. verify
+                accepted = result.accepted.tolist()
+                tokens = result.tokens.tolist()
+            outcome = self._commit_step(state, proposal, result, accepted, tokens, stats, start, on_tokens)
+            self.proposer.observe(state, outcome)  # 5. observe
+            stats.steps += 1
+            stats.draft_lengths.append(proposal.max_length)
+
+        stats.wall_s = time.perf_counter() - start
+        stats.draft_s, stats.verify_s = draft_t.total, verify_t.total
+        out = [state.output_ids(b) for b in range(state.batch_size)]
+        texts = None
+        if self.tokenizer is not None:
+            texts = [self.tokenizer.decode(o, skip_special_tokens=True) for o in out]
+        return Generation(out, ids, stats, state, texts, lossless=verifier.lossless, verifier=verifier.name)
+
+    def _new_state(self, ids, max_new_tokens, max_len, sampling, seed, past) -> DecodeState:
+        b = len(ids)
+        reuse = None
+        if past is not None and past.state.batch_size == b and past.state.max_len >= max_len:
+            old = past.state
+            reuse = [min(common_prefix_len(p, old.tokens[i, : old.seq_lens[i]].tolist()), len(p) - 1)
+                     for i, p in enumerate(ids)]
+            max_len = old.max_len
+        tokens = torch.zeros(b, max_len, dtype=torch.long)
+        for i, p in enumerate(ids):
+            tokens[i, : len(p)] = torch.tensor(p)
+        gen = torch.Generator(device=self.engine.device).manual_seed(seed)
+        lens = [len(p) for p in ids]
+        return DecodeState(tokens.to(self.engine.device), list(lens), lens, [True] * b, max_new_tokens,
+                           max_len, sampling, gen, reuse)
+
+    def _score(self, state: DecodeState, proposal: Proposal) -> torch.Tensor:
+        """One target pass over each row's last token and its drafts: logits [B, T, V], T = 1 + max drafts."""
+        t = proposal.max_length
+        rows = torch.arange(state.batch_size, device=state.tokens.device)
+        last = state.tokens[rows, torch.tensor(state.seq_lens, device=rows.device) - 1]
+        chunk = torch.cat([last[:, None], proposal.tokens[:, :t]], dim=1)
+        return self.engine.target.forward(chunk)
+
+    def _commit_step(self, state, proposal, result, accepted, tokens, stats, start, on_tokens) -> StepOutcome:
+        """4. commit: append emitted tokens, roll the target's cache back to the accepted length."""
+        prev, active = list(state.seq_lens), list(state.active)
+        accepted = [a if on else 0 for a, on in zip(accepted, active)]
+        counts = [a + 1 if on else 0 for a, on in zip(accepted, active)]
+        emitted = self._commit(state, tokens, counts, stats, start, on_tokens)
+        for b, on in enumerate(active):
+            if on:
+                stats.rows[b].record(proposal.lengths[b], accepted[b], emitted[b])
+        self.engine.target.rollback([n - 1 for n in state.seq_lens])
+        return StepOutcome(proposal, result, prev, accepted, emitted, active)
+
+    def _commit(self, state, tokens: list[list[int]], counts: list[int], stats, start, on_tokens) -> list[int]:
+        """Append `tokens[b][:counts[b]]` to each active row, cut at EOS and at max_new_tokens."""
+        emitted = []
+        for b, n in enumerate(counts):
+            if not state.active[b] or n == 0:
+                emitted.append(0)
+                continue
+            row = tokens[b][:n]
+            room = state.max_new_tokens - (state.seq_lens[b] - state.prompt_lens[b])
+            row = row[:room]
+            for i, t in enumerate(row):
+                if t in self.eos_ids:
+                    row = row[: i + 1]
+                    break
+            s = state.seq_lens[b]
+            state.tokens[b, s : s + len(row)] = torch.tensor(row)
+            state.seq_lens[b] = s + len(row)
+            stats.rows[b].new_tokens += len(row)
+            emitted.append(len(row))
+            if len(row) == room or row[-1] in self.eos_ids:
+                state.active[b] = False
+                stats.rows[b].wall_s = time.perf_counter() - start
+            if on_tokens is not None:
+                on_tokens(b, row)
+        return emitted
+
+
+class TextStreamer:
+    """Incremental detokenization: turns `on_tokens` calls into text deltas per row.
+
+    Decodes each row's tokens from a moving offset and holds back text that ends in an incomplete
+    UTF-8 character, so the printed pieces concatenate to the final text.
+    """
+
+    def __init__(self, tokenizer, on_text: Callable[[int, str], None]):
+        self.tokenizer = tokenizer
+        self.on_text = on_text
+        self.tokens: dict[int, list[int]] = {}
+        self.printed: dict[int, int] = {}
+
+    def __call__(self, row: int, new_ids: list[int]) -> None:
+        ids = self.tokens.setdefault(row, [])
+        ids.extend(new_ids)
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return
+        done = self.printed.get(row, 0)
+        if len(text) > done:
+            self.on_text(row, text[done:])
+            self.printed[row] = len(text)

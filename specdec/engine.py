@@ -1,0 +1,176 @@
+"""One device and dtype for target and draft; forward passes with explicit positions and masks.
+
+`CachedModel` pairs a Hugging Face causal LM with its own `RowCache`. Every forward pass names the
+position of each token and passes a 4-D attention mask built from the per-row valid lengths, so a
+batch whose rows hold different numbers of tokens (ragged prompts, different acceptance) gives the
+same logits as each row run alone. `Engine` holds the target and the optional draft and makes sure
+they share a device and dtype.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from specdec.cache import RowCache
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device={device} requested but CUDA is not available; use device=cpu or auto")
+    return torch.device(device)
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+           "float64": torch.float64}
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """`auto` is bfloat16 on a GPU and float32 on a CPU (see experiments/benchmarks for the CPU choice)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not one of: auto, {', '.join(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued device work, so that a clock read after it measures the work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Timer:
+    """Accumulates wall time of a phase; synchronizes the device before reading the clock."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.total = 0.0
+
+    def __enter__(self):
+        synchronize(self.device)
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        synchronize(self.device)
+        self.total += time.perf_counter() - self._t0
+
+
+class CachedModel:
+    """A causal LM plus its KV cache. Call `reset` before a new batch."""
+
+    def __init__(self, model: torch.nn.Module, name: str = "model"):
+        self.model = model
+        self.name = name
+        self.cache: RowCache | None = None
+        cfg = model.config
+        self.num_layers = cfg.num_hidden_layers
+        self.vocab_size = model.get_output_embeddings().out_features
+        self.context_length: int | None = getattr(cfg, "max_position_embeddings", None)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def lengths(self) -> list[int]:
+        return self.cache.lengths
+
+    def reset(self, batch_size: int, max_len: int) -> None:
+        """A fresh cache for `batch_size` rows of up to `max_len` positions (allocated on first write)."""
+        if self.context_length is not None and max_len > self.context_length:
+            raise ValueError(
+                f"{self.name}: {max_len} positions requested but the model's context is "
+                f"{self.context_length}; shorten the prompt or lower max_new_tokens."
+            )
+        self.cache = RowCache(self.num_layers, batch_size, max_len, self.device)
+
+    def rollback(self, lengths: list[int]) -> None:
+        self.cache.rollback(lengths)
+
+    def _mask(self, positions: torch.Tensor, kv_len: int) -> torch.Tensor:
+        """positions: [B, T] -> additive mask [B, 1, T, kv_len]: row b, query t sees keys <= its position."""
+        keys = torch.arange(kv_len, device=positions.device)
+        allowed = keys[None, None, :] <= positions[:, :, None]
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=positions.device)
+        return mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)[:, None]
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, advance: list[int] | None = None,
+                keep: torch.Tensor | None = None) -> torch.Tensor:
+        """Feed `tokens: [B, T]` after each row's valid length; return logits `[B, T or len(keep), V]`.
+
+        advance: how many of the T tokens become valid per row (default all T). Positions written
+                 beyond that are scratch: masked from now on and overwritten by the next write.
+        keep:    optional 1-D indices of the T positions whose logits are needed (saves the
+                 [B, T, V] head output on long prefills).
+        """
+        b, t = tokens.shape
+        cache = self.cache
+        cache.begin_write(t)
+        starts = torch.tensor(cache.lengths, device=tokens.device)
+        positions = starts[:, None] + torch.arange(t, device=tokens.device)[None, :]
+        out = self.model(
+            input_ids=tokens,
+            position_ids=positions,
+            attention_mask=self._mask(positions, cache.kv_len),
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=keep if keep is not None else 0,
+        )
+        cache.advance(advance if advance is not None else [t] * b)
+        return out.logits
+
+    def catch_up(self, tokens: torch.Tensor, upto: list[int]) -> torch.Tensor:
+        """Feed each row's tokens it has not seen, `tokens[b, len_b : upto[b]]`, in one ragged pass.
+
+        tokens: [B, L] the decoding buffer. Returns the logits after each row's last fed token, [B, V].
+        This is prefill (from an empty cache), multi-turn continuation, and a draft's catch-up.
+        """
+        counts = [u - n for u, n in zip(upto, self.cache.lengths)]
+        if min(counts) < 1:
+            raise ValueError(f"{self.name}: catch_up needs at least one new token per row, got {counts}")
+        t = max(counts)
+        starts = torch.tensor(self.cache.lengths, device=tokens.device)
+        idx = (starts[:, None] + torch.arange(t, device=tokens.device)).clamp(max=tokens.shape[1] - 1)
+        chunk = tokens.gather(1, idx)
+        last = torch.tensor([c - 1 for c in counts], device=tokens.device)
+        keep = torch.unique(last)
+        logits = self.forward(chunk, advance=counts, keep=keep)
+        return logits[torch.arange(len(counts), device=tokens.device), torch.searchsorted(keep, last)]
+
+    def cache_bytes(self) -> int:
+        return self.cache.nbytes() if self.cache is not None else 0
+
+
+class Engine:
+    """Target and optional draft on one device with one dtype (moved there on construction)."""
+
+    def __init__(self, target: torch.nn.Module, draft: torch.nn.Module | None = None,
+                 device: str | torch.device = "cpu", dtype: str | torch.dtype = "auto"):
+        self.device = device if isinstance(device, torch.device) else resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        self.target = CachedModel(target.to(self.device, self.dtype).eval(), "target")
+        self.draft = CachedModel(draft.to(self.device, self.dtype).eval(), "draft") if draft is not None else None
+        if self.draft is not None and self.draft.vocab_size != self.target.vocab_size:
+            raise ValueError(
+                f"draft vocabulary ({self.draft.vocab_size} logits) does not match the target's "
+                f"({self.target.vocab_size}); speculative decoding needs a draft with the target's tokenizer."
+            )
+
+    def cache_bytes(self) -> dict[str, int]:
+        """Bytes each model's KV cache holds now."""
+        out = {"target": self.target.cache_bytes()}
+        if self.draft is not None:
+            out["draft"] = self.draft.cache_bytes()
+        return out

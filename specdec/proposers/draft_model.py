@@ -1,0 +1,58 @@
+"""Draft-model proposer: a smaller causal LM with its own KV cache drafts k tokens per step.
+
+The draft's cache follows the committed sequence by bookkeeping alone. Each step it first catches
+up on the tokens it has not fed yet: normally just the last emitted token, but two after a fully
+accepted step (its own last draft, never fed to it, and the target's bonus token). Then it drafts
+k tokens with k-1 single-token passes. After verification it rolls back to the accepted length.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.engine import CachedModel
+from specdec.proposers.base import Proposal
+from specdec.sampling import probabilities, sample
+
+
+class DraftModelProposer:
+    name = "draft"
+
+    def __init__(self, draft: CachedModel):
+        if draft is None:
+            raise ValueError("method=draft needs a draft model (draft=self, draft.path=..., ...)")
+        self.draft = draft
+
+    def reset(self, state) -> None:
+        if state.reuse is None or self.draft.cache is None:
+            self.draft.reset(state.batch_size, state.max_len)
+        else:
+            self.draft.rollback([min(n, r) for n, r in zip(self.draft.lengths, state.reuse)])
+
+    @torch.inference_mode()
+    def propose(self, state, k: int) -> Proposal:
+        logits = self.draft.catch_up(state.tokens, state.seq_lens)  # [B, V]
+        tokens, probs = [], []
+        for i in range(k):
+            if state.sampling.greedy:
+                t = logits.argmax(-1)
+            else:
+                q = probabilities(logits, state.sampling)
+                t = sample(q, state.generator)
+                probs.append(q)
+            tokens.append(t)
+            if i < k - 1:
+                logits = self.draft.forward(t[:, None])[:, 0]
+        return Proposal(
+            tokens=torch.stack(tokens, dim=1),
+            lengths=[k] * state.batch_size,
+            probs=torch.stack(probs, dim=1) if probs else None,
+        )
+
+    def observe(self, state, outcome) -> None:
+        # The draft fed the last token and drafts 1..k-1; of those, the accepted ones stay valid.
+        k = outcome.proposal.k
+        self.draft.rollback([
+            prev + min(a, k - 1) if on else n - 1  # finished rows idle: re-feed their last token
+            for prev, a, on, n in zip(outcome.prev_seq_lens, outcome.accepted, state.active, state.seq_lens)
+        ])

@@ -1,0 +1,28 @@
+"""Shared fixtures: tiny random Llama models built in-process (no download)."""
+
+import pytest
+
+from specdec.engine import Engine
+from specdec.models import tiny_random_model
+
+RAGGED_PROMPTS = [[5, 6, 7, 8, 9], [3, 4], [10, 11, 12, 13, 14, 15, 16, 17, 18]]
+
+
+@pytest.fixture(scope="session")
+def target():
+    return tiny_random_model(seed=0, eos_token_id=None)
+
+
+@pytest.fixture(scope="session")
+def unrelated_draft():
+    return tiny_random_model(seed=1, num_layers=1, eos_token_id=None)
+
+
+@pytest.fixture
+def engine_factory(target):
+    """Engine(target, draft): draft "self" is the target itself."""
+
+    def make(draft=None):
+        return Engine(target, target if draft == "self" else draft, dtype="float32")
+
+    return make

