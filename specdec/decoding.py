@@ -21,6 +21,7 @@ from specdec.metrics import GenerationStats, RowStats
 from specdec.proposers.autoregressive import NoDraftProposer
 from specdec.proposers.base import Proposal, Proposer
 from specdec.sampling import SamplingParams
+from specdec.schedules import ConstantSchedule
 from specdec.verify import Verification, make_verifier
 
 # on_tokens(row, new_token_ids): called as soon as tokens are committed, for streaming.
@@ -45,6 +46,7 @@ class DecodeState:
     sampling: SamplingParams
     generator: torch.Generator
     reuse: list[int] | None = None
+    schedule: ConstantSchedule | None = None
 
     @property
     def batch_size(self) -> int:
@@ -94,6 +96,7 @@ class SpeculativeDecoder:
     engine:                 target (and draft) models with their caches.
     proposer:               a `Proposer`; None gives the autoregressive baseline.
     num_speculative_tokens: k, drafts proposed per step (ignored without a proposer).
+    schedule:               chooses k per step (default: constant k); see `specdec.schedules`.
     verifier:               "auto" (greedy at temperature 0, else speculative sampling), or a name.
     tokenizer:              optional; needed to pass text prompts and to get text back.
     eos_token_id:           id or ids that end a row; default from the tokenizer / model config.
@@ -102,13 +105,15 @@ class SpeculativeDecoder:
 
     def __init__(self, engine: Engine, proposer: Proposer | None = None, num_speculative_tokens: int = 4,
                  verifier: str = "auto", tokenizer=None, eos_token_id: int | Sequence[int] | None = None,
-                 max_len: int = 0):
+                 max_len: int = 0, schedule=None):
         self.engine = engine
         self.proposer = proposer or NoDraftProposer()
         self.speculative = proposer is not None
         if self.speculative and num_speculative_tokens < 1:
             raise ValueError(f"num_speculative_tokens (k) must be >= 1, got {num_speculative_tokens}")
         self.k = num_speculative_tokens if self.speculative else 0
+        self.schedule = schedule or ConstantSchedule(max(self.k, 1))
+        self.k = self.schedule.k_max if self.speculative else 0
         self.verifier_name = verifier
         self.tokenizer = tokenizer
         self.eos_ids = self._eos_ids(eos_token_id)
@@ -180,6 +185,7 @@ class SpeculativeDecoder:
         else:
             target.rollback([min(n, r) for n, r in zip(target.lengths, state.reuse)])
         self.proposer.reset(state)
+        self.schedule.reset()
         stats = GenerationStats(rows=[RowStats() for _ in ids])
         draft_t, verify_t = Timer(device), Timer(device)
         start = time.perf_counter()
@@ -192,7 +198,8 @@ class SpeculativeDecoder:
         stats.ttft_s = time.perf_counter() - start
 
         while any(state.active):
-            k = self.k
+            k = self.schedule.next_k(state) if self.speculative else 0
+            draft_before, verify_before = draft_t.total, verify_t.total
             with draft_t:
                 proposal = self.proposer.propose(state, k)  # 1. propose
             with verify_t:
@@ -202,6 +209,7 @@ class SpeculativeDecoder:
                 tokens = result.tokens.tolist()
             outcome = self._commit_step(state, proposal, result, accepted, tokens, stats, start, on_tokens)
             self.proposer.observe(state, outcome)  # 5. observe
+            self.schedule.observe(outcome, draft_t.total - draft_before, verify_t.total - verify_before)
             stats.steps += 1
             stats.draft_lengths.append(proposal.max_length)
 
@@ -227,7 +235,7 @@ class SpeculativeDecoder:
         gen = torch.Generator(device=self.engine.device).manual_seed(seed)
         lens = [len(p) for p in ids]
         return DecodeState(tokens.to(self.engine.device), list(lens), lens, [True] * b, max_new_tokens,
-                           max_len, sampling, gen, reuse)
+                           max_len, sampling, gen, reuse, self.schedule)
 
     def _score(self, state: DecodeState, proposal: Proposal) -> torch.Tensor:
         """One target pass over each row's last token and its drafts: logits [B, T, V], T = 1 + max drafts."""

@@ -10,7 +10,7 @@ from tests.conftest import RAGGED_PROMPTS
 
 
 def _decode(engine, k=None, prompts=RAGGED_PROMPTS, **kw):
-    proposer = DraftModelProposer(engine.draft) if k else None
+    proposer = DraftModelProposer(engine) if k else None
     dec = SpeculativeDecoder(engine, proposer, num_speculative_tokens=k or 0)
     return dec.generate(prompts, **{"max_new_tokens": 24, **kw})
 
@@ -45,7 +45,7 @@ def test_eos_inside_accepted_block_ends_the_row_there(engine_factory):
     ref = _decode(engine, prompts=RAGGED_PROMPTS[:1])
     eos = ref.output_ids[0][5]  # make the 6th generated token the EOS: it lies inside a k=8 block
     first = ref.output_ids[0].index(eos)
-    dec = SpeculativeDecoder(engine, DraftModelProposer(engine.draft), num_speculative_tokens=8, eos_token_id=eos)
+    dec = SpeculativeDecoder(engine, DraftModelProposer(engine), num_speculative_tokens=8, eos_token_id=eos)
     out = dec.generate(RAGGED_PROMPTS[:1], max_new_tokens=24)
     assert out.output_ids[0] == ref.output_ids[0][: first + 1]
     assert out.stats.steps == 1 and first > 0  # one step accepted past the EOS, and was cut there
@@ -55,7 +55,7 @@ def test_eos_ends_only_its_own_row_in_a_batch(engine_factory):
     engine = engine_factory("self")
     ref = _decode(engine)
     eos = ref.output_ids[1][3]
-    dec = SpeculativeDecoder(engine, DraftModelProposer(engine.draft), num_speculative_tokens=4, eos_token_id=eos)
+    dec = SpeculativeDecoder(engine, DraftModelProposer(engine), num_speculative_tokens=4, eos_token_id=eos)
     out = dec.generate(RAGGED_PROMPTS, max_new_tokens=24)
     for got, want in zip(out.output_ids, ref.output_ids):
         assert got == (want[: want.index(eos) + 1] if eos in want else want)
@@ -67,7 +67,7 @@ def test_text_prompts_and_streaming(engine_factory):
     tok = tiny_random_tokenizer()
     engine = engine_factory("self")
     pieces = []
-    dec = SpeculativeDecoder(engine, DraftModelProposer(engine.draft), num_speculative_tokens=3, tokenizer=tok)
+    dec = SpeculativeDecoder(engine, DraftModelProposer(engine), num_speculative_tokens=3, tokenizer=tok)
     out = dec.generate(["t5 t6 t7"], max_new_tokens=10,
                        on_tokens=TextStreamer(tok, lambda row, text: pieces.append(text)))
     assert "".join(pieces) == out.texts[0]
@@ -76,7 +76,7 @@ def test_text_prompts_and_streaming(engine_factory):
 
 def test_continuation_reuses_the_cache_and_matches_a_fresh_run(engine_factory):
     engine = engine_factory("self")
-    dec = SpeculativeDecoder(engine, DraftModelProposer(engine.draft), num_speculative_tokens=3, max_len=128)
+    dec = SpeculativeDecoder(engine, DraftModelProposer(engine), num_speculative_tokens=3, max_len=128)
     first = dec.generate(RAGGED_PROMPTS[:1], max_new_tokens=10)
     turn2 = RAGGED_PROMPTS[0] + first.output_ids[0] + [20, 21]
     reused = dec.generate([turn2], max_new_tokens=10, past=first)
@@ -115,7 +115,7 @@ def test_bad_input_is_refused_with_a_clear_error(engine_factory, kwargs, message
 def test_k_below_one_is_refused(engine_factory):
     engine = engine_factory("self")
     with pytest.raises(ValueError, match="k"):
-        SpeculativeDecoder(engine, DraftModelProposer(engine.draft), num_speculative_tokens=0)
+        SpeculativeDecoder(engine, DraftModelProposer(engine), num_speculative_tokens=0)
 
 
 def test_engine_reports_cache_bytes(engine_factory, target):

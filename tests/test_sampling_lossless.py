@@ -41,7 +41,7 @@ def _exact_joint_of_tokens_2_and_3(target) -> torch.Tensor:
 def _sample_tokens_2_and_3(models, verifier, n=30_000) -> torch.Tensor:
     target, draft = models
     engine = Engine(target, draft, dtype="float32")
-    dec = SpeculativeDecoder(engine, DraftModelProposer(engine.draft), num_speculative_tokens=2, verifier=verifier)
+    dec = SpeculativeDecoder(engine, DraftModelProposer(engine), num_speculative_tokens=2, verifier=verifier)
     out = dec.generate([PROMPT] * n, max_new_tokens=3, temperature=PARAMS.temperature, top_k=PARAMS.top_k, seed=0)
     pairs = torch.tensor([o[1:3] for o in out.output_ids])
     assert out.stats.steps >= 1 and 0.05 < out.stats.acceptance_rate < 0.95  # the draft really differs

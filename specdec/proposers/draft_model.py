@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.engine import CachedModel
+from specdec.engine import CachedModel, Engine
 from specdec.proposers.base import Proposal
 from specdec.sampling import probabilities, sample
 
@@ -18,10 +18,10 @@ from specdec.sampling import probabilities, sample
 class DraftModelProposer:
     name = "draft"
 
-    def __init__(self, draft: CachedModel):
-        if draft is None:
-            raise ValueError("method=draft needs a draft model (draft=self, draft.path=..., ...)")
-        self.draft = draft
+    def __init__(self, engine: Engine):
+        if engine.draft is None:
+            raise ValueError("method=draft needs a draft model: set draft=self, draft=tiny_random or draft.path=...")
+        self.draft: CachedModel = engine.draft
 
     def reset(self, state) -> None:
         if state.reuse is None or self.draft.cache is None:
@@ -33,24 +33,30 @@ class DraftModelProposer:
     def propose(self, state, k: int) -> Proposal:
         logits = self.draft.catch_up(state.tokens, state.seq_lens)  # [B, V]
         tokens, probs = [], []
+        lengths = torch.zeros(state.batch_size, dtype=torch.long, device=logits.device)
+        drafting = torch.ones(state.batch_size, dtype=torch.bool, device=logits.device)
         for i in range(k):
-            if state.sampling.greedy:
-                t = logits.argmax(-1)
-            else:
-                q = probabilities(logits, state.sampling)
-                t = sample(q, state.generator)
-                probs.append(q)
+            q = None if state.sampling.greedy else probabilities(logits, state.sampling)
+            t = logits.argmax(-1) if q is None else sample(q, state.generator)
             tokens.append(t)
-            if i < k - 1:
-                logits = self.draft.forward(t[:, None])[:, 0]
+            if q is not None:
+                probs.append(q)
+            lengths += drafting
+            if state.schedule.uses_confidence:
+                top = (q if q is not None else torch.softmax(logits.float(), -1)).amax(-1)
+                drafting &= state.schedule.keep_drafting(top)
+            if i == k - 1 or not drafting.any():
+                break
+            logits = self.draft.forward(t[:, None])[:, 0]
         return Proposal(
             tokens=torch.stack(tokens, dim=1),
-            lengths=[k] * state.batch_size,
+            lengths=lengths.tolist(),
             probs=torch.stack(probs, dim=1) if probs else None,
         )
 
     def observe(self, state, outcome) -> None:
-        # The draft fed the last token and drafts 1..k-1; of those, the accepted ones stay valid.
+        # The draft fed the last token and drafts 1..k-1 (k = tokens drafted this step); of those,
+        # the accepted ones stay valid.
         k = outcome.proposal.k
         self.draft.rollback([
             prev + min(a, k - 1) if on else n - 1  # finished rows idle: re-feed their last token
