@@ -98,6 +98,7 @@ class SpeculativeDecoder:
     num_speculative_tokens: k, drafts proposed per step (ignored without a proposer).
     schedule:               chooses k per step (default: constant k); see `specdec.schedules`.
     verifier:               "auto" (greedy at temperature 0, else speculative sampling), or a name.
+    verifier_args:          keyword arguments of the named verifier (typical: epsilon, delta).
     tokenizer:              optional; needed to pass text prompts and to get text back.
     eos_token_id:           id or ids that end a row; default from the tokenizer / model config.
     max_len:                minimum cache length to allocate, so later turns of a conversation fit.
@@ -105,7 +106,7 @@ class SpeculativeDecoder:
 
     def __init__(self, engine: Engine, proposer: Proposer | None = None, num_speculative_tokens: int = 4,
                  verifier: str = "auto", tokenizer=None, eos_token_id: int | Sequence[int] | None = None,
-                 max_len: int = 0, schedule=None):
+                 max_len: int = 0, schedule=None, verifier_args: dict | None = None):
         self.engine = engine
         self.proposer = proposer or NoDraftProposer()
         self.speculative = proposer is not None
@@ -115,6 +116,7 @@ class SpeculativeDecoder:
         self.schedule = schedule or ConstantSchedule(max(self.k, 1))
         self.k = self.schedule.k_max if self.speculative else 0
         self.verifier_name = verifier
+        self.verifier_args = dict(verifier_args or {})
         self.tokenizer = tokenizer
         self.eos_ids = self._eos_ids(eos_token_id)
         self.max_len = max_len
@@ -174,7 +176,7 @@ class SpeculativeDecoder:
         """Decode a batch of prompts (text or token ids). `past`: a previous Generation of the same
         batch size whose caches are reused for the shared prefix (the next turn of a conversation)."""
         sampling = SamplingParams(temperature, top_k, top_p)
-        verifier = make_verifier(self.verifier_name, sampling)
+        verifier = make_verifier(self.verifier_name, sampling, **self.verifier_args)
         ids = self.encode(prompts)
         max_len = self._check_lengths(ids, max_new_tokens)
         device = self.engine.device

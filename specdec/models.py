@@ -84,7 +84,7 @@ def cache_dir() -> Path:
 def load_model(
     spec: ModelSpec, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load `spec` as (model, tokenizer): the model in eval mode, no grads, sdpa attention, on device/dtype."""
+    """Load `spec` as (model, tokenizer): model in eval mode, no grads, sdpa attention, on device in dtype."""
     if spec.path == "tiny_random":
         model = tiny_random_model(seed=spec.seed, vocab_size=spec.vocab_size, num_layers=spec.num_layers)
         tokenizer = tiny_random_tokenizer(spec.vocab_size)
@@ -318,7 +318,7 @@ def check_tokenizers_compatible(
     target_model: PreTrainedModel | None = None,
     draft_model: PreTrainedModel | None = None,
 ) -> None:
-    """Raise ValueError unless target and draft map token ids identically and emit logits of the same width.
+    """Raise ValueError unless target and draft map token ids alike and emit logits of the same width.
 
     Speculative decoding hands draft token ids straight to the target and compares p and q token by
     token, so any difference in the id mapping or in the logits width breaks it silently.
@@ -330,8 +330,8 @@ def check_tokenizers_compatible(
             examples = ", ".join(f"{token!r}->{token_id}" for token, token_id in differing[:4])
             raise ValueError(
                 f"Target and draft tokenizers map token ids differently: vocab sizes {len(target_vocab)} vs "
-                f"{len(draft_vocab)}, {len(differing)} (token, id) entries in only one of them, e.g. {examples}. "
-                "Pick a draft from the same model family (same tokenizer)."
+                f"{len(draft_vocab)}, {len(differing)} (token, id) entries in only one of them, "
+                f"e.g. {examples}. Pick a draft from the same model family (same tokenizer)."
             )
         for special in ("eos_token_id", "bos_token_id"):
             target_id, draft_id = getattr(target_tok, special, None), getattr(draft_tok, special, None)

@@ -103,11 +103,60 @@ class SpeculativeSamplingVerifier:
         return Verification(tokens=tokens, accepted=accepted)
 
 
-def make_verifier(name, params: SamplingParams):
-    """`auto` picks greedy at temperature 0 and speculative sampling otherwise. A verifier object
-    (anything with `name`, `lossless` and the call signature) is returned as it is."""
+class TypicalVerifier:
+    """Medusa's typical acceptance (Cai et al. 2024): accept draft x_i while the target finds it
+    plausible enough, p(x_i) > min(epsilon, delta * exp(-H(p))), with H the entropy of the shaped
+    target distribution at that position; after the accepted prefix emit the target's argmax.
+
+    LOSSY: the output is neither the target's greedy sequence nor its sampling distribution, so
+    `lossless` is False and every result carries that. At temperature 0 the shaped p is a one-hot,
+    the threshold min(epsilon, delta) < 1 admits only the argmax, and the rule coincides with greedy.
+    """
+
+    name = "typical"
+    lossless = False
+
+    def __init__(self, epsilon: float = 0.09, delta: float = 0.3):
+        if not 0.0 < epsilon <= 1.0:
+            raise ValueError(f"verifier_args.epsilon must be in (0, 1], got {epsilon}")
+        if not delta > 0.0:
+            raise ValueError(f"verifier_args.delta must be > 0, got {delta}")
+        self.epsilon, self.delta = epsilon, delta
+
+    def __call__(self, logits: torch.Tensor, proposal: Proposal, params: SamplingParams,
+                 generator: torch.Generator | None = None) -> Verification:
+        """logits: [B, k+1, V] target logits at the last committed token and each draft."""
+        return self.verify_probs(probabilities(logits, params), proposal)
+
+    def threshold(self, p: torch.Tensor) -> torch.Tensor:
+        """p: [..., V] -> [...] the probability a draft token must exceed."""
+        entropy = -(p * p.clamp(min=1e-30).log()).sum(-1)
+        return torch.clamp(self.delta * torch.exp(-entropy), max=self.epsilon)
+
+    def verify_probs(self, p: torch.Tensor, proposal: Proposal) -> Verification:
+        """p: [B, k+1, V] shaped target probabilities."""
+        k = proposal.k
+        x = proposal.tokens  # [B, k]
+        p_x = p[:, :k].gather(-1, x[..., None]).squeeze(-1)  # [B, k]
+        ok = (p_x > self.threshold(p[:, :k])) & _draft_mask(proposal)
+        accepted = _accepted_prefix(ok)
+        tokens = torch.cat([x, torch.zeros_like(x[:, :1])], dim=1)
+        rows = torch.arange(x.shape[0], device=x.device)
+        tokens[rows, accepted] = p[rows, accepted].argmax(-1)
+        return Verification(tokens=tokens, accepted=accepted)
+
+
+VERIFIERS = ("auto", "greedy", "speculative_sampling", "typical")
+
+
+def make_verifier(name, params: SamplingParams, **args):
+    """`auto` picks greedy at temperature 0 and speculative sampling otherwise; `typical` takes
+    `epsilon` and `delta`. A verifier object (anything with `name`, `lossless` and the call
+    signature) is returned as it is."""
     if not isinstance(name, str):
         return name
+    if name != "typical" and args:
+        raise ValueError(f"verifier={name} takes no verifier_args, got {sorted(args)}")
     if name == "auto":
         name = "greedy" if params.greedy else "speculative_sampling"
     if name == "greedy":
@@ -118,4 +167,6 @@ def make_verifier(name, params: SamplingParams):
         if params.greedy:
             return GreedyVerifier()  # temperature 0: p is a one-hot, greedy is the same rule
         return SpeculativeSamplingVerifier()
-    raise ValueError(f"unknown verifier {name!r}; choose one of: auto, greedy, speculative_sampling")
+    if name == "typical":
+        return TypicalVerifier(**args)
+    raise ValueError(f"unknown verifier {name!r}; choose one of: {', '.join(VERIFIERS)}")

@@ -1,4 +1,4 @@
-"""Model loading: tiny random models, local directories, offline errors, tokenizer checks, embedded SmolLM2."""
+"""Model loading: tiny random models, local directories, offline errors, tokenizer checks, SmolLM2."""
 
 import importlib.util
 import os

@@ -4,6 +4,8 @@ The draft's cache follows the committed sequence by bookkeeping alone. Each step
 up on the tokens it has not fed yet: normally just the last emitted token, but two after a fully
 accepted step (its own last draft, never fed to it, and the target's bonus token). Then it drafts
 k tokens with k-1 single-token passes. After verification it rolls back to the accepted length.
+A step with k = 0 (a schedule chose plain decoding) leaves the draft alone; it catches up on the
+missed tokens, in one ragged pass, the next time it drafts.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ class DraftModelProposer:
 
     @torch.inference_mode()
     def propose(self, state, k: int) -> Proposal:
+        if k == 0:
+            return Proposal.empty(state.batch_size, state.tokens.device)
         logits = self.draft.catch_up(state.tokens, state.seq_lens)  # [B, V]
         tokens, probs = [], []
         lengths = torch.zeros(state.batch_size, dtype=torch.long, device=logits.device)
@@ -58,6 +62,8 @@ class DraftModelProposer:
         # The draft fed the last token and drafts 1..k-1 (k = tokens drafted this step); of those,
         # the accepted ones stay valid.
         k = outcome.proposal.k
+        if k == 0:
+            return  # not fed this step; catch_up feeds what it missed
         self.draft.rollback([
             prev + min(a, k - 1) if on else n - 1  # finished rows idle: re-feed their last token
             for prev, a, on, n in zip(outcome.prev_seq_lens, outcome.accepted, state.active, state.seq_lens)
