@@ -1,9 +1,14 @@
 """Shared fixtures: tiny random Llama models built in-process (no download)."""
 
 import pytest
+import torch
 
 from specdec.engine import Engine
 from specdec.models import tiny_random_model
+
+# Tiny models gain nothing from a second thread, and OpenMP threads that spin-wait for a busy core
+# make a loaded machine dozens of times slower: one thread keeps the suite's time predictable.
+torch.set_num_threads(1)
 
 RAGGED_PROMPTS = [[5, 6, 7, 8, 9], [3, 4], [10, 11, 12, 13, 14, 15, 16, 17, 18]]
 
