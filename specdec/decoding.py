@@ -100,7 +100,8 @@ class SpeculativeDecoder:
     verifier:               "auto" (greedy at temperature 0, else speculative sampling), or a name.
     verifier_args:          keyword arguments of the named verifier (typical: epsilon, delta).
     tokenizer:              optional; needed to pass text prompts and to get text back.
-    eos_token_id:           id or ids that end a row; default from the tokenizer / model config.
+    eos_token_id:           id or ids that end a row; default from the tokenizer / model config;
+                            an empty list never stops early.
     max_len:                minimum cache length to allocate, so later turns of a conversation fit.
     """
 

@@ -120,10 +120,14 @@ class CachedModel:
         cache.begin_write(t)
         starts = torch.tensor(cache.lengths, device=tokens.device)
         positions = starts[:, None] + torch.arange(t, device=tokens.device)[None, :]
+        # Rows at equal lengths need no custom mask: the model builds the usual causal one from the
+        # positions and the cache's sizes, and SDPA takes the same kernels as in plain `generate`.
+        # Ragged rows get an explicit per-row mask.
+        uniform = cache.uniform_start is not None
         out = self.model(
             input_ids=tokens,
             position_ids=positions,
-            attention_mask=self._mask(positions, cache.kv_len),
+            attention_mask=None if uniform else self._mask(positions, cache.kv_len),
             cache=cache,
             use_cache=True,
             logits_to_keep=keep if keep is not None else 0,
