@@ -29,11 +29,15 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """`auto` is bfloat16 on a GPU and float32 on a CPU (see experiments/benchmarks for the CPU choice)."""
+    """`auto` is bfloat16 on a GPU, and on a CPU with native bfloat16 matrix units (AVX512-BF16 or
+    AMX); float32 otherwise. Measured on a 2-core AVX512-BF16 CPU with SmolLM2-135M: bfloat16 costs
+    27 ms for 1 token and 35 ms for 17, float32 41 ms and 97 ms (experiments/benchmarks)."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        if device.type == "cuda":
+            return torch.bfloat16
+        return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
     if dtype not in _DTYPES:
         raise ValueError(f"dtype={dtype!r} is not one of: auto, {', '.join(_DTYPES)}")
     return _DTYPES[dtype]

@@ -140,7 +140,7 @@ class TypicalVerifier:
         p_x = p[:, :k].gather(-1, x[..., None]).squeeze(-1)  # [B, k]
         ok = (p_x > self.threshold(p[:, :k])) & _draft_mask(proposal)
         accepted = _accepted_prefix(ok)
-        tokens = torch.cat([x, torch.zeros_like(x[:, :1])], dim=1)
+        tokens = torch.cat([x, x.new_zeros(x.shape[0], 1)], dim=1)
         rows = torch.arange(x.shape[0], device=x.device)
         tokens[rows, accepted] = p[rows, accepted].argmax(-1)
         return Verification(tokens=tokens, accepted=accepted)
