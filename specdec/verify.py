@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.proposers.base import Proposal
-from specdec.sampling import SamplingParams, probabilities, sample
+from specdec.sampling import SamplingParams, greedy_tokens, probabilities, sample
 
 
 @dataclass
@@ -47,7 +47,7 @@ class GreedyVerifier:
     def __call__(self, logits: torch.Tensor, proposal: Proposal, params: SamplingParams,
                  generator: torch.Generator | None = None) -> Verification:
         """logits: [B, k+1, V] target logits at the last committed token and each draft."""
-        target = logits.argmax(dim=-1)
+        target = greedy_tokens(logits)
         ok = (proposal.tokens == target[:, : proposal.k]) & _draft_mask(proposal)
         return Verification(tokens=target, accepted=_accepted_prefix(ok))
 

@@ -14,7 +14,7 @@ import torch
 
 from specdec.engine import CachedModel, Engine
 from specdec.proposers.base import Proposal
-from specdec.sampling import probabilities, sample
+from specdec.sampling import greedy_tokens, probabilities, sample
 
 
 class DraftModelProposer:
@@ -41,7 +41,7 @@ class DraftModelProposer:
         drafting = torch.ones(state.batch_size, dtype=torch.bool, device=logits.device)
         for i in range(k):
             q = None if state.sampling.greedy else probabilities(logits, state.sampling)
-            t = logits.argmax(-1) if q is None else sample(q, state.generator)
+            t = greedy_tokens(logits) if q is None else sample(q, state.generator)
             tokens.append(t)
             if q is not None:
                 probs.append(q)
