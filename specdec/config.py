@@ -1,0 +1,274 @@
+"""The experiment configuration: typed schema (structured configs) and the checks run before any model loads.
+
+`conf/` holds one small YAML per option of each group (target, draft, method, data, generation, logger,
+experiment); the dataclasses here are the schema they are merged into. Registered in Hydra's ConfigStore
+as `base_config` and listed first in `conf/config.yaml`'s defaults, they make a misspelt key or a value
+of the wrong type fail at composition, with Hydra naming the key.
+
+What a schema cannot say (k >= 1, top_p in (0, 1], a data file that must exist, a method that needs a
+draft) is checked by `validate`, which the experiment calls before it loads anything heavy, so a bad
+value costs a second, not a model load. Every message names the offending key.
+
+A method is one YAML in `conf/method/` (see `MethodConfig`): its `proposer` is instantiated by Hydra
+with the engine (`_target_` plus any arguments), so a new method needs a module and that file only.
+"""
+
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig
+
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DATA_SOURCES = ("builtin", "spec_bench", "hf")
+LOGGERS = ("none", "wandb")
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot work; the message starts with the key."""
+
+
+@dataclass
+class ModelConfig:
+    """A target or draft model. `path`: a directory, a hub id in the local HF cache, a `.gguf` file,
+    `embedded` (SmolLM2-135M-Instruct), `tiny_random`; for a draft also `self` (the target itself) or
+    null (no draft)."""
+
+    name: str = "model"
+    path: str | None = None
+    gguf_file: str | None = None
+    seed: int = 0  # tiny_random only
+    num_layers: int = 2  # tiny_random only
+    vocab_size: int = 256  # tiny_random only
+
+
+@dataclass
+class MethodConfig:
+    """One way of decoding; one file per method in `conf/method/`.
+
+    proposer: `{_target_: module.Class, ...args}` instantiated with `engine=<Engine>`, or null for
+              plain autoregressive decoding.
+    schedule: a name for `specdec.schedules.make_schedule(schedule, num_speculative_tokens, **schedule_args)`.
+    verifier: auto (greedy at temperature 0, else speculative sampling) | greedy | speculative_sampling |
+              typical, with `verifier_args` for verifiers that take parameters.
+    decoder:  instead of a proposer, `{_target_: ...}` of a whole decoder with SpeculativeDecoder's
+              `generate` (the `transformers` anchors in `specdec.anchors`), instantiated with
+              `engine`, `num_speculative_tokens` and `tokenizer`.
+    """
+
+    name: str = MISSING
+    proposer: Any = None
+    decoder: Any = None
+    num_speculative_tokens: int = 4
+    schedule: str = "constant"
+    schedule_args: dict[str, Any] = field(default_factory=dict)
+    verifier: str = "auto"
+    verifier_args: dict[str, Any] = field(default_factory=dict)
+    needs_draft: bool = False
+
+
+@dataclass
+class DataConfig:
+    """A prompt set (`specdec.data.load_prompts`). Relative paths resolve against the directory the
+    command was started from. `limit` keeps the first `limit` prompts of each category (or overall when
+    `per_category` is false); `category_map` renames categories before selection (Spec-Bench reports
+    its eight MT-bench categories as one, `multi_turn`)."""
+
+    source: str = "builtin"
+    path: str | None = None
+    limit: int | None = None
+    categories: list[str] | None = None
+    per_category: bool = True
+    category_map: dict[str, str] = field(default_factory=dict)
+    system_prompt: str | None = None
+    hf_name: str | None = None  # source=hf: a dataset name (needs a network unless cached)
+    split: str = "train"
+    text_field: str = "text"
+    category_field: str | None = None
+    id_field: str | None = None
+
+
+@dataclass
+class GenerationConfig:
+    """Decoding settings, the same for the method and the baseline. temperature 0 is greedy."""
+
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    batch_size: int = 1
+
+
+@dataclass
+class LoggerConfig:
+    """`kind`: none | wandb. W&B runs offline unless WANDB_MODE (or `mode`) says otherwise; `group`
+    defaults to the sweep's name in a multirun."""
+
+    kind: str = "none"
+    project: str = "specdec"
+    entity: str | None = None
+    mode: str | None = None
+    group: str | None = None
+    tags: list[str] = field(default_factory=list)
+    init_timeout: float = 15.0
+
+
+@dataclass
+class Config:
+    target: ModelConfig = field(default_factory=lambda: ModelConfig(name="target"))
+    draft: ModelConfig = field(default_factory=lambda: ModelConfig(name="none"))
+    method: MethodConfig = field(default_factory=MethodConfig)
+    # More methods measured in the same run, interleaved with `method` and the baseline; filled by
+    # presets with `- /method@compare.<name>: <name>` in their defaults (see experiment=vs_hf).
+    compare: dict[str, MethodConfig] = field(default_factory=dict)
+    data: DataConfig = field(default_factory=DataConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    dtype: str = "auto"  # auto (bfloat16 on a GPU or a CPU with bfloat16 units) | float32 | bfloat16 | float16
+    seed: int = 0
+    threads: int | None = 1  # torch CPU threads per job; null keeps torch's default (all cores)
+    warmup: bool = True  # one short untimed generation per method before measuring
+    plots: bool = True
+    progress: bool | None = None  # progress bars: null shows them only on a terminal
+
+
+def register() -> None:
+    """Put the schema in Hydra's ConfigStore (`conf/config.yaml` lists `base_config` first)."""
+    ConfigStore.instance().store(name="base_config", node=Config)
+
+
+register()
+
+
+# ---------------------------------------------------------------- checks before anything loads
+
+
+def _fail(key: str, message: str) -> None:
+    raise ConfigError(f"{key}: {message}")
+
+
+def resolve_path(path: str) -> Path:
+    """A path from the config, relative to the directory the command was started from."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.utils import to_absolute_path
+
+    if HydraConfig.initialized():
+        return Path(to_absolute_path(path)).expanduser()
+    return Path(path).expanduser().absolute()
+
+
+def _check_target(key: str, target: Any) -> None:
+    """`_target_` must name an importable attribute (checked without instantiating anything)."""
+    if not isinstance(target, str) or "." not in target:
+        _fail(key, f"must be a dotted path such as specdec.proposers.draft_model.DraftModelProposer, got {target!r}")
+    module, _, attr = target.rpartition(".")
+    try:
+        found = hasattr(importlib.import_module(module), attr)
+    except ImportError as err:
+        _fail(key, f"cannot import {module!r} ({err})")
+    if not found:
+        _fail(key, f"module {module!r} has no {attr!r}")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Raise ConfigError, naming the key, for any value that cannot work. Loads no model."""
+    from specdec.data import HF_BUILDERS
+    from specdec.sampling import SamplingParams
+
+    g = cfg.generation
+    if g.max_new_tokens < 1:
+        _fail("generation.max_new_tokens", f"must be >= 1, got {g.max_new_tokens}")
+    if g.batch_size < 1:
+        _fail("generation.batch_size", f"must be >= 1, got {g.batch_size}")
+    if not g.temperature >= 0:
+        _fail("generation.temperature", f"must be >= 0 (0 is greedy), got {g.temperature}")
+    if not 0 < g.top_p <= 1:
+        _fail("generation.top_p", f"must be in (0, 1], got {g.top_p}")
+    if g.top_k < 0:
+        _fail("generation.top_k", f"must be >= 0 (0 disables it), got {g.top_k}")
+
+    params = SamplingParams(g.temperature, g.top_k, g.top_p)
+    for key, m in method_configs(cfg):
+        _validate_method(key, m, cfg, params)
+
+    if not cfg.target.path and not cfg.target.gguf_file:
+        _fail("target.path", "is empty; set target=smollm2_135m, target=tiny_random or target.path=<model>")
+    if cfg.target.path == "self":
+        _fail("target.path", "`self` is for drafts only")
+
+    d = cfg.data
+    if d.source not in DATA_SOURCES:
+        _fail("data.source", f"unknown source {d.source!r}; choose one of: {', '.join(DATA_SOURCES)}")
+    if d.limit is not None and d.limit < 1:
+        _fail("data.limit", f"must be >= 1 (or null for all prompts), got {d.limit}")
+    if d.source == "spec_bench" and not d.path:
+        _fail("data.path", "data=spec_bench needs the path of a Spec-Bench question.jsonl")
+    if d.source == "hf" and not (d.path or d.hf_name):
+        _fail("data.path", "data=hf needs data.path (a local json/jsonl/csv/parquet file) or data.hf_name")
+    if d.source == "spec_bench" or (d.source == "hf" and d.path and Path(d.path).suffix in HF_BUILDERS):
+        path = resolve_path(d.path)
+        if not path.is_file():
+            _fail("data.path", f"file not found: {path}")
+
+    device = str(cfg.device)
+    if device not in DEVICES and not device.startswith("cuda:"):
+        _fail("device", f"must be one of {', '.join(DEVICES)} (or cuda:N), got {device!r}")
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            _fail("device", f"{device} requested but CUDA is not available here; use device=auto or cpu")
+    if cfg.dtype not in DTYPES:
+        _fail("dtype", f"must be one of {', '.join(DTYPES)}, got {cfg.dtype!r}")
+    if cfg.threads is not None and cfg.threads < 1:
+        _fail("threads", f"must be >= 1 or null, got {cfg.threads}")
+    if cfg.logger.kind not in LOGGERS:
+        _fail("logger.kind", f"must be one of {', '.join(LOGGERS)}, got {cfg.logger.kind!r}")
+
+
+def method_configs(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
+    """(config key, method config) of `method` and of every `compare` entry, in that order."""
+    return [("method", cfg.method)] + [(f"compare.{name}", m) for name, m in cfg.compare.items()]
+
+
+def _validate_method(key: str, m: DictConfig, cfg: DictConfig, params: Any) -> None:
+    for part in ("proposer", "decoder"):
+        spec = m[part]
+        if spec is not None:
+            if not isinstance(spec, DictConfig) or "_target_" not in spec:
+                _fail(f"{key}.{part}", f"must be null or a mapping with a `_target_` (the {part} class)")
+            _check_target(f"{key}.{part}._target_", spec._target_)
+    if m.proposer is not None and m.decoder is not None:
+        _fail(key, "set either a proposer or a decoder, not both")
+    if m.proposer is not None or m.decoder is not None:
+        if m.num_speculative_tokens < 1 and m.decoder is None:
+            _fail(f"{key}.num_speculative_tokens", f"k must be >= 1, got {m.num_speculative_tokens}")
+        from specdec.schedules import make_schedule
+
+        try:
+            make_schedule(m.schedule, max(m.num_speculative_tokens, 1), **m.schedule_args)
+        except (ValueError, TypeError) as err:
+            _fail(f"{key}.schedule", str(err))
+    try:
+        make_verifier(m.verifier, m.verifier_args, params)
+    except (ValueError, TypeError) as err:
+        _fail(f"{key}.verifier", str(err))
+    if m.needs_draft and cfg.draft.path is None:
+        _fail("draft", f"{key}={m.name} needs a draft model but draft=none; "
+                       "set draft=self, draft=tiny_random or draft.path=<model>")
+
+
+def make_verifier(name: str, args: Any, params: Any) -> Any:
+    """The `verifier=` argument for SpeculativeDecoder: the name itself when it takes no arguments
+    (the decoder resolves `auto` per generation), else the verifier object built with its arguments."""
+    from specdec.verify import make_verifier as build
+
+    args = dict(args or {})
+    if not args:
+        build(name, params)  # raises on a name or temperature it cannot serve
+        return name
+    return build(name, params, **args)

@@ -1,0 +1,418 @@
+"""The body of one Hydra job: check, load, run the method and the baseline side by side, record, report.
+
+One run:
+  1. validate  the config (specdec.config.validate), then load the prompts: bad values and missing files
+               fail here, before any model loads
+  2. build     target (+ draft if method.needs_draft; tokenizers checked), Engine, proposer, schedule,
+               the method's decoder and the autoregressive baseline decoder on the same engine
+  3. warm up   one short untimed generation per decoder
+  4. measure   batch by batch, the method and the baseline alternate which goes first (order effects
+               cancel); a multi-turn prompt is answered turn by turn, each turn continuing the
+               conversation's KV cache (`past=`); results.jsonl is rewritten after every batch
+  5. report    summary.json, plots, the W&B run (never blocking), the printed table
+
+Batches (generation.batch_size > 1) hold consecutive prompts with the same number of turns. A row's
+`wall_s`, `ttft_s`, `draft_s` and `verify_s` are then its batch's times divided by the batch size (so
+they add up to the run's time) and `latency_s` is the time until that row finished; at batch size 1
+they are simply the prompt's own.
+
+The decoding loop knows nothing of Hydra or W&B; this module knows nothing of KV caches.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+
+from specdec.config import make_verifier, method_configs, resolve_path, validate
+from specdec.data import Prompt, build_turn_input, load_prompts, select_prompts
+from specdec.decoding import Generation, SpeculativeDecoder
+from specdec.engine import Engine
+from specdec.models import ModelSpec, check_tokenizers_compatible, load_model
+from specdec.report import BASELINE, format_comparison, format_table, make_plots, summarize
+from specdec.sampling import SamplingParams
+from specdec.schedules import make_schedule
+from specdec.tracking import make_tracker, write_local_results
+
+log = logging.getLogger("specdec")
+
+WARMUP_TOKENS = 8
+TURN_OVERHEAD_TOKENS = 16  # chat-template tokens around one answer, for sizing a conversation's cache
+
+
+@dataclass
+class ExperimentResult:
+    out_dir: Path
+    summary: dict
+    rows: list[dict]
+    wandb_run_dir: Path | None
+    table: str
+
+
+@dataclass
+class Setup:
+    """What `build` makes: the engine, the tokenizer, the decoders of the methods by name (`method`
+    first, then `compare`; the baseline itself is never among them) and the baseline's decoder."""
+
+    engine: Engine
+    tokenizer: object
+    methods: dict[str, SpeculativeDecoder]
+    baseline: SpeculativeDecoder
+
+    @property
+    def k_max(self) -> int:
+        return max((d.k for d in self.methods.values()), default=0)
+
+
+# ---------------------------------------------------------------- 1. data
+
+
+def load_data(cfg: DictConfig) -> list[Prompt]:
+    """The prompt set of `cfg.data`: categories renamed by `category_map`, then selected."""
+    d = cfg.data
+    path = str(resolve_path(d.path)) if d.path else None
+    prompts = load_prompts(d.source, path, hf_name=d.hf_name, split=d.split, text_field=d.text_field,
+                           category_field=d.category_field, id_field=d.id_field)
+    mapping = dict(d.category_map or {})
+    if mapping:
+        prompts = [Prompt(p.prompt_id, mapping.get(p.category, p.category), p.turns) for p in prompts]
+    categories = list(d.categories) if d.categories is not None else None
+    prompts = select_prompts(prompts, d.limit, categories, d.per_category)
+    if not prompts:
+        raise ValueError(f"data: no prompts selected from data.source={d.source}")
+    return prompts
+
+
+# ---------------------------------------------------------------- 2. build
+
+
+def _spec(model_cfg: DictConfig, role: str) -> ModelSpec:
+    path = model_cfg.path
+    if path and path not in ("embedded", "tiny_random") and (path.startswith((".", "~")) or Path(path).exists()):
+        path = str(resolve_path(path))  # a local path, relative to where the command was started
+    return ModelSpec(path=path, gguf_file=model_cfg.gguf_file, name=role, seed=model_cfg.seed,
+                     num_layers=model_cfg.num_layers, vocab_size=model_cfg.vocab_size)
+
+
+def build(cfg: DictConfig) -> Setup:
+    """Load the models and make the decoders. The draft loads only if some method needs one."""
+    target, tokenizer = load_model(_spec(cfg.target, "target"))
+    draft = None
+    if any(m.needs_draft for _, m in method_configs(cfg)):
+        if cfg.draft.path == "self":
+            draft = target  # its own cache: the same weights propose and verify
+        else:
+            draft, draft_tokenizer = load_model(_spec(cfg.draft, "draft"))
+            check_tokenizers_compatible(tokenizer, draft_tokenizer, target, draft)
+    engine = Engine(target, draft, device=cfg.device, dtype=cfg.dtype)
+    log.info("target %s, draft %s on %s (%s)", cfg.target.name, cfg.draft.name if draft is not None else "none",
+             engine.device, str(engine.dtype).removeprefix("torch."))
+    baseline = SpeculativeDecoder(engine, tokenizer=tokenizer)
+    methods = {}
+    for _, m in method_configs(cfg):
+        decoder = make_decoder(m, engine, tokenizer, cfg.generation)
+        if decoder is not None:
+            methods[m.name] = decoder
+    return Setup(engine, tokenizer, methods, baseline)
+
+
+def make_decoder(m: DictConfig, engine: Engine, tokenizer, g: DictConfig):
+    """The decoder of one method config; None for the autoregressive baseline itself."""
+    if m.decoder is not None:  # a whole decoder from elsewhere (the transformers anchors)
+        return instantiate(m.decoder, engine=engine, num_speculative_tokens=m.num_speculative_tokens,
+                           tokenizer=tokenizer)
+    if m.proposer is None:
+        return None
+    proposer = instantiate(m.proposer, engine=engine)
+    schedule = make_schedule(m.schedule, m.num_speculative_tokens, **m.schedule_args)
+    verifier = make_verifier(m.verifier, m.verifier_args, SamplingParams(g.temperature, g.top_k, g.top_p))
+    return SpeculativeDecoder(engine, proposer, m.num_speculative_tokens, verifier=verifier,
+                              tokenizer=tokenizer, schedule=schedule)
+
+
+# ---------------------------------------------------------------- 3-4. measure
+
+
+def make_batches(prompts: list[Prompt], batch_size: int) -> list[list[Prompt]]:
+    """Consecutive prompts with the same number of turns, at most `batch_size` per batch."""
+    batches: list[list[Prompt]] = []
+    for p in prompts:
+        last = batches[-1] if batches else None
+        if last and len(last) < batch_size and len(last[0].turns) == len(p.turns):
+            last.append(p)
+        else:
+            batches.append([p])
+    return batches
+
+
+def _conversation_len(tokenizer, prompt: Prompt, cfg: DictConfig, k: int) -> int:
+    """Cache positions a whole conversation may need: the last turn's input rendered with empty
+    answers, plus room for every answer. Too small only costs the reuse (a fresh prefill), not correctness."""
+    turns = prompt.turns
+    ids = build_turn_input(tokenizer, [(u, "") for u in turns[:-1]], turns[-1], cfg.data.system_prompt)
+    per_turn = cfg.generation.max_new_tokens + TURN_OVERHEAD_TOKENS
+    return len(ids) + len(turns) * per_turn + k + 1
+
+
+def run_batch(decoder: SpeculativeDecoder, role: str, batch: list[Prompt], cfg: DictConfig, seed: int,
+              tokenizer) -> list[dict]:
+    """Answer every turn of the batch's prompts with one decoder; one result row per prompt."""
+    g = cfg.generation
+    n, turns = len(batch), len(batch[0].turns)
+    decoder.max_len = max(_conversation_len(tokenizer, p, cfg, decoder.k) for p in batch) if turns > 1 else 0
+    histories: list[list[tuple[str, str]]] = [[] for _ in batch]
+    rows = [_empty_row(p, role) for p in batch]
+    past: Generation | None = None
+    for t in range(turns):
+        inputs = [build_turn_input(tokenizer, histories[j], p.turns[t], cfg.data.system_prompt)
+                  for j, p in enumerate(batch)]
+        out = decoder.generate(inputs, max_new_tokens=g.max_new_tokens, temperature=g.temperature,
+                               top_k=g.top_k, top_p=g.top_p, seed=seed + t, past=past)
+        reused = (out.state.reuse if out.state is not None else None) or [0] * n
+        s = out.stats
+        for j, row in enumerate(rows):
+            r = s.rows[j]
+            text = out.texts[j]
+            histories[j].append((batch[j].turns[t], text))
+            if t == 0:
+                row["prompt_token_ids"] = out.prompt_ids[j]
+            row["output_token_ids"] += out.output_ids[j]
+            row["turn_outputs"].append({"turn": t, "input_tokens": len(out.prompt_ids[j]),
+                                        "reused_cache_tokens": reused[j], "new_tokens": r.new_tokens,
+                                        "output_token_ids": out.output_ids[j], "output_text": text})
+            for key, value in (("new_tokens", r.new_tokens), ("steps", r.steps), ("proposed", r.proposed),
+                               ("accepted", r.accepted), ("emitted", r.emitted), ("latency_s", r.wall_s),
+                               ("wall_s", s.wall_s / n), ("ttft_s", s.ttft_s / n),
+                               ("draft_s", s.draft_s / n), ("verify_s", s.verify_s / n),
+                               ("reused_cache_tokens", reused[j])):
+                row[key] += value
+            row["accepted_per_position"] = _add(row["accepted_per_position"], r.accepted_at)
+            row["reached_per_position"] = _add(row["reached_per_position"], r.reached_at)
+            row["lossless"], row["verifier"] = out.lossless, out.verifier
+            row["acceptance_measured"] = out.acceptance_measured
+        past = out
+    for row in rows:
+        _finish_row(row, turns, seed)
+    return rows
+
+
+def _empty_row(prompt: Prompt, role: str) -> dict:
+    row = {"prompt_id": prompt.prompt_id, "category": prompt.category, "method": role,
+           "prompt_token_ids": [], "output_token_ids": [], "output_text": "", "turn_outputs": []}
+    for key in ("new_tokens", "steps", "proposed", "accepted", "emitted", "reused_cache_tokens"):
+        row[key] = 0
+    for key in ("wall_s", "latency_s", "ttft_s", "draft_s", "verify_s"):
+        row[key] = 0.0
+    row["accepted_per_position"], row["reached_per_position"] = [], []
+    return row
+
+
+def _add(xs: list[int], ys: list[int]) -> list[int]:
+    n = max(len(xs), len(ys))
+    return [(xs[i] if i < len(xs) else 0) + (ys[i] if i < len(ys) else 0) for i in range(n)]
+
+
+def _finish_row(row: dict, turns: int, seed: int) -> None:
+    """Derived per-prompt numbers; per-turn detail is kept only for multi-turn prompts."""
+    row["turns"] = turns
+    row["seed"] = seed
+    row["ttft_s"] /= turns  # mean time to first token over the turns
+    row["output_text"] = "\n\n".join(o["output_text"] for o in row["turn_outputs"])
+    if turns == 1:
+        del row["turn_outputs"]
+    row["tokens_per_s"] = row["new_tokens"] / row["wall_s"] if row["wall_s"] else float("nan")
+    row["acceptance_rate"] = row["accepted"] / row["proposed"] if row["proposed"] else float("nan")
+    row["mean_accepted_length"] = row["emitted"] / row["steps"] if row["steps"] else float("nan")
+
+
+def drop_too_long(prompts: list[Prompt], setup: Setup, cfg: DictConfig) -> tuple[list[Prompt], list[str]]:
+    """Prompts whose conversation fits the models' context; the ids of the others (warned, and listed in
+    summary.json). Both methods skip the same prompts, so the comparison stays side by side."""
+    contexts = [m.context_length for m in (setup.engine.target, setup.engine.draft)
+                if m is not None and m.context_length]
+    if not contexts:
+        return prompts, []
+    k = setup.k_max
+    kept, dropped = [], []
+    for p in prompts:
+        if len(p.turns) > 1:
+            need = _conversation_len(setup.tokenizer, p, cfg, k)
+        else:
+            need = len(build_turn_input(setup.tokenizer, [], p.turns[0], cfg.data.system_prompt))
+            need += cfg.generation.max_new_tokens + k + 1
+        (kept if need <= min(contexts) else dropped).append(p)
+    if dropped:
+        log.warning("skipping %d prompt(s) longer than the context of %d tokens (with max_new_tokens=%d): %s",
+                    len(dropped), min(contexts), cfg.generation.max_new_tokens,
+                    ", ".join(p.prompt_id for p in dropped))
+    if not kept:
+        raise ValueError(f"data: every selected prompt exceeds the models' context of {min(contexts)} tokens")
+    return kept, [p.prompt_id for p in dropped]
+
+
+def warm_up(decoders: list[SpeculativeDecoder], prompt: Prompt, cfg: DictConfig, tokenizer) -> None:
+    """One short untimed generation per decoder: first calls pay for allocations and kernel choices."""
+    ids = build_turn_input(tokenizer, [], prompt.turns[0], cfg.data.system_prompt)
+    g = cfg.generation
+    for decoder in decoders:
+        decoder.max_len = 0
+        decoder.generate([ids], max_new_tokens=min(WARMUP_TOKENS, g.max_new_tokens),
+                         temperature=g.temperature, top_k=g.top_k, top_p=g.top_p, seed=cfg.seed)
+
+
+def measure(setup: Setup, prompts: list[Prompt], cfg: DictConfig, on_batch=None) -> list[dict]:
+    """Run every method and the baseline on every batch; the order rotates from batch to batch, so
+    each goes first, second, ... equally often and order effects cancel."""
+    roles = [*setup.methods.items(), (BASELINE, setup.baseline)]
+    method_name = " / ".join(name for name, _ in roles[:-1]) or BASELINE
+    rows: list[dict] = []
+    batches = make_batches(prompts, cfg.generation.batch_size)
+    disable = None if cfg.progress is None else not cfg.progress
+    with tqdm(total=len(prompts), desc=f"{method_name} vs {BASELINE}", unit="prompt", disable=disable,
+              file=sys.stderr, leave=False) as bar:
+        for i, batch in enumerate(batches):
+            shift = i % len(roles)
+            order = roles[shift:] + roles[:shift]
+            for role, decoder in order:
+                rows += run_batch(decoder, role, batch, cfg, cfg.seed + i, setup.tokenizer)
+            bar.update(len(batch))
+            if on_batch is not None:
+                on_batch(rows)
+    return rows
+
+
+# ---------------------------------------------------------------- 5. the whole job
+
+
+def run_info(cfg: DictConfig, setup: Setup | None = None) -> dict:
+    needs_draft = any(m.needs_draft for _, m in method_configs(cfg))
+    info = {
+        "target": cfg.target.name,
+        "target_path": cfg.target.path,
+        "draft": cfg.draft.name if needs_draft else "none",
+        "draft_path": cfg.draft.path if needs_draft else None,
+        "num_speculative_tokens": cfg.method.num_speculative_tokens if cfg.method.proposer is not None else 0,
+        "schedule": cfg.method.schedule,
+        "data": cfg.data.source,
+        "temperature": cfg.generation.temperature,
+        "max_new_tokens": cfg.generation.max_new_tokens,
+        "batch_size": cfg.generation.batch_size,
+        "device": cfg.device,
+        "dtype": cfg.dtype,
+        "seed": cfg.seed,
+    }
+    if setup is not None:
+        info["device"] = str(setup.engine.device)
+        info["dtype"] = str(setup.engine.dtype).removeprefix("torch.")
+    return info
+
+
+def job_identity(method_name: str) -> tuple[str, str | None]:
+    """(W&B run name, W&B group). In a multirun the group is the sweep folder's name, shared by all its
+    jobs, and the name lists this job's values of the swept parameters; otherwise the name lists the
+    command-line overrides."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from specdec.sweep import swept_keys_of
+
+    if not HydraConfig.initialized():
+        return method_name, None
+    hc = HydraConfig.get()
+    if hc.mode != RunMode.MULTIRUN:
+        return hc.job.override_dirname or method_name, None
+    values = dict(o.lstrip("+~").split("=", 1) for o in hc.overrides.task if "=" in o)
+    swept = [f"{k}={values[k]}" for k in swept_keys_of(hc.sweep.dir) if k in values]
+    return ",".join(swept) or f"{method_name}-{hc.job.num}", Path(hc.sweep.dir).name
+
+
+def run(cfg: DictConfig, out_dir: str | Path) -> ExperimentResult:
+    """One experiment; writes results.jsonl, summary.json, plots and table.md into `out_dir`."""
+    validate(cfg)
+    prompts = load_data(cfg)  # a missing file or unknown category fails here, before models load
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    _quiet_transformers()
+
+    method_names = [m.name for _, m in method_configs(cfg) if m.proposer is not None or m.decoder is not None]
+    method_name = method_names[0] if method_names else BASELINE
+    greedy = cfg.generation.temperature == 0
+    job_name, sweep_group = job_identity(method_name)
+    lg = cfg.logger
+    tracker = make_tracker(lg.kind) if lg.kind == "none" else make_tracker(
+        lg.kind, project=lg.project, entity=lg.entity, mode=lg.mode, tags=[*lg.tags, method_name],
+        init_timeout=lg.init_timeout)
+    config = OmegaConf.to_container(cfg, resolve=True)
+    with tracker:
+        tracker.start(config, name=job_name, group=lg.group or sweep_group, out_dir=out_dir)
+        setup = build(cfg)
+        prompts, skipped = drop_too_long(prompts, setup, cfg)
+        info = run_info(cfg, setup)
+        info["skipped_prompts"] = skipped
+        if cfg.warmup:
+            warm_up([*setup.methods.values(), setup.baseline], prompts[0], cfg, setup.tokenizer)
+
+        def save(rows: list[dict], complete: bool = False) -> dict:
+            summary = summarize(rows, method_names or [BASELINE], info, greedy)
+            summary["complete"] = complete
+            write_local_results(out_dir, rows, summary)
+            return summary
+
+        rows = measure(setup, prompts, cfg, on_batch=save)
+        summary = save(rows, complete=True)
+        plots = _plots(summary, out_dir) if cfg.plots else {}
+        table = format_table(summary)
+        if len(method_names) > 1:
+            table += "\n\n" + format_comparison(summary)
+        (out_dir / "table.md").write_text(table + "\n", encoding="utf-8")
+        tracker.log_rows(per_prompt(rows, method_name))
+        tracker.log_summary(summary, rows, plots)
+    print(table, flush=True)
+    log.info("results in %s", out_dir)
+    return ExperimentResult(out_dir, summary, rows, tracker.run_dir, table)
+
+
+def per_prompt(rows: list[dict], method_name: str) -> list[dict]:
+    """One W&B history step per prompt: the method's numbers and its speedup over the baseline."""
+    base = {r["prompt_id"]: r for r in rows if r["method"] == BASELINE}
+    out = []
+    for i, r in enumerate(r for r in rows if r["method"] == method_name):
+        b = base[r["prompt_id"]]
+        out.append({
+            "index": i,
+            "new_tokens": r["new_tokens"],
+            "wall_s": r["wall_s"],
+            "tokens_per_s": r["tokens_per_s"],
+            "baseline_tokens_per_s": b["tokens_per_s"],
+            "speedup": r["tokens_per_s"] / b["tokens_per_s"] if b["tokens_per_s"] else float("nan"),
+            "acceptance_rate": r["acceptance_rate"],
+            "mean_accepted_length": r["mean_accepted_length"],
+            "ttft_s": r["ttft_s"],
+        })
+    return out
+
+
+def _plots(summary: dict, out_dir: Path) -> dict[str, Path]:
+    """Plots are a convenience: failing to draw them must not fail a run whose results are written."""
+    try:
+        return make_plots(summary, out_dir)
+    except Exception as exc:  # matplotlib problems (fonts, backends) are not worth a lost run
+        log.warning("plots failed (%s: %s); results are written", type(exc).__name__, exc)
+        return {}
+
+
+def _quiet_transformers() -> None:
+    """transformers' weight-loading progress bars would interleave with ours."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()

@@ -1,0 +1,152 @@
+"""The Hydra configuration: every file in conf/ composes against the schema, misspelt keys and wrong
+types fail at composition naming the key, and bad values fail in `validate` naming the key, before
+any model loads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ConfigKeyError, ValidationError
+
+from specdec import experiment
+from specdec.config import ConfigError, validate
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+GROUPS = ["target", "draft", "method", "data", "generation", "logger", "experiment"]
+PLUGIN_LAUNCHERS = ["submitit_local", "submitit_slurm", "joblib"]
+
+
+def _compose(overrides: list[str], hydra_config: bool = False):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=overrides, return_hydra_config=hydra_config)
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+def test_every_group_has_options():
+    for group in GROUPS:
+        assert _options(group), group
+    assert {"autoregressive", "draft"} <= set(_options("method"))
+    assert {"quick", "spec_bench_greedy", "spec_bench_sampling", "tiny_smoke"} <= set(_options("experiment"))
+
+
+@pytest.mark.parametrize("override", [f"{g}={o}" for g in GROUPS for o in _options(g)])
+def test_every_config_composes_and_validates(override, monkeypatch, tmp_path):
+    monkeypatch.chdir(CONF.parent)  # data.path defaults are relative to where the command starts
+    cfg = _compose([override])
+    group, option = override.split("=")
+    if group == "method":
+        assert cfg.method.name == option
+        assert cfg.method.proposer is None or "_target_" in cfg.method.proposer
+    if override == "draft=none":
+        cfg.method.needs_draft = False  # the default method needs a draft; draft=none serves the others
+    if override == "data=hf":  # hf has no default source: give it a local file
+        (tmp_path / "prompts.jsonl").write_text('{"text": "Hello?"}\n')
+        cfg.data.path = str(tmp_path / "prompts.jsonl")
+    if cfg.data.source == "spec_bench" and not Path(cfg.data.path).is_file():
+        pytest.skip(f"no Spec-Bench file at {cfg.data.path}")
+    validate(cfg)
+
+
+@pytest.mark.parametrize("launcher", _options("hydra/launcher") + PLUGIN_LAUNCHERS)
+def test_launchers_compose(launcher):
+    cfg = _compose([f"hydra/launcher={launcher}"], hydra_config=True)
+    assert "_target_" in cfg.hydra.launcher
+    if launcher == "slurm":
+        assert cfg.hydra.launcher._target_.endswith("SlurmLauncher") and cfg.hydra.launcher.gpus_per_node == 1
+
+
+def test_defaults():
+    cfg = _compose([], hydra_config=True)
+    assert cfg.target.path == "embedded" and cfg.method.name == "draft" and cfg.draft.path == "self"
+    assert cfg.data.source == "builtin" and cfg.logger.kind == "wandb"
+    assert cfg.hydra.callbacks.sweep_summary._target_ == "specdec.sweep.SweepSummary"
+
+
+def test_wandb_mode_follows_the_environment(monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    assert _compose([]).logger.mode == "offline"
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert _compose([]).logger.mode == "disabled"
+
+
+def test_experiment_presets_list_only_changes():
+    cfg = _compose(["experiment=spec_bench_sampling"])
+    assert cfg.data.source == "spec_bench" and cfg.generation.temperature == 1.0
+    assert cfg.method.name == "draft" and cfg.target.name == "smollm2_135m"  # untouched
+    assert cfg.data.category_map["writing"] == "multi_turn"
+    # the command line beats a preset's group choice
+    cfg = _compose(["experiment=spec_bench_greedy", "target=tiny_random"])
+    assert cfg.target.path == "tiny_random" and cfg.data.source == "spec_bench"
+
+
+@pytest.mark.parametrize("override, key", [
+    ("method.num_speculatve_tokens=3", "method.num_speculatve_tokens"),
+    ("generation.max_new_tokens=abc", "generation.max_new_tokens"),
+    ("generation.temprature=0.5", "generation.temprature"),
+    ("data.limit=ten", "data.limit"),
+    ("seed=one", "seed"),
+])
+def test_schema_errors_name_the_key(override, key):
+    with pytest.raises((ConfigCompositionException, ValidationError, ConfigKeyError)) as err:
+        _compose([override])
+    text = str(err.value) + str(err.value.__cause__)
+    assert key in text
+
+
+def test_unknown_method_lists_the_methods():
+    with pytest.raises(ConfigCompositionException) as err:
+        _compose(["method=medusa_v9"])
+    assert "method/medusa_v9" in str(err.value) and "draft" in str(err.value)
+
+
+TINY = ["target=tiny_random", "draft=tiny_random", "logger=none"]
+
+
+@pytest.mark.parametrize("override, key", [
+    ("method.num_speculative_tokens=0", "method.num_speculative_tokens"),
+    ("data.limit=0", "data.limit"),
+    ("data.limit=-3", "data.limit"),
+    ("generation.temperature=-0.1", "generation.temperature"),
+    ("generation.top_p=0", "generation.top_p"),
+    ("generation.top_p=1.5", "generation.top_p"),
+    ("generation.top_k=-1", "generation.top_k"),
+    ("generation.batch_size=0", "generation.batch_size"),
+    ("generation.max_new_tokens=0", "generation.max_new_tokens"),
+    ("method.schedule=telepathic", "method.schedule"),
+    ("method.verifier=oracle", "method.verifier"),
+    ("method.verifier=greedy generation.temperature=0.7", "method.verifier"),
+    ("method.proposer._target_=specdec.proposers.nope.Nope", "method.proposer._target_"),
+    ("draft=none", "draft"),
+    ("device=gpu", "device"),
+    pytest.param("device=cuda", "device", marks=pytest.mark.skipif(
+        __import__("torch").cuda.is_available(), reason="CUDA is available here")),
+    ("dtype=float8", "dtype"),
+    ("data=spec_bench data.path=/no/such/question.jsonl", "data.path"),
+    ("data=hf", "data.path"),
+    ("data.categories=[poetry]", "data.categories"),
+])
+def test_bad_values_fail_before_models_load(override, key, monkeypatch, tmp_path):
+    cfg = _compose([*TINY, *override.split()])
+
+    def no_models(*args, **kwargs):
+        raise AssertionError("a model was loaded before the config was checked")
+
+    monkeypatch.setattr(experiment, "load_model", no_models)
+    with pytest.raises((ConfigError, ValueError)) as err:
+        experiment.run(cfg, tmp_path)
+    assert key in str(err.value)
+    assert not (tmp_path / "results.jsonl").exists()
+
+
+def test_relative_data_path_resolves_against_the_start_directory(tmp_path, monkeypatch):
+    (tmp_path / "q.jsonl").write_text('{"question_id": 1, "category": "qa", "turns": ["Hi?"]}\n')
+    monkeypatch.chdir(tmp_path)
+    cfg = _compose([*TINY, "data=spec_bench", "data.path=q.jsonl"])
+    validate(cfg)
+    assert [p.prompt_id for p in experiment.load_data(cfg)] == ["1"]

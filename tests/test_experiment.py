@@ -1,0 +1,282 @@
+"""One experiment, end to end on tiny random models: every preset and every method runs; the results
+files hold what the issue lists; the method and the baseline alternate; multi-turn prompts reuse the
+conversation's cache; batching changes no greedy output; W&B sees what summary.json holds, and a
+failing W&B loses no local result. Plus the summary arithmetic on hand-made rows."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from specdec import experiment
+from specdec.data import build_turn_input
+from specdec.report import expected_tokens_per_step, format_table, metrics, summarize
+from specdec.tracking import flatten, read_offline_summary
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+FAST = ["target=tiny_random", "draft=tiny_random", "logger=none", "data.limit=1",
+        "generation.max_new_tokens=4", "plots=false", "warmup=false", "dtype=float32"]
+ROW_FIELDS = ["prompt_id", "category", "method", "prompt_token_ids", "output_token_ids", "output_text",
+              "new_tokens", "wall_s", "ttft_s", "steps", "proposed", "accepted", "accepted_per_position",
+              "reached_per_position", "lossless", "verifier"]
+GROUP_FIELDS = ["tokens_per_s", "speedup", "acceptance_rate", "mean_accepted_length",
+                "per_position_acceptance", "ttft_s", "c", "predicted_speedup"]
+SPEC_BENCH = CONF.parent.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
+
+
+def _cfg(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def _run(tmp_path: Path, *overrides: str, name: str = "run"):
+    return experiment.run(_cfg(*FAST, *overrides), tmp_path / name)
+
+
+def _rows(out_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (out_dir / "results.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("preset", sorted(p.stem for p in (CONF / "experiment").glob("*.yaml")))
+def test_every_preset_runs_on_tiny_models(preset, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(CONF.parent)
+    cfg = _cfg(f"experiment={preset}", *FAST, "plots=true")
+    if cfg.data.source == "spec_bench" and not Path(cfg.data.path).is_file():
+        pytest.skip(f"no Spec-Bench file at {cfg.data.path}")
+    result = experiment.run(cfg, tmp_path)
+    rows = _rows(tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    n = summary["num_prompts"]
+    methods = {"draft", "autoregressive", *cfg.compare}  # presets may compare more methods in one run
+    # limit 1 per category; prompts longer than the tiny model's 512 positions are skipped and listed
+    assert len(rows) == len(methods) * n and n + len(summary["skipped_prompts"]) >= len(summary["categories"])
+    assert {r["method"] for r in rows} == methods == set(summary["methods"])
+    for row in rows:
+        assert all(key in row for key in ROW_FIELDS), set(ROW_FIELDS) - set(row)
+        assert 1 <= row["new_tokens"] <= 4 * row["turns"]
+    for name in methods:
+        block = summary["methods"][name]
+        assert all(key in block["overall"] for key in GROUP_FIELDS)
+        assert set(block["categories"]) == set(summary["categories"])
+    assert ("matches_baseline" in summary) == (cfg.generation.temperature == 0)
+    assert summary["complete"] is True and summary["lossless"] is True
+    assert (tmp_path / "acceptance_per_position.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "categories.png").read_bytes()[:4] == b"\x89PNG"
+    out = capsys.readouterr().out
+    assert "| category | speedup | tau | alpha |" in out and "**overall**" in out
+    assert result.table in out
+    if cfg.compare:
+        assert "| specdec / anchor (tokens/s) |" in out
+    if cfg.data.source == "spec_bench":
+        assert "multi_turn" in summary["categories"]  # the MT-bench categories, reported as one
+
+
+METHOD_OVERRIDES = {"layer_skip": ["method.proposer.exit_layer=1"]}  # the tiny target has 2 layers
+
+
+@pytest.mark.parametrize("method", sorted(p.stem for p in (CONF / "method").glob("*.yaml")))
+def test_every_method_runs_on_tiny_models(method, tmp_path):
+    result = _run(tmp_path, f"method={method}", *METHOD_OVERRIDES.get(method, []))
+    s = result.summary
+    assert s["method"] == method and s["num_prompts"] == 6
+    if method == "autoregressive":  # the baseline alone
+        assert {r["method"] for r in result.rows} == {"autoregressive"} and s["speedup"] == 1.0
+        assert s["mean_accepted_length"] == 1.0
+    else:
+        assert len(result.rows) == 12
+    if s["lossless"]:
+        assert s["matches_baseline"] == 1.0  # greedy and lossless: the baseline's tokens exactly
+
+
+def test_perfect_draft_accepts_everything_and_matches_the_baseline(tmp_path):
+    # a draft with the target's own seed and depth is the target: every draft is accepted
+    result = _run(tmp_path, "draft.seed=0", "draft.num_layers=2", "generation.max_new_tokens=12",
+                  "method.num_speculative_tokens=3", "target.vocab_size=256")
+    s = result.summary
+    assert s["acceptance_rate"] == 1.0 and s["matches_baseline"] == 1.0
+    assert s["methods"]["draft"]["overall"]["per_position_acceptance"] == [1.0, 1.0, 1.0]
+    assert s["methods"]["draft"]["overall"]["expected_tokens_per_step"] == 4.0
+    assert 1.0 < s["mean_accepted_length"] <= 4.0  # 4 per step, less where EOS/max_new_tokens cut
+    for row in result.rows:
+        assert row["proposed"] == 3 * row["steps"] if row["method"] == "draft" else row["proposed"] == 0
+
+
+def test_unrelated_draft_still_matches_the_baseline(tmp_path):
+    s = _run(tmp_path, "generation.max_new_tokens=12").summary
+    assert s["acceptance_rate"] < 0.2 and s["matches_baseline"] == 1.0
+
+
+def test_method_and_baseline_alternate_which_goes_first(tmp_path, monkeypatch):
+    calls = []
+    real = experiment.run_batch
+
+    def spy(decoder, role, batch, *args):
+        calls.append((batch[0].prompt_id, role))
+        return real(decoder, role, batch, *args)
+
+    monkeypatch.setattr(experiment, "run_batch", spy)
+    _run(tmp_path, "data.limit=2", "data.categories=[qa]")
+    assert [role for _, role in calls] == ["draft", "autoregressive", "autoregressive", "draft"]
+    assert calls[0][0] == calls[1][0] != calls[2][0] == calls[3][0]
+
+
+def test_multi_turn_continues_the_cache_and_equals_a_fresh_prefill(tmp_path):
+    cfg = _cfg(*FAST, "data.categories=[conversation]", "generation.max_new_tokens=6")
+    result = experiment.run(cfg, tmp_path)
+    setup = experiment.build(cfg)
+    for row in result.rows:
+        first, second = row["turn_outputs"]
+        assert row["turns"] == 2 and first["reused_cache_tokens"] == 0
+        assert 0 < second["reused_cache_tokens"] < second["input_tokens"]
+        assert row["output_token_ids"] == first["output_token_ids"] + second["output_token_ids"]
+        # turn 2 decoded from scratch gives the same tokens as turn 2 continued from the cache
+        prompt = next(p for p in experiment.load_data(cfg) if p.prompt_id == row["prompt_id"])
+        ids = build_turn_input(setup.tokenizer, [(prompt.turns[0], first["output_text"])], prompt.turns[1])
+        assert len(ids) == second["input_tokens"]
+        fresh = setup.baseline.generate([ids], max_new_tokens=6)
+        assert fresh.output_ids[0] == second["output_token_ids"]
+
+
+def test_batches_give_the_same_greedy_tokens(tmp_path):
+    single = _run(tmp_path, "data.limit=2", "generation.max_new_tokens=8", name="b1")
+    batched = _run(tmp_path, "data.limit=2", "generation.max_new_tokens=8", "generation.batch_size=3",
+                   name="b3")
+
+    def tokens(result):
+        return {(r["prompt_id"], r["method"]): r["output_token_ids"] for r in result.rows}
+
+    assert tokens(single) == tokens(batched)
+    wall = sum(r["wall_s"] for r in batched.rows if r["method"] == "draft")
+    assert math.isclose(batched.summary["methods"]["draft"]["overall"]["wall_s"], wall)
+
+
+def test_make_batches_keeps_turn_counts_apart():
+    prompts = experiment.load_data(_cfg(*FAST, "data.limit=3"))
+    batches = experiment.make_batches(prompts, 4)
+    assert [p for b in batches for p in b] == prompts
+    assert all(len(b) <= 4 and len({len(p.turns) for p in b}) == 1 for b in batches)
+
+
+def test_partial_results_survive_a_crash(tmp_path, monkeypatch):
+    real, calls = experiment.run_batch, []
+
+    def crash_on_third(*args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("boom")
+        return real(*args)
+
+    monkeypatch.setattr(experiment, "run_batch", crash_on_third)
+    with pytest.raises(RuntimeError, match="boom"):
+        _run(tmp_path)
+    assert len(_rows(tmp_path / "run")) == 2  # the first prompt, both methods
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["complete"] is False
+
+
+# ---------------------------------------------------------------- W&B
+
+
+@pytest.fixture
+def wandb_env(monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_ERROR_REPORTING", "false")
+
+
+def test_wandb_offline_run_holds_summary_json(tmp_path, wandb_env):
+    result = _run(tmp_path, "logger=wandb", "plots=true")
+    assert result.wandb_run_dir is not None and result.wandb_run_dir.is_relative_to(tmp_path)
+    logged = read_offline_summary(result.wandb_run_dir)
+    local = flatten(json.loads((tmp_path / "run" / "summary.json").read_text()))
+    assert local["speedup"] == pytest.approx(logged["speedup"])
+    for key, value in local.items():
+        assert key in logged, key
+        assert logged[key] == (pytest.approx(value) if isinstance(value, float) else value), key
+    assert "results" in logged and "plots/categories" in logged  # the table and the plots
+
+
+@pytest.mark.parametrize("where", ["init", "log"])
+def test_failing_wandb_loses_no_local_result(tmp_path, wandb_env, monkeypatch, caplog, where):
+    import wandb
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("wandb is down")
+
+    if where == "init":
+        monkeypatch.setattr(wandb, "init", broken)
+    else:
+        monkeypatch.setattr(wandb.Run, "log", broken)
+    with caplog.at_level(logging.WARNING, logger="specdec"):
+        result = _run(tmp_path, "logger=wandb")
+    assert "W&B failed" in caplog.text and "wandb is down" in caplog.text
+    assert len(_rows(tmp_path / "run")) == 12
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["speedup"] == result.summary["speedup"]
+
+
+# ---------------------------------------------------------------- summary arithmetic
+
+
+def _row(method, prompt_id="p", category="qa", steps=10, proposed=0, accepted=0, emitted=10, wall=1.0,
+         draft=0.0, verify=0.5, acc_at=(), reached_at=(), out=(1, 2, 3), lossless=True):
+    return {"prompt_id": prompt_id, "category": category, "method": method, "new_tokens": emitted + 1,
+            "wall_s": wall, "ttft_s": 0.1, "steps": steps, "proposed": proposed, "accepted": accepted,
+            "emitted": emitted, "draft_s": draft, "verify_s": verify, "accepted_per_position": list(acc_at),
+            "reached_per_position": list(reached_at), "output_token_ids": list(out), "lossless": lossless,
+            "verifier": "greedy" if lossless else "typical"}
+
+
+def test_expected_tokens_per_step():
+    assert expected_tokens_per_step([1.0, 1.0, 1.0, 1.0]) == 5.0
+    assert expected_tokens_per_step([0.5, 0.5]) == 1 + 0.5 + 0.25
+    assert expected_tokens_per_step([]) == 1.0
+    assert expected_tokens_per_step([0.8, float("nan")]) == 1.8
+
+
+def test_cost_model_and_predicted_speedup():
+    # baseline: 20 steps of 1 token, 0.05 s each. method: 5 steps of k=2 drafts, per-position (1.0, 0.5)
+    base = _row("autoregressive", steps=20, emitted=20, wall=1.2, verify=1.0)
+    method = _row("draft", steps=5, proposed=10, accepted=7, emitted=12, wall=0.6, draft=0.1, verify=0.4,
+                  acc_at=(5, 2), reached_at=(5, 4))
+    m = metrics([method], [base], greedy=True)
+    t_base = 1.0 / 20
+    assert m["per_position_acceptance"] == [1.0, 0.5]
+    assert m["acceptance_rate"] == 0.7 and m["mean_accepted_length"] == 12 / 5
+    assert m["c"] == pytest.approx((0.1 / 10) / t_base)  # one draft token costs 0.2 target steps
+    assert m["verify_cost"] == pytest.approx((0.4 / 5) / t_base)
+    expected = 1 + 1.0 + 0.5
+    assert m["predicted_speedup"] == pytest.approx(expected * t_base / (0.1 / 5 + 0.4 / 5))
+    # the same through the Leviathan form E / (c k + verify_cost)
+    assert m["predicted_speedup"] == pytest.approx(expected / (m["c"] * 2 + m["verify_cost"]))
+    assert m["speedup"] == pytest.approx((13 / 0.6) / (21 / 1.2))
+    assert m["matches_baseline"] == 1.0
+
+
+def test_summary_marks_lossy_methods_and_counts_mismatches():
+    rows = [_row("autoregressive", "a"), _row("autoregressive", "b", category="rag"),
+            _row("typical", "a", proposed=4, accepted=2, acc_at=(2,), reached_at=(4,), lossless=False),
+            _row("typical", "b", category="rag", proposed=4, accepted=2, acc_at=(2,), reached_at=(4,),
+                 out=(9,), lossless=False)]
+    s = summarize(rows, "typical", {"num_speculative_tokens": 1}, greedy=True)
+    assert s["lossless"] is False and s["verifier"] == "typical"
+    assert s["matches_baseline"] == 0.5
+    assert s["methods"]["typical"]["categories"]["rag"]["matches_baseline"] == 0.0
+    table = format_table(s)
+    assert "typical (lossy)" in table and "| rag |" in table and "| qa |" in table
+
+
+def test_hf_source_with_a_local_file(tmp_path):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"question": q, "topic": t}) + "\n"
+                            for q, t in [("t5 t6 t7", "a"), ("t9 t9", "b"), (["t3 t4", "t8"], "b")]))
+    result = _run(tmp_path, "data=hf", f"data.path={data}", "data.text_field=question",
+                  "data.category_field=topic", "data.limit=null")
+    assert result.summary["categories"] == ["a", "b"] and result.summary["num_prompts"] == 3
+    assert sorted({r["prompt_id"] for r in result.rows}) == ["0", "1", "2"]  # no id_field: the row index
+    assert sorted(r["turns"] for r in result.rows) == [1, 1, 1, 1, 2, 2]

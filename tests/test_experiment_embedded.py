@@ -1,0 +1,38 @@
+"""The default experiment on the embedded SmolLM2-135M through the real command line (slow): the
+target drafting for itself accepts (nearly) everything, the table is printed, results are written, and
+the second turn of a conversation continues the first turn's cache."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_default_run_on_the_embedded_model(tmp_path):
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "offline"}
+    cmd = [sys.executable, "-m", "specdec", "data.limit=1", "data.categories=[conversation,qa]",
+           "generation.max_new_tokens=16", "threads=1", f"hydra.run.dir={out}"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, text=True, capture_output=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["target"] == "smollm2_135m" and summary["method"] == "draft" and summary["draft"] == "self"
+    assert summary["num_prompts"] == 2 and summary["complete"] is True
+    # the target is its own draft: acceptance is 1 up to bfloat16 rounding between 1- and k+1-token passes
+    assert summary["acceptance_rate"] > 0.8 and summary["mean_accepted_length"] > 3.0
+    assert "matches_baseline" in summary and summary["lossless"] is True
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and all(r["new_tokens"] > 1 for r in rows)
+    conversation = [r for r in rows if r["category"] == "conversation"]
+    assert all(r["turn_outputs"][1]["reused_cache_tokens"] > 0 for r in conversation)
+    assert "| **overall** |" in proc.stdout and "draft, k=4" in proc.stdout
+    assert list((out / "wandb").glob("offline-run-*"))  # the default logger: W&B, offline
