@@ -104,7 +104,8 @@ class HFGenerate:
         if self.tokenizer is not None:
             texts = [self.tokenizer.decode(o, skip_special_tokens=True) for o in outputs]
         return Generation(outputs, ids, stats, state=None, texts=texts, lossless=self.lossless,
-                          verifier="greedy" if params.greedy else "speculative_sampling")
+                          verifier="greedy" if params.greedy else "speculative_sampling",
+                          acceptance_measured=not self.speculative)
 
 
 class HFAssisted(HFGenerate):

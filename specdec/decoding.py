@@ -79,6 +79,7 @@ class Generation:
     texts: list[str] | None = None
     lossless: bool = True
     verifier: str = "greedy"
+    acceptance_measured: bool = True  # False when drafts happen out of sight (the transformers anchors)
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
