@@ -1,0 +1,95 @@
+"""Speculative sampling stays lossless with every drafting strategy: n-gram lookup (a deterministic
+draft, q one-hot), layer skipping, and the draft model under each adaptive schedule. As in
+test_sampling_lossless, the joint distribution of generated tokens 2 and 3 is compared by a
+chi-square test with the exact one computed from the target; an n-gram proposer that misstates its q
+fails the same test, so the test can see a broken deterministic draft."""
+
+import pytest
+import torch
+
+from specdec.decoding import SpeculativeDecoder
+from specdec.engine import Engine
+from specdec.models import tiny_random_model
+from specdec.proposers.base import Proposal
+from specdec.proposers.draft_model import DraftModelProposer
+from specdec.proposers.layer_skip import LayerSkipProposer
+from specdec.proposers.ngram import NgramProposer
+from specdec.sampling import SamplingParams, probabilities
+from specdec.schedules import make_schedule
+from tests.stats import chi_square_pvalue
+
+V = 8
+# Every token of the small vocabulary but one appears, so prompt lookup nearly always matches.
+PROMPT = [3, 5, 2, 7, 4, 6, 3, 5, 1]
+PARAMS = SamplingParams(temperature=0.9, top_k=6)
+N = 20_000
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_random_model(seed=11, vocab_size=V, num_layers=3, eos_token_id=None, logit_std=1.5)
+
+
+@pytest.fixture(scope="module")
+def draft():
+    return tiny_random_model(seed=12, vocab_size=V, num_layers=1, eos_token_id=None, logit_std=1.5)
+
+
+@pytest.fixture(scope="module")
+def expected(target):
+    """P(t2, t3) = sum_t1 p(t1) p(t2|t1) p(t3|t1,t2), over the shaped target distribution."""
+    with torch.inference_mode():
+        grid = torch.cartesian_prod(torch.arange(V), torch.arange(V))  # [V*V, 2] (t1, t2)
+        seqs = torch.cat([torch.tensor(PROMPT).expand(V * V, -1), grid], 1)
+        p = probabilities(target(seqs).logits[:, -3:], PARAMS)
+    joint = p[0, 0][:, None, None] * p[:, 1].view(V, V, V)[:, 0][:, :, None] * p[:, 2].view(V, V, V)
+    return joint.sum(0).flatten()
+
+
+def _sample_pairs(engine, proposer, schedule=None, k=2):
+    """Counts of (t2, t3) over N rows [V*V], and the run's statistics."""
+    dec = SpeculativeDecoder(engine, proposer, num_speculative_tokens=k, schedule=schedule)
+    out = dec.generate([PROMPT] * N, max_new_tokens=3, temperature=PARAMS.temperature, top_k=PARAMS.top_k, seed=0)
+    assert out.lossless and out.verifier == "speculative_sampling"
+    pairs = torch.tensor([o[1:3] for o in out.output_ids])
+    return torch.bincount(pairs[:, 0] * V + pairs[:, 1], minlength=V * V), out.stats
+
+
+def test_ngram_sampling_is_lossless(target, expected):
+    engine = Engine(target, dtype="float32")
+    counts, stats = _sample_pairs(engine, NgramProposer(engine, max_ngram=2))
+    assert 0.05 < stats.acceptance_rate < 0.95
+    assert chi_square_pvalue(counts, expected) > 1e-3
+
+
+class UniformQNgram(NgramProposer):
+    """Deliberately broken: claims its drafts came from a uniform q instead of a one-hot."""
+
+    def propose(self, state, k):
+        p = super().propose(state, k)
+        return Proposal(p.tokens, p.lengths, torch.full((*p.tokens.shape, V), 1.0 / V))
+
+
+def test_ngram_with_a_misstated_q_fails_the_same_test(target, expected):
+    engine = Engine(target, dtype="float32")
+    counts, _ = _sample_pairs(engine, UniformQNgram(engine, max_ngram=2))
+    assert chi_square_pvalue(counts, expected) < 1e-6
+
+
+def test_layer_skip_sampling_is_lossless(target, expected):
+    engine = Engine(target, dtype="float32")
+    counts, stats = _sample_pairs(engine, LayerSkipProposer(engine, exit_layer=1))
+    assert 0.05 < stats.acceptance_rate < 0.95
+    assert chi_square_pvalue(counts, expected) > 1e-3
+
+
+@pytest.mark.parametrize("schedule, args", [("heuristic", {}), ("confidence", {"threshold": 0.6}),
+                                            ("cost_aware", {"min_k": 1})])
+def test_schedules_sampling_is_lossless(target, draft, expected, schedule, args):
+    engine = Engine(target, draft, dtype="float32")
+    sched = make_schedule(schedule, 2, **args)
+    counts, stats = _sample_pairs(engine, DraftModelProposer(engine), sched)
+    assert 0.05 < stats.acceptance_rate < 0.95
+    if schedule == "confidence":  # a good share of rows stopped after one draft
+        assert sum(r.proposed for r in stats.rows) < 1.9 * sum(r.steps for r in stats.rows)
+    assert chi_square_pvalue(counts, expected) > 1e-3
