@@ -1,0 +1,166 @@
+"""Train a draft for a target by distillation on the target's own greedy continuations.
+
+    python scripts/train_draft.py [key=value ...]        # config: conf/train_draft.yaml
+
+The recipe and the draft's shape are described in `specdec/training.py`. The script prints each
+phase's progress and time, the KL loss as it trains, and finally the draft's acceptance and speedup
+on held-out Spec-Bench prompts (untrained and trained); it writes the draft to `out` (a directory
+that `draft.path=` loads) with `train_report.json` beside the weights. Weights are never committed:
+`outputs/` is git-ignored.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+import time
+from pathlib import Path
+
+import hydra
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import to_absolute_path
+from omegaconf import DictConfig, OmegaConf
+
+from specdec.data import load_builtin, load_spec_bench
+from specdec.engine import Engine
+from specdec.models import ModelSpec, cache_dir, load_model
+from specdec.training import (
+    Example,
+    distill,
+    evaluate_draft,
+    first_turn_ids,
+    generate_continuations,
+    make_draft,
+    save_draft,
+    split_prompts,
+    take_per_category,
+    teacher_targets,
+    truncate,
+)
+
+log = logging.getLogger("train_draft")
+
+
+def run(cfg: DictConfig) -> dict:
+    """The whole recipe; returns the report (also written next to the draft)."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    times: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def phase(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        times[name] = round(now - clock, 1)
+        log.info("%s: %.1f s", name, now - clock)
+        clock = now
+
+    p = cfg.prompts
+    cmap = dict(p.category_map or {})
+    train, held = [], []
+    if p.spec_bench:
+        train, held = split_prompts(load_spec_bench(to_absolute_path(p.spec_bench)), p.holdout_per_category, cmap)
+        train = take_per_category(train, p.train_per_category, cmap, cfg.seed)
+    if p.builtin:
+        train += load_builtin()
+    if not train:
+        raise ValueError("prompts: no training prompts (set prompts.builtin=true or prompts.spec_bench)")
+    evaluation = take_per_category(held, p.eval_per_category, cmap, cfg.seed) if p.eval_per_category else []
+    target, tokenizer = load_model(ModelSpec(path=cfg.target.path, gguf_file=cfg.target.gguf_file))
+    target = Engine(target, dtype=cfg.dtype).target.model
+    # The training text may come from a lower-precision copy of the target (twice as fast here);
+    # evaluation always uses the target in `dtype`.
+    writer = target
+    if cfg.generation.dtype != cfg.dtype:
+        writer = Engine(copy.deepcopy(target), dtype=cfg.generation.dtype).target.model
+    eos = tokenizer.eos_token_id
+    log.info("%d training prompts, %d held-out evaluation prompts", len(train), len(evaluation))
+    phase("load")
+
+    train_ids = first_turn_ids(tokenizer, train)
+    examples = cached_continuations(cfg, writer, train_ids, eos)
+    examples = [truncate(e, cfg.train.max_seq_len) for e in examples]
+    if cfg.train.loss_on == "all":  # the teacher's distribution at prompt positions too: more signal, same pass
+        examples = [Example(e.tokens, 1) for e in examples]
+    n_tokens = sum(len(e.tokens) - e.start for e in examples)
+    phase("generate")
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    autocast = cfg.train.autocast if writer.dtype == torch.float32 else None
+    teacher_targets(writer, examples, cfg.train.max_tokens, pad, cfg.progress, autocast)
+    del writer
+    phase("teacher")
+
+    draft = make_draft(target, cfg.draft.num_layers)
+    eval_ids = first_turn_ids(tokenizer, evaluation)
+    report: dict = {"train_prompts": len(train), "train_tokens": n_tokens, "eval_prompts": len(eval_ids),
+                    "num_layers": cfg.draft.num_layers,
+                    "trainable_params": sum(q.numel() for q in draft.parameters() if q.requires_grad)}
+    if eval_ids and cfg.eval.init:
+        report["init"] = evaluate_draft(target, draft, eval_ids, cfg.eval.k, cfg.eval.max_new_tokens,
+                                        cfg.dtype, eos, cfg.progress)
+        log.info("untrained draft: %s", _fmt(report["init"]))
+        phase("eval_init")
+
+    losses = distill(draft, target.get_output_embeddings(), examples, cfg.train.epochs, cfg.train.lr,
+                     cfg.train.max_tokens, seed=cfg.seed, pad_id=pad, progress=cfg.progress,
+                     autocast=cfg.train.autocast)
+    per_epoch = len(losses) // cfg.train.epochs
+    report["loss_first_steps"] = sum(losses[:5]) / len(losses[:5])
+    report["loss_by_epoch"] = [sum(losses[i:i + per_epoch]) / per_epoch for i in range(0, per_epoch * cfg.train.epochs, per_epoch)]
+    log.info("KL by epoch: %s (first steps %.3f)", [round(x, 3) for x in report["loss_by_epoch"]],
+             report["loss_first_steps"])
+    phase("train")
+
+    out = Path(to_absolute_path(cfg.out))
+    save_draft(draft, tokenizer, out)
+    phase("save")
+    if eval_ids:
+        report["trained"] = evaluate_draft(target, draft, eval_ids, cfg.eval.k, cfg.eval.max_new_tokens,
+                                           cfg.dtype, eos, cfg.progress)
+        log.info("trained draft: %s", _fmt(report["trained"]))
+        phase("eval_trained")
+    report["seconds"] = times
+    report["total_s"] = round(sum(times.values()), 1)
+    report["config"] = OmegaConf.to_container(cfg, resolve=True)
+    text = json.dumps(report, indent=2)
+    (out / "train_report.json").write_text(text)
+    if HydraConfig.initialized():
+        (Path(HydraConfig.get().runtime.output_dir) / "train_report.json").write_text(text)
+    log.info("draft saved to %s (load it with draft.path=%s); %.0f s in all", out, cfg.out, report["total_s"])
+    return report
+
+
+def cached_continuations(cfg: DictConfig, writer, prompt_ids: list[list[int]], eos) -> list[Example]:
+    """The writer's greedy continuations, cached under $SPECDEC_CACHE/train_draft (the slow part of
+    the recipe: a rerun with other training settings reuses it). `generation.cache=false` regenerates."""
+    key = hashlib.sha256(json.dumps([cfg.target.path, cfg.target.gguf_file, str(writer.dtype),
+                                     cfg.generation.max_new_tokens, prompt_ids]).encode()).hexdigest()[:16]
+    path = cache_dir() / "train_draft" / f"continuations-{key}.pt"
+    if cfg.generation.cache and path.is_file():
+        log.info("continuations from %s", path)
+        return [Example(torch.tensor(t), s) for t, s in torch.load(path)]
+    engine = Engine(writer, dtype=writer.dtype)
+    examples = generate_continuations(engine, prompt_ids, cfg.generation.max_new_tokens,
+                                      cfg.generation.batch_size, eos, cfg.progress)
+    if cfg.generation.cache:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save([(e.tokens.tolist(), e.start) for e in examples], path)
+    return examples
+
+
+def _fmt(m: dict) -> str:
+    return (f"acceptance {m['acceptance_rate']:.3f}, mean accepted length {m['mean_accepted_length']:.2f}, "
+            f"speedup {m['speedup']:.2f}x ({m['tokens_per_s']:.1f} vs {m['baseline_tokens_per_s']:.1f} tok/s)")
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="train_draft")
+def main(cfg: DictConfig) -> None:
+    run(cfg)
+
+
+if __name__ == "__main__":
+    main()

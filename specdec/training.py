@@ -1,0 +1,309 @@
+"""Distilling a small draft for a target (DistillSpec, Zhou et al. 2024), small enough for a CPU.
+
+The recipe, in the order `scripts/train_draft.py` runs it:
+
+1. prompts   `split_prompts`: built-in prompts and Spec-Bench prompts, minus the first
+             `holdout_per_category` of every category, which are the ones studies evaluate on.
+2. data      `generate_continuations`: the target's own greedy continuations, decoded by specdec's
+             autoregressive decoder in ragged batches. Training on what the target says (on-policy
+             for the target) is what makes the draft agree with it where it matters.
+3. teacher   `teacher_targets`: one target pass over each prompt + continuation, keeping the target's
+             final hidden state at the continuation positions (the lm_head turns it into the teacher
+             distribution on the fly, so nothing of size [tokens, V] is stored).
+4. draft     `make_draft`: the target's architecture with `num_layers` layers, initialised from the
+             target's first layers, final norm, embeddings and (tied) head; embeddings and head frozen.
+5. distil    `distill`: minimise KL(p_target || q_draft) at the continuation positions.
+6. evaluate  `evaluate_draft`: speculative decoding against plain decoding on held-out prompts.
+
+Why this shape: on a CPU the draft's cost is per-layer overhead plus the [576 x 49152] head, so a
+draft with 2 layers costs a fraction of the 30-layer target whatever its width; keeping the
+target's width lets it reuse the embeddings and head (28M of SmolLM2's 135M parameters), which
+already map hidden states to the target's vocabulary, and start from the target's own first layers
+(the layer-skip draft) instead of from noise. Only ~7M parameters are trained, which a few thousand
+target tokens and a few minutes of 2 CPU cores can move.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from specdec.data import Prompt, build_turn_input
+
+
+@dataclass
+class Example:
+    """One training sequence: tokens [L]; the draft learns the target's distribution for the tokens at
+    positions [start, L), i.e. from the outputs at positions [start - 1, L - 1); hidden: [L - start, H]
+    the target's final hidden states there."""
+
+    tokens: torch.Tensor
+    start: int
+    hidden: torch.Tensor | None = None
+
+
+# ---------------------------------------------------------------- 1. prompts
+
+
+def split_prompts(prompts: list[Prompt], holdout_per_category: int,
+                  category_map: dict[str, str] | None = None) -> tuple[list[Prompt], list[Prompt]]:
+    """(train, held_out): the first `holdout_per_category` prompts of each (mapped) category, in file
+    order, are held out; `data.limit <= holdout_per_category` in a study then never sees a training prompt."""
+    category_map = category_map or {}
+    seen: dict[str, int] = {}
+    train, held = [], []
+    for p in prompts:
+        cat = category_map.get(p.category, p.category)
+        seen[cat] = seen.get(cat, 0) + 1
+        (held if seen[cat] <= holdout_per_category else train).append(p)
+    return train, held
+
+
+def take_per_category(prompts: list[Prompt], n: int | None, category_map: dict[str, str] | None = None,
+                      seed: int = 0) -> list[Prompt]:
+    """Up to `n` prompts per (mapped) category, drawn at random with `seed` (all if n is None)."""
+    if n is None:
+        return list(prompts)
+    category_map = category_map or {}
+    groups: dict[str, list[Prompt]] = {}
+    for p in prompts:
+        groups.setdefault(category_map.get(p.category, p.category), []).append(p)
+    rng = random.Random(seed)
+    return [p for g in groups.values() for p in (rng.sample(g, n) if len(g) > n else g)]
+
+
+def first_turn_ids(tokenizer, prompts: Iterable[Prompt]) -> list[list[int]]:
+    """Each prompt's first user turn, rendered through the chat template as the experiments do."""
+    return [build_turn_input(tokenizer, [], p.turns[0]) for p in prompts]
+
+
+# ---------------------------------------------------------------- 2. data
+
+
+def generate_continuations(engine, prompt_ids: list[list[int]], max_new_tokens: int, batch_size: int,
+                           eos_token_id=None, progress: bool = True) -> list[Example]:
+    """The target's greedy continuation of every prompt, batched (prompts sorted by length, so a
+    batch's rows cost about the same to prefill)."""
+    from specdec.decoding import SpeculativeDecoder
+
+    decoder = SpeculativeDecoder(engine, eos_token_id=eos_token_id)
+    order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
+    examples: list[Example | None] = [None] * len(prompt_ids)
+    bar = tqdm(total=len(order), desc="target continuations", unit="prompt", disable=not progress)
+    for i in range(0, len(order), batch_size):
+        rows = order[i : i + batch_size]
+        out = decoder.generate([prompt_ids[r] for r in rows], max_new_tokens=max_new_tokens)
+        for r, generated in zip(rows, out.output_ids):
+            examples[r] = Example(torch.tensor(prompt_ids[r] + generated), len(prompt_ids[r]))
+        bar.update(len(rows))
+        bar.set_postfix(tok_s=f"{sum(len(o) for o in out.output_ids) / out.stats.wall_s:.0f}")
+    bar.close()
+    return examples
+
+
+def truncate(example: Example, max_len: int) -> Example:
+    """Keep the last `max_len` tokens (all the continuation, then as much prompt as fits): long prompts
+    (summaries, RAG) would otherwise dominate the cost of the teacher pass and of training."""
+    cut = max(len(example.tokens) - max_len, 0)
+    return Example(example.tokens[cut:], max(example.start - cut, 1), None)
+
+
+# ---------------------------------------------------------------- 3. teacher
+
+
+def _batches(examples: list[Example], max_tokens: int) -> list[list[Example]]:
+    """Groups of similar length whose padded size stays under max_tokens."""
+    ordered = sorted(examples, key=lambda e: len(e.tokens))
+    out, cur = [], []
+    for e in ordered:
+        if cur and (len(cur) + 1) * len(e.tokens) > max_tokens:
+            out.append(cur)
+            cur = []
+        cur.append(e)
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _pad(batch: list[Example], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> input ids [B, L] (right-padded) and attention mask [B, L]."""
+    width = max(len(e.tokens) for e in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(batch), width, dtype=torch.long)
+    for i, e in enumerate(batch):
+        ids[i, : len(e.tokens)] = e.tokens
+        mask[i, : len(e.tokens)] = 1
+    return ids, mask
+
+
+def _loss_positions(batch: list[Example]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row and column indices of the outputs that predict each example's continuation tokens."""
+    rows = torch.cat([torch.full((len(e.tokens) - e.start,), i) for i, e in enumerate(batch)])
+    cols = torch.cat([torch.arange(e.start - 1, len(e.tokens) - 1) for e in batch])
+    return rows, cols
+
+
+def _autocast(model, dtype: str | None):
+    """Mixed precision for the matmuls (bfloat16 runs on the AMX units of recent CPUs: ~4x faster
+    here); None: off."""
+    device = next(model.parameters()).device.type
+    return torch.autocast(device, dtype=getattr(torch, dtype or "bfloat16"), enabled=dtype is not None)
+
+
+@torch.inference_mode()
+def teacher_targets(target, examples: list[Example], max_tokens: int = 2048, pad_id: int = 0,
+                    progress: bool = True, autocast: str | None = None) -> list[Example]:
+    """Attach the target's final hidden states at each example's loss positions (in place)."""
+    for batch in tqdm(_batches(examples, max_tokens), desc="teacher pass", unit="batch", disable=not progress):
+        ids, mask = _pad(batch, pad_id)
+        with _autocast(target, autocast):
+            hidden = target.model(input_ids=ids, attention_mask=mask).last_hidden_state  # [B, L, H]
+        rows, cols = _loss_positions(batch)
+        flat = hidden[rows, cols].float()
+        for e, h in zip(batch, flat.split([len(e.tokens) - e.start for e in batch])):
+            e.hidden = h.clone()
+    return examples
+
+
+# ---------------------------------------------------------------- 4. draft
+
+
+def make_draft(target, num_layers: int) -> torch.nn.Module:
+    """A `num_layers`-layer model of the target's class and width, initialised from the target's
+    embeddings, first `num_layers` layers, final norm and head; in float32 (it is trained), with
+    embeddings and head frozen."""
+    inner = getattr(target, "model", None)
+    layers = getattr(inner, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList) or getattr(inner, "norm", None) is None:
+        raise ValueError(f"train_draft needs a Llama-like target (model.layers, model.norm); got {type(target).__name__}")
+    if not 1 <= num_layers < len(layers):
+        raise ValueError(f"draft.num_layers must be in [1, {len(layers) - 1}], got {num_layers}")
+    config = copy.deepcopy(target.config)
+    config.num_hidden_layers = num_layers
+    if getattr(config, "layer_types", None) is not None:
+        config.layer_types = list(config.layer_types)[:num_layers]
+    if hasattr(config, "quantization_config"):  # a GGUF marker: save_pretrained would refuse the draft
+        del config.quantization_config
+    draft = type(target)(config).float()
+    missing, unexpected = draft.load_state_dict(
+        {k: v for k, v in target.state_dict().items() if not _is_layer_beyond(k, num_layers)}, strict=False)
+    if missing or unexpected:
+        raise RuntimeError(f"draft initialisation: missing {missing}, unexpected {unexpected}")
+    draft.get_input_embeddings().requires_grad_(False)
+    draft.get_output_embeddings().requires_grad_(False)
+    return draft
+
+
+def _is_layer_beyond(key: str, n: int) -> bool:
+    parts = key.split(".")
+    return "layers" in parts and int(parts[parts.index("layers") + 1]) >= n
+
+
+# ---------------------------------------------------------------- 5. distil
+
+
+def kl_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
+    """Mean forward KL(p_teacher || q_student) over positions; both [N, V]."""
+    t = F.log_softmax(teacher_logits.float(), -1)
+    s = F.log_softmax(student_logits.float(), -1)
+    return F.kl_div(s, t, log_target=True, reduction="batchmean")
+
+
+def distill(draft, head: torch.nn.Module, examples: list[Example], epochs: int = 2, lr: float = 5e-4,
+            max_tokens: int = 2048, weight_decay: float = 0.0, seed: int = 0, pad_id: int = 0,
+            progress: bool = True, log_every: int = 10, autocast: str | None = None) -> list[float]:
+    """Train the draft's trainable parameters to match `head(teacher hidden)` at the loss positions.
+    Returns the loss of every optimisation step. `head`: the target's lm_head (frozen). `autocast`:
+    e.g. "bfloat16" for mixed precision (weights and optimizer stay in the draft's dtype)."""
+    params = [p for p in draft.parameters() if p.requires_grad]
+    batches = _batches(examples, max_tokens)
+    steps = epochs * len(batches)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    warmup = max(1, steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(  # linear warm-up, then cosine decay to 0
+        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * s / steps)))
+    rng = random.Random(seed)
+    losses: list[float] = []
+    draft.train()
+    bar = tqdm(total=steps, desc="distil", unit="step", disable=not progress)
+    t0 = time.perf_counter()
+    for _ in range(epochs):
+        rng.shuffle(batches)
+        for batch in batches:
+            ids, mask = _pad(batch, pad_id)
+            rows, cols = _loss_positions(batch)
+            with _autocast(draft, autocast):
+                hidden = draft.model(input_ids=ids, attention_mask=mask).last_hidden_state[rows, cols]
+                with torch.no_grad():
+                    teacher = head(torch.cat([e.hidden for e in batch]).to(head.weight.dtype))
+                logits = draft.get_output_embeddings()(hidden)
+            loss = kl_loss(logits, teacher)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            sched.step()
+            losses.append(loss.item())
+            bar.update(1)
+            if len(losses) % log_every == 0 or len(losses) == 1:
+                recent = losses[-log_every:]
+                bar.set_postfix(kl=f"{sum(recent) / len(recent):.3f}", s=f"{time.perf_counter() - t0:.0f}")
+    bar.close()
+    draft.eval()
+    return losses
+
+
+# ---------------------------------------------------------------- 6. evaluate
+
+
+def evaluate_draft(target, draft, prompt_ids: list[list[int]], k: int = 4, max_new_tokens: int = 64,
+                   dtype: str = "float32", eos_token_id=None, progress: bool = True) -> dict[str, float]:
+    """Greedy speculative decoding with `draft` against plain decoding, one prompt at a time (each
+    method runs a prompt right after the other, so slow periods of a shared machine hit both):
+    acceptance rate, mean accepted length, per-position acceptance, the measured speedup and the
+    fraction of prompts whose output equals the baseline's."""
+    from specdec.decoding import SpeculativeDecoder
+    from specdec.engine import Engine
+    from specdec.metrics import acceptance_rate, mean_accepted_length, per_position_acceptance
+    from specdec.proposers.draft_model import DraftModelProposer
+
+    engine = Engine(target, copy.deepcopy(draft), dtype=dtype)  # a copy: Engine casts the model it gets
+    spec = SpeculativeDecoder(engine, DraftModelProposer(engine), num_speculative_tokens=k, eos_token_id=eos_token_id)
+    base = SpeculativeDecoder(engine, eos_token_id=eos_token_id)
+    spec.generate(prompt_ids[:1], max_new_tokens=8)  # warm-up
+    base.generate(prompt_ids[:1], max_new_tokens=8)
+    rows, spec_s, base_s, spec_tokens, base_tokens, same = [], 0.0, 0.0, 0, 0, 0
+    for ids in tqdm(prompt_ids, desc="evaluate", unit="prompt", disable=not progress):
+        out = spec.generate([ids], max_new_tokens=max_new_tokens)
+        ref = base.generate([ids], max_new_tokens=max_new_tokens)
+        # float32: always equal (the tests prove it); bfloat16: a k+1-token pass may round a near-tie
+        # differently from a 1-token pass, so an output may drift from the baseline's.
+        same += out.output_ids == ref.output_ids
+        rows += out.stats.rows
+        spec_s += out.stats.wall_s
+        base_s += ref.stats.wall_s
+        spec_tokens += len(out.output_ids[0])
+        base_tokens += len(ref.output_ids[0])
+    return {
+        "acceptance_rate": acceptance_rate(rows),
+        "mean_accepted_length": mean_accepted_length(rows),
+        "per_position_acceptance": per_position_acceptance(rows),
+        "tokens_per_s": spec_tokens / spec_s,
+        "baseline_tokens_per_s": base_tokens / base_s,
+        "speedup": (spec_tokens / spec_s) / (base_tokens / base_s),
+        "matches_baseline": same / len(prompt_ids),
+    }
+
+
+def save_draft(draft, tokenizer, path) -> None:
+    """A directory that `ModelSpec(path=...)` / `draft.path=` loads: config, weights, tokenizer."""
+    draft.save_pretrained(path)
+    tokenizer.save_pretrained(path)
