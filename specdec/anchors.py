@@ -5,7 +5,8 @@ experiment harness runs it on the same prompts, against the same baseline, into 
 schema. What `transformers` does not report is measured from outside: target passes are counted
 with a forward hook (so tau = tokens emitted per target pass is comparable), TTFT with a streamer.
 Per-draft acceptance is not exposed by `generate()`, so alpha and per-position acceptance are
-reported as unknown (NaN) rather than guessed.
+reported as unknown (NaN) rather than guessed; so is tau for assisted generation whose assistant is
+the target itself (its passes cannot be told apart from the target's).
 """
 
 from __future__ import annotations
@@ -61,6 +62,10 @@ class HFGenerate:
     def extra_args(self) -> dict:
         return {}
 
+    def _draft_is_target(self) -> bool:
+        return self.speculative and self.engine.draft is not None and \
+            self.engine.draft.model is self.engine.target.model
+
     def generate(self, prompts, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0, on_tokens=None, past=None) -> Generation:
         params = SamplingParams(temperature, top_k, top_p)
@@ -91,8 +96,9 @@ class HFGenerate:
                 if on_tokens is not None:
                     on_tokens(b, new)
                 row = stats.rows[b]
-                row.new_tokens, row.steps = len(new), max(calls[0] - 1, 0)  # the first pass is prefill
-                row.emitted = len(new) - 1
+                row.new_tokens = len(new)
+                if not self._draft_is_target():  # else draft passes and target passes look alike
+                    row.steps, row.emitted = max(calls[0] - 1, 0), len(new) - 1  # first pass: prefill
                 row.wall_s = time.perf_counter() - row_start
                 if b == 0 and clock.first_token_at is not None:
                     stats.ttft_s = clock.first_token_at - row_start

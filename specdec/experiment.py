@@ -195,6 +195,7 @@ def run_batch(decoder: SpeculativeDecoder, role: str, batch: list[Prompt], cfg: 
                 row[key] += value
             row["accepted_per_position"] = _add(row["accepted_per_position"], r.accepted_at)
             row["reached_per_position"] = _add(row["reached_per_position"], r.reached_at)
+            row["proposed_per_position"] = _add(row["proposed_per_position"], r.proposed_at)
             row["lossless"], row["verifier"] = out.lossless, out.verifier
             row["acceptance_measured"] = out.acceptance_measured
         past = out
@@ -210,7 +211,7 @@ def _empty_row(prompt: Prompt, role: str) -> dict:
         row[key] = 0
     for key in ("wall_s", "latency_s", "ttft_s", "draft_s", "verify_s"):
         row[key] = 0.0
-    row["accepted_per_position"], row["reached_per_position"] = [], []
+    row["accepted_per_position"], row["reached_per_position"], row["proposed_per_position"] = [], [], []
     return row
 
 

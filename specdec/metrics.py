@@ -26,6 +26,7 @@ class RowStats:
     emitted: int = 0  # tokens emitted by steps (accepted + recovered/bonus, after EOS/length cuts)
     bonus: int = 0  # steps whose drafts were all accepted (and at least one was proposed)
     recovered: int = 0  # steps that ended at a rejected draft
+    proposed_at: list[int] = field(default_factory=list)  # [i]: steps that proposed at least i+1 drafts
     reached_at: list[int] = field(default_factory=list)  # [i]: steps in which draft i was verified
     accepted_at: list[int] = field(default_factory=list)  # [i]: steps in which draft i was accepted
     new_tokens: int = 0  # generated tokens, the prefill's first token included
@@ -42,8 +43,10 @@ class RowStats:
             else:
                 self.recovered += 1
         reached = min(accepted + 1, proposed)
-        _grow(self.reached_at, proposed)
-        _grow(self.accepted_at, proposed)
+        for xs in (self.proposed_at, self.reached_at, self.accepted_at):
+            _grow(xs, proposed)
+        for i in range(proposed):
+            self.proposed_at[i] += 1
         for i in range(reached):
             self.reached_at[i] += 1
         for i in range(accepted):

@@ -21,12 +21,12 @@ Definitions (DESIGN.md's vocabulary), for a group of prompts (a category, or all
   and speedup = E / (c k + 1), assuming i.i.d. acceptance and a k+1-token pass that costs one 1-token
   pass. Generalised here to the measured per-position acceptance and the measured verify cost:
 
-      E = 1 + sum_{i=1..k} prod_{j<=i} a_j          (expected tokens per step)
+      E = 1 + sum_{i=1..k} d_i prod_{j<=i} a_j       (expected tokens per step; d_i: fraction of
+                                                    steps that drafted position i, 1 for a fixed k)
       predicted_speedup = E * t_base / (t_draft + t_verify) = E / (c * k_mean + verify_cost)
 
   with k_mean the mean drafted tokens per step. It leaves out prefill (TTFT) and the loop's own
-  bookkeeping, so measured below predicted means time goes outside drafting and scoring. For adaptive
-  schedules E assumes every step reaches the deepest position, an upper bound.
+  bookkeeping, so measured below predicted means time goes outside drafting and scoring.
 - matches_baseline (greedy only): the fraction of prompts whose output tokens equal the baseline's.
 
 Timings are per prompt at batch_size 1; with larger batches each row carries an equal share of its
@@ -57,14 +57,17 @@ def _sum_lists(lists: Iterable[list[int]]) -> list[int]:
     return out
 
 
-def expected_tokens_per_step(per_position: list[float]) -> float:
-    """E = 1 + sum_i prod_{j<=i} a_j: the bonus/recovered token plus each draft reached and accepted."""
+def expected_tokens_per_step(per_position: list[float], drafted: list[float] | None = None) -> float:
+    """E = 1 + sum_i d_i prod_{j<=i} a_j: the bonus/recovered token plus each draft reached and
+    accepted. d_i is the fraction of steps that proposed a draft at position i (1 for a fixed k; less
+    for proposers that draft only when they have something, such as n-gram lookup, and for adaptive
+    schedules)."""
     expected, reach = 1.0, 1.0
-    for a in per_position:
+    for i, a in enumerate(per_position):
         if a is None or not math.isfinite(a):
             break
         reach *= a
-        expected += reach
+        expected += reach * (drafted[i] if drafted is not None else 1.0)
     return expected
 
 
@@ -73,6 +76,7 @@ def totals(rows: list[dict]) -> dict:
     t = {key: sum(r[key] for r in rows) for key in SUMMED}
     t["accepted_per_position"] = _sum_lists(r["accepted_per_position"] for r in rows)
     t["reached_per_position"] = _sum_lists(r["reached_per_position"] for r in rows)
+    t["proposed_per_position"] = _sum_lists(r.get("proposed_per_position", []) for r in rows)
     t["ttft_s"] = sum(r["ttft_s"] for r in rows) / len(rows) if rows else float("nan")
     t["num_prompts"] = len(rows)
     return t
@@ -86,7 +90,8 @@ def metrics(rows: list[dict], base_rows: list[dict], greedy: bool) -> dict:
     t_draft = _ratio(t["draft_s"], t["steps"])
     t_verify = _ratio(t["verify_s"], t["steps"])
     drafting = t["proposed"] > 0
-    expected = expected_tokens_per_step(per_position)
+    drafted = [_ratio(n, t["steps"]) for n in t["proposed_per_position"]] or None
+    expected = expected_tokens_per_step(per_position, drafted)
     # Drafts made out of sight (the transformers anchors): no acceptance, so no prediction either.
     unknown = float("nan") if not all(r.get("acceptance_measured", True) for r in rows) else None
     out = {

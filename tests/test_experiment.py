@@ -235,6 +235,8 @@ def _row(method, prompt_id="p", category="qa", steps=10, proposed=0, accepted=0,
 def test_expected_tokens_per_step():
     assert expected_tokens_per_step([1.0, 1.0, 1.0, 1.0]) == 5.0
     assert expected_tokens_per_step([0.5, 0.5]) == 1 + 0.5 + 0.25
+    # a proposer that drafts at only half of the steps (n-gram lookup with no match elsewhere)
+    assert expected_tokens_per_step([1.0, 1.0], drafted=[0.5, 0.5]) == 2.0
     assert expected_tokens_per_step([]) == 1.0
     assert expected_tokens_per_step([0.8, float("nan")]) == 1.8
 
