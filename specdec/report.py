@@ -36,6 +36,7 @@ batch's times (see `experiment.py`), so per-category figures are approximate the
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -117,6 +118,14 @@ def metrics(rows: list[dict], base_rows: list[dict], greedy: bool) -> dict:
     }
     if unknown is not None:
         out.update(c=unknown, expected_tokens_per_step=unknown, predicted_speedup=unknown)
+    # The spread over prompts: per-prompt speedups (tokens/s against the baseline's on that prompt).
+    base_tps = {r["prompt_id"]: _ratio(r["new_tokens"], r["wall_s"]) for r in base_rows}
+    per_prompt = sorted(_ratio(_ratio(r["new_tokens"], r["wall_s"]), base_tps.get(r["prompt_id"], float("nan")))
+                        for r in rows)
+    per_prompt = [x for x in per_prompt if x is not None and math.isfinite(x)]
+    out["speedup_median"] = statistics.median(per_prompt) if per_prompt else float("nan")
+    out["speedup_min"] = per_prompt[0] if per_prompt else float("nan")
+    out["speedup_max"] = per_prompt[-1] if per_prompt else float("nan")
     if greedy:
         base_out = {r["prompt_id"]: r["output_token_ids"] for r in base_rows}
         same = [r["output_token_ids"] == base_out.get(r["prompt_id"]) for r in rows]
@@ -222,12 +231,14 @@ def format_comparison(summary: dict) -> str:
     tokens/s, speedup over the shared baseline, tau, alpha, measured / predicted speedup; then the
     ratios of each specdec method's tokens/s to each `hf_*` anchor's."""
     methods = summary["methods"]
-    lines = ["| method | tok/s | speedup | tau | alpha | predicted | measured/predicted | lossless |",
-             "|---|---:|---:|---:|---:|---:|---:|---|"]
+    lines = ["| method | tok/s | speedup | per-prompt median (min-max) | tau | alpha | predicted | "
+             "measured/predicted | lossless |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for name, block in methods.items():
         m = block[OVERALL]
         ratio = _ratio(m["speedup"], m["predicted_speedup"]) if m["proposed"] else float("nan")
-        lines.append(f"| {name} | {_fmt(m['tokens_per_s'], '.1f')} | {_fmt(m['speedup'], '.2f', 'x')} | "
+        spread = (f"{_fmt(m['speedup_median'], '.2f')} ({_fmt(m['speedup_min'], '.2f')}-"
+                  f"{_fmt(m['speedup_max'], '.2f')})")
+        lines.append(f"| {name} | {_fmt(m['tokens_per_s'], '.1f')} | {_fmt(m['speedup'], '.2f', 'x')} | {spread} | "
                      f"{_fmt(m['mean_accepted_length'], '.2f')} | {_fmt(m['acceptance_rate'], '.2f')} | "
                      f"{_fmt(m['predicted_speedup'], '.2f', 'x')} | {_fmt(ratio, '.2f')} | "
                      f"{'yes' if block['lossless'] else 'no (lossy)'} |")
