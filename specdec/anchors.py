@@ -85,9 +85,12 @@ class HFGenerate:
                 torch.manual_seed(seed + b)
                 clock, calls[0] = _FirstTokenClock(), 0
                 row_start = time.perf_counter()
+                x = torch.tensor([p], device=self.engine.device)
                 with torch.inference_mode():
+                    # An explicit mask: without one, generate() takes prompt tokens equal to the pad
+                    # id (chat templates' end-of-turn tokens, often) for padding and hides them.
                     out = model.generate(
-                        torch.tensor([p], device=self.engine.device), max_new_tokens=max_new_tokens,
+                        x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
                         eos_token_id=self.eos_ids or None, pad_token_id=(self.eos_ids or [0])[0],
                         streamer=clock, **sampling, **self.extra_args(),
                     )

@@ -32,3 +32,12 @@ def test_plain_generate_takes_one_target_pass_per_token(engine_factory):
 def test_assisted_needs_a_draft(engine_factory):
     with pytest.raises(ValueError, match="draft"):
         HFAssisted(engine_factory(None))
+
+
+def test_prompt_tokens_equal_to_the_pad_id_are_not_taken_for_padding(engine_factory):
+    # generate() infers a padding mask from the pad id when no mask is given; the anchors must not
+    # let it hide real prompt tokens (chat templates' end-of-turn token is often the pad token).
+    engine = engine_factory()
+    prompt = [[5, 0, 7, 8, 0, 9]]  # 0 is the pad id the anchor passes when EOS is disabled
+    ref = SpeculativeDecoder(engine, eos_token_id=[]).generate(prompt, max_new_tokens=8)
+    assert HFGenerate(engine, eos_token_id=[]).generate(prompt, max_new_tokens=8).output_ids == ref.output_ids
