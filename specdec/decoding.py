@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.data import common_prefix_len
 from specdec.engine import Engine, Timer
 from specdec.metrics import GenerationStats, RowStats
 from specdec.proposers.autoregressive import NoDraftProposer
@@ -80,15 +81,6 @@ class Generation:
     lossless: bool = True
     verifier: str = "greedy"
     acceptance_measured: bool = True  # False when drafts happen out of sight (the transformers anchors)
-
-
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class SpeculativeDecoder:
