@@ -253,22 +253,12 @@ def _validate_method(key: str, m: DictConfig, cfg: DictConfig, params: Any) -> N
             make_schedule(m.schedule, max(m.num_speculative_tokens, 1), **m.schedule_args)
         except (ValueError, TypeError) as err:
             _fail(f"{key}.schedule", str(err))
+    from specdec.verify import make_verifier
+
     try:
-        make_verifier(m.verifier, m.verifier_args, params)
+        make_verifier(m.verifier, params, **m.verifier_args)  # raises on a name, args or temperature it cannot serve
     except (ValueError, TypeError) as err:
         _fail(f"{key}.verifier", str(err))
     if m.needs_draft and cfg.draft.path is None:
         _fail("draft", f"{key}={m.name} needs a draft model but draft=none; "
                        "set draft=self, draft=tiny_random or draft.path=<model>")
-
-
-def make_verifier(name: str, args: Any, params: Any) -> Any:
-    """The `verifier=` argument for SpeculativeDecoder: the name itself when it takes no arguments
-    (the decoder resolves `auto` per generation), else the verifier object built with its arguments."""
-    from specdec.verify import make_verifier as build
-
-    args = dict(args or {})
-    if not args:
-        build(name, params)  # raises on a name or temperature it cannot serve
-        return name
-    return build(name, params, **args)

@@ -31,13 +31,12 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from specdec.config import make_verifier, method_configs, resolve_path, validate
+from specdec.config import method_configs, resolve_path, validate
 from specdec.data import Prompt, build_turn_input, load_prompts, select_prompts
 from specdec.decoding import Generation, SpeculativeDecoder
 from specdec.engine import Engine
 from specdec.models import ModelSpec, check_tokenizers_compatible, load_model
 from specdec.report import BASELINE, format_comparison, format_table, make_plots, summarize
-from specdec.sampling import SamplingParams
 from specdec.schedules import make_schedule
 from specdec.tracking import make_tracker, write_local_results
 
@@ -117,13 +116,13 @@ def build(cfg: DictConfig) -> Setup:
     baseline = SpeculativeDecoder(engine, tokenizer=tokenizer)
     methods = {}
     for _, m in method_configs(cfg):
-        decoder = make_decoder(m, engine, tokenizer, cfg.generation)
+        decoder = make_decoder(m, engine, tokenizer)
         if decoder is not None:
             methods[m.name] = decoder
     return Setup(engine, tokenizer, methods, baseline)
 
 
-def make_decoder(m: DictConfig, engine: Engine, tokenizer, g: DictConfig):
+def make_decoder(m: DictConfig, engine: Engine, tokenizer):
     """The decoder of one method config; None for the autoregressive baseline itself."""
     if m.decoder is not None:  # a whole decoder from elsewhere (the transformers anchors)
         return instantiate(m.decoder, engine=engine, num_speculative_tokens=m.num_speculative_tokens,
@@ -132,9 +131,8 @@ def make_decoder(m: DictConfig, engine: Engine, tokenizer, g: DictConfig):
         return None
     proposer = instantiate(m.proposer, engine=engine)
     schedule = make_schedule(m.schedule, m.num_speculative_tokens, **m.schedule_args)
-    verifier = make_verifier(m.verifier, m.verifier_args, SamplingParams(g.temperature, g.top_k, g.top_p))
-    return SpeculativeDecoder(engine, proposer, m.num_speculative_tokens, verifier=verifier,
-                              tokenizer=tokenizer, schedule=schedule)
+    return SpeculativeDecoder(engine, proposer, m.num_speculative_tokens, verifier=m.verifier,
+                              verifier_args=dict(m.verifier_args), tokenizer=tokenizer, schedule=schedule)
 
 
 # ---------------------------------------------------------------- 3-4. measure
