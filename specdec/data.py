@@ -4,11 +4,16 @@ Three sources, one entry point (`load_prompts`, fed by the `data` config group):
 
 - `builtin`: a small prompt set written for this project and shipped with the package
   (`specdec/data/builtin.jsonl`), so every run has a workload without downloads.
-- `spec_bench`: Spec-Bench's `question.jsonl` (or any file in its format), the standard workload on
-  which speculative-decoding methods are compared; acceptance differs a lot between its categories
-  (summaries and RAG copy from the prompt, translation does not), so prompts carry their category.
+- `spec_bench`: Spec-Bench's `question.jsonl`, the standard workload on which speculative-decoding
+  methods are compared, shipped with the package (`specdec/data/spec_bench/`, with its source and
+  licence), or any file in its format; acceptance differs a lot between its categories (summaries and
+  RAG copy from the prompt, translation does not), so prompts carry their category.
 - `hf`: anything `datasets.load_dataset` can open: local json/jsonl/csv/parquet files, a local
-  dataset folder, or a hub name when a network exists. Kept offline unless the caller says otherwise.
+  dataset folder, or a hub name when a network exists (kept offline unless the caller says
+  otherwise); and a plain .txt file, one prompt per non-blank line.
+
+Prompt files must be UTF-8: a byte that is not, or a lone surrogate from a JSON escape, fails naming
+the file and the line here, rather than deep inside a tokenizer later.
 
 A prompt has one or more user turns. The caller answers them turn by turn with `build_turn_input`,
 which renders the whole conversation so far through the tokenizer's chat template. Turn 2's ids
@@ -30,8 +35,10 @@ from typing import Any
 
 SOURCES = ("builtin", "spec_bench", "hf")
 SPEC_BENCH_FIELDS = ("question_id", "category", "turns")
-# Local files `datasets` reads with a packaged builder, by extension.
+SPEC_BENCH_RESOURCE = "data/spec_bench/question.jsonl"  # inside the package, with its README and LICENSE
+# Local files `datasets` reads with a packaged builder, by extension; .txt is read here, a line a prompt.
 HF_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+HF_FILE_TYPES = (*HF_BUILDERS, ".txt")
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,14 @@ def _make_prompt(prompt_id: str, category: str, turns: Any, where: str) -> Promp
             raise ValueError(f"{where}: prompt {prompt_id!r} turn {i} is {type(turn).__name__}, not text")
         if not turn.strip():
             raise ValueError(f"{where}: prompt {prompt_id!r} turn {i} is empty")
+        try:
+            turn.encode("utf-8")
+        except UnicodeEncodeError as err:  # "\\ud83d" alone in JSON parses, then breaks every tokenizer
+            raise ValueError(
+                f"{where}: prompt {prompt_id!r} turn {i} holds a lone surrogate "
+                f"{turn[err.start].encode('unicode_escape').decode()} at character {err.start}: not a "
+                "character; fix the escape (a pair such as \\ud83d\\ude00 is one character)"
+            ) from None
     return Prompt(prompt_id=prompt_id, category=category, turns=tuple(turns))
 
 
@@ -81,10 +96,27 @@ def _parse_spec_bench(lines: Iterable[str], name: str) -> list[Prompt]:
     return prompts
 
 
+def _decode_lines(data: bytes, name: str) -> list[str]:
+    """The lines of a UTF-8 file; a byte that is not UTF-8 fails naming the file, line and column."""
+    lines = data.splitlines()
+    for lineno, line in enumerate(lines, start=1):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ValueError(
+                f"{name}, line {lineno}: not UTF-8 (byte 0x{line[err.start]:02x} at column {err.start + 1}); "
+                "save the file as UTF-8"
+            ) from None
+    return [line.decode("utf-8") for line in lines]
+
+
+def _package_lines(resource: str) -> list[str]:
+    return _decode_lines(resources.files("specdec").joinpath(resource).read_bytes(), f"specdec/{resource}")
+
+
 def load_builtin() -> list[Prompt]:
     """The prompt set shipped with the package."""
-    text = resources.files("specdec").joinpath("data/builtin.jsonl").read_text(encoding="utf-8")
-    return _parse_spec_bench(text.splitlines(), "specdec/data/builtin.jsonl")
+    return _parse_spec_bench(_package_lines("data/builtin.jsonl"), "specdec/data/builtin.jsonl")
 
 
 def _require_file(path: str | Path) -> Path:
@@ -94,11 +126,35 @@ def _require_file(path: str | Path) -> Path:
     return path
 
 
-def load_spec_bench(path: str | Path) -> list[Prompt]:
-    """A Spec-Bench `question.jsonl` file (or any file in its format)."""
+def load_spec_bench(path: str | Path | None = None) -> list[Prompt]:
+    """A Spec-Bench `question.jsonl` file (or any file in its format); None: the copy in the package."""
+    if path is None:
+        return _parse_spec_bench(_package_lines(SPEC_BENCH_RESOURCE), f"specdec/{SPEC_BENCH_RESOURCE}")
     path = _require_file(path)
-    with path.open(encoding="utf-8") as f:
-        return _parse_spec_bench(f, str(path))
+    return _parse_spec_bench(_decode_lines(path.read_bytes(), str(path)), str(path))
+
+
+def load_text(path: str | Path) -> list[Prompt]:
+    """A plain text file: one single-turn prompt per non-blank line, its id the line number."""
+    path = _require_file(path)
+    lines = _decode_lines(path.read_bytes(), str(path))
+    prompts = [_make_prompt(str(n), "hf", line.strip(), f"{path}, line {n}")
+               for n, line in enumerate(lines, start=1) if line.strip()]
+    if not prompts:
+        raise ValueError(f"{path} is empty: it holds no prompts")
+    return prompts
+
+
+def _check_local_file(path: Path) -> None:
+    """What `datasets` reports badly, said plainly before it reads `path`: not UTF-8, empty, header only."""
+    if path.suffix.lower() == ".parquet":
+        return
+    lines = _decode_lines(path.read_bytes(), str(path))
+    rows = [line for line in lines if line.strip()]
+    if not rows:
+        raise ValueError(f"{path} is empty: it holds no prompts")
+    if path.suffix.lower() == ".csv" and len(rows) == 1:
+        raise ValueError(f"{path} holds a header but no rows: it holds no prompts")
 
 
 def load_hf(
@@ -109,15 +165,24 @@ def load_hf(
     category_field: str | None = None,
     id_field: str | None = None,
 ) -> list[Prompt]:
-    """Any source `datasets.load_dataset` opens; a text field holding a list of strings is multi-turn."""
+    """Any source `datasets.load_dataset` opens, or a .txt file (a line a prompt); a text field holding a
+    list of strings is multi-turn."""
     # `datasets` reads these once, at its import: set them first so even local loads never reach for a
     # hub (if something imported `datasets` earlier, its settings stand). An exported value wins.
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if path is not None and Path(path).expanduser().is_file() and Path(path).suffix.lower() not in HF_FILE_TYPES:
+        raise ValueError(
+            f"{path}: data=hf reads local .json, .jsonl, .csv, .parquet or .txt files (and dataset folders); "
+            f"{Path(path).suffix or 'a file without a suffix'} is none of them"
+        )
+    if path is not None and Path(path).suffix.lower() == ".txt":
+        return load_text(path)
     import datasets
 
     if path is not None and Path(path).suffix.lower() in HF_BUILDERS:
         local = _require_file(path)
+        _check_local_file(local)
         builder = HF_BUILDERS[local.suffix.lower()]
         # Naming the split in data_files lets any split name select the single file.
         ds = datasets.load_dataset(builder, data_files={split: str(local)}, split=split)
@@ -183,7 +248,8 @@ def load_prompts(
     category_field: str | None = None,
     id_field: str | None = None,
 ) -> list[Prompt]:
-    """Load a prompt set (`source`: builtin, spec_bench or hf) and select from it.
+    """Load a prompt set (`source`: builtin, spec_bench or hf) and select from it. `path` None with
+    spec_bench: the Spec-Bench questions shipped with the package.
 
     `limit` keeps the first `limit` prompts of each category when `per_category` (Spec-Bench studies
     use a fixed number per category), else the first `limit` overall. File order is preserved.
@@ -193,8 +259,6 @@ def load_prompts(
     if source == "builtin":
         prompts = load_builtin()
     elif source == "spec_bench":
-        if path is None:
-            raise ValueError("data.source=spec_bench needs data.path (a Spec-Bench question.jsonl)")
         prompts = load_spec_bench(path)
     elif source == "hf":
         prompts = load_hf(path, hf_name, split, text_field, category_field, id_field)

@@ -1,16 +1,19 @@
-"""Prompt sets (builtin, Spec-Bench, `datasets` sources) and chat inputs for multi-turn prompts."""
+"""Prompt sets (builtin, Spec-Bench, `datasets` sources) and chat inputs for multi-turn prompts; bad
+prompt files fail naming the file and the line."""
 
+import hashlib
 import json
+import re
 from collections import Counter
+from importlib import resources
 from pathlib import Path
 
 import pytest
 
 from specdec.data import Prompt, build_turn_input, common_prefix_len, load_prompts
 
-# The shared Spec-Bench file sits beside the repository root (../shared), in a checkout and in CI.
-SPEC_BENCH = Path(__file__).resolve().parents[2] / "shared/data/spec_bench/question.jsonl"
-needs_spec_bench = pytest.mark.skipif(not SPEC_BENCH.is_file(), reason=f"{SPEC_BENCH} not present")
+# Spec-Bench's question.jsonl ships inside the package, so it is there in a clone and in a wheel.
+SPEC_BENCH = resources.files("specdec") / "data" / "spec_bench"
 
 WORDS = (
     "[UNK] [BOS] <s> </s> User: Assistant: user assistant system hello world how are you fine thanks be brief"
@@ -60,24 +63,34 @@ def test_builtin_limit_and_categories():
 # --- spec_bench ------------------------------------------------------------------------------------
 
 
-@needs_spec_bench
-def test_spec_bench_file():
-    prompts = load_prompts("spec_bench", path=str(SPEC_BENCH))
+def test_spec_bench_ships_with_the_package_with_its_provenance():
+    readme = (SPEC_BENCH / "README.md").read_text(encoding="utf-8")
+    assert "hemingkx/Spec-Bench" in readme and "fd2c1cd" in readme and "Apache" in readme
+    assert (SPEC_BENCH / "LICENSE").read_text(encoding="utf-8").lstrip().startswith("Apache License")
+    recorded = re.search(r"SHA-256 of `question.jsonl`: `([0-9a-f]{64})`", readme).group(1)
+    assert hashlib.sha256((SPEC_BENCH / "question.jsonl").read_bytes()).hexdigest() == recorded
+
+
+def test_spec_bench_file(tmp_path):
+    prompts = load_prompts("spec_bench")  # no path: the packaged file
     counts = Counter(p.category for p in prompts)
     assert len(prompts) == 480 and len(counts) == 13
     assert all(len(p.turns) == 2 for p in prompts if counts[p.category] == 10)  # the MT-bench part
     assert all(len(p.turns) == 1 for p in prompts if counts[p.category] == 80)
 
-    two_each = load_prompts("spec_bench", path=str(SPEC_BENCH), limit=2)
+    two_each = load_prompts("spec_bench", limit=2)
     assert len(two_each) == 26 and set(Counter(p.category for p in two_each).values()) == {2}
     # File order is kept: the first two of a category are its first two lines.
     assert [p.prompt_id for p in two_each if p.category == "rag"] == [
         p.prompt_id for p in prompts if p.category == "rag"
     ][:2]
 
-    picked = load_prompts("spec_bench", path=str(SPEC_BENCH), categories=["translation", "coding"], limit=3)
+    picked = load_prompts("spec_bench", categories=["translation", "coding"], limit=3)
     assert Counter(p.category for p in picked) == {"translation": 3, "coding": 3}
-    assert len(load_prompts("spec_bench", path=str(SPEC_BENCH), limit=5, per_category=False)) == 5
+    assert len(load_prompts("spec_bench", limit=5, per_category=False)) == 5
+
+    own = write_jsonl(tmp_path / "own.jsonl", [{"question_id": "x", "category": "qa", "turns": ["Why?"]}])
+    assert load_prompts("spec_bench", path=str(own)) == [Prompt("x", "qa", ("Why?",))]  # a path overrides
 
 
 def test_malformed_jsonl_names_line(tmp_path):
@@ -98,6 +111,30 @@ def test_malformed_jsonl_names_line(tmp_path):
     write_jsonl(path, [{"question_id": 8, "category": "qa", "turns": []}])
     with pytest.raises(ValueError, match="prompt '8' has no turns"):
         load_prompts("spec_bench", path=str(path))
+
+
+def test_non_utf8_byte_names_the_file_and_line(tmp_path, hf_cache):
+    good = json.dumps({"question_id": 1, "category": "qa", "turns": ["Why?"]}).encode()
+    bad = b'{"question_id": 2, "category": "qa", "turns": ["caf\xe9"]}'
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(good + b"\n" + bad + b"\n")
+    with pytest.raises(ValueError, match=r"latin1\.jsonl, line 2: not UTF-8 \(byte 0xe9 at column \d+\)"):
+        load_prompts("spec_bench", path=str(path))
+    csv = tmp_path / "latin1.csv"
+    csv.write_bytes(b"text\nfine\ncaf\xe9 au lait\n")
+    with pytest.raises(ValueError, match=r"latin1\.csv, line 3: not UTF-8 \(byte 0xe9"):
+        load_prompts("hf", path=str(csv))
+
+
+def test_lone_surrogate_names_the_file_and_line(tmp_path):
+    path = tmp_path / "q.jsonl"
+    path.write_text('{"question_id": 1, "category": "qa", "turns": ["fine"]}\n'
+                    '{"question_id": 2, "category": "qa", "turns": ["ok", "half a pair \\ud83d here"]}\n')
+    with pytest.raises(ValueError, match=r"q\.jsonl, line 2: prompt '2' turn 1 holds a lone surrogate "
+                                         r"\\ud83d at character 12"):
+        load_prompts("spec_bench", path=str(path))
+    path.write_text('{"question_id": 3, "category": "qa", "turns": ["a pair \\ud83d\\ude00 is one character"]}\n')
+    assert load_prompts("spec_bench", path=str(path))[0].turns == ("a pair \U0001f600 is one character",)
 
 
 def test_config_errors(tmp_path):
@@ -144,6 +181,29 @@ def test_hf_local_jsonl_and_csv(tmp_path, hf_cache):
     prompts = load_prompts("hf", path=str(csv), category_field="topic", limit=1)
     assert prompts == [Prompt("0", "weather", ("What is rain?",)), Prompt("1", "math", ("Name a prime.",))]
     assert load_prompts("hf", path=str(csv))[2].category == "hf"
+
+
+def test_hf_text_file_is_one_prompt_per_line(tmp_path):
+    path = tmp_path / "prompts.txt"
+    path.write_text("What is rain?\n\n  \nName a prime.\n", encoding="utf-8")
+    assert load_prompts("hf", path=str(path)) == [Prompt("1", "hf", ("What is rain?",)),
+                                                  Prompt("4", "hf", ("Name a prime.",))]
+
+
+def test_hf_unsupported_or_empty_files_say_what_is_wrong(tmp_path, hf_cache):
+    sheet = tmp_path / "prompts.xlsx"
+    sheet.write_bytes(b"PK")
+    with pytest.raises(ValueError, match=r"prompts\.xlsx: data=hf reads local \.json, \.jsonl, \.csv, "
+                                         r"\.parquet or \.txt files"):
+        load_prompts("hf", path=str(sheet))
+    for name, text in (("empty.csv", ""), ("blank.jsonl", "\n \n"), ("empty.txt", "")):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ValueError, match=rf"{re.escape(name)} is empty: it holds no prompts"):
+            load_prompts("hf", path=str(tmp_path / name))
+    header = tmp_path / "header.csv"
+    header.write_text("text,topic\n")
+    with pytest.raises(ValueError, match=r"header\.csv holds a header but no rows"):
+        load_prompts("hf", path=str(header))
 
 
 def test_hf_missing_field_lists_columns(tmp_path, hf_cache):
