@@ -21,9 +21,9 @@ from pathlib import Path
 import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 
+from specdec.config import resolve_path
 from specdec.data import load_builtin, load_spec_bench
 from specdec.engine import Engine
 from specdec.models import ModelSpec, cache_dir, load_model
@@ -62,8 +62,9 @@ def run(cfg: DictConfig) -> dict:
     p = cfg.prompts
     cmap = dict(p.category_map or {})
     train, held = [], []
-    if p.spec_bench:
-        train, held = split_prompts(load_spec_bench(to_absolute_path(p.spec_bench)), p.holdout_per_category, cmap)
+    if p.spec_bench:  # true: the questions shipped in the package; a string: another question.jsonl
+        spec_bench = load_spec_bench(None if p.spec_bench is True else resolve_path(p.spec_bench))
+        train, held = split_prompts(spec_bench, p.holdout_per_category, cmap)
         train = take_per_category(train, p.train_per_category, cmap, cfg.seed)
     if p.builtin:
         train += load_builtin()
@@ -115,7 +116,7 @@ def run(cfg: DictConfig) -> dict:
              report["loss_first_steps"])
     phase("train")
 
-    out = Path(to_absolute_path(cfg.out))
+    out = resolve_path(cfg.out)
     save_draft(draft, tokenizer, out)
     phase("save")
     if eval_ids:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -151,14 +151,28 @@ def _fail(key: str, message: str) -> None:
     raise ConfigError(f"{key}: {message}")
 
 
-def resolve_path(path: str) -> Path:
-    """A path from the config, relative to the directory the command was started from."""
+def resolve_path(path: str | Path) -> Path:
+    """A path from the config: `~` is the home folder, a relative path is relative to the directory the
+    command was started from (Hydra's runtime cwd inside a job, else the current directory)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.utils import to_absolute_path
 
+    path = Path(path).expanduser()  # first: to_absolute_path would make "~/x" into "<cwd>/~/x"
     if HydraConfig.initialized():
-        return Path(to_absolute_path(path)).expanduser()
-    return Path(path).expanduser().absolute()
+        return Path(to_absolute_path(str(path)))
+    return path.absolute()
+
+
+def _check_type(key: str, value: Any, kind: type, optional: bool = False) -> None:
+    """`value` must be an int (kind int) or a number (kind float), or None if `optional`. A config built
+    in Python bypasses the schema's conversions, so "0.5" or None would otherwise fail later as a bare
+    TypeError far from the key."""
+    if value is None and optional:
+        return
+    number = isinstance(value, int) if kind is int else isinstance(value, (int, float))
+    if not number or isinstance(value, bool):
+        what = "an integer" if kind is int else "a number"
+        _fail(key, f"must be {what}{' or null' if optional else ''}, got {value!r} ({type(value).__name__})")
 
 
 def _check_target(key: str, target: Any) -> None:
@@ -176,10 +190,17 @@ def _check_target(key: str, target: Any) -> None:
 
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError, naming the key, for any value that cannot work. Loads no model."""
-    from specdec.data import HF_BUILDERS
+    from specdec.data import HF_FILE_TYPES
     from specdec.sampling import SamplingParams
 
     g = cfg.generation
+    for key, kind, optional in (
+        ("generation.max_new_tokens", int, False), ("generation.temperature", float, False),
+        ("generation.top_p", float, False), ("generation.top_k", int, False),
+        ("generation.batch_size", int, False), ("seed", int, False), ("threads", int, True),
+        ("data.limit", int, True),
+    ):
+        _check_type(key, OmegaConf.select(cfg, key), kind, optional)
     if g.max_new_tokens < 1:
         _fail("generation.max_new_tokens", f"must be >= 1, got {g.max_new_tokens}")
     if g.batch_size < 1:
@@ -205,13 +226,15 @@ def validate(cfg: DictConfig) -> None:
         _fail("data.source", f"unknown source {d.source!r}; choose one of: {', '.join(DATA_SOURCES)}")
     if d.limit is not None and d.limit < 1:
         _fail("data.limit", f"must be >= 1 (or null for all prompts), got {d.limit}")
-    if d.source == "spec_bench" and not d.path:
-        _fail("data.path", "data=spec_bench needs the path of a Spec-Bench question.jsonl")
     if d.source == "hf" and not (d.path or d.hf_name):
-        _fail("data.path", "data=hf needs data.path (a local json/jsonl/csv/parquet file) or data.hf_name")
-    if d.source == "spec_bench" or (d.source == "hf" and d.path and Path(d.path).suffix in HF_BUILDERS):
+        _fail("data.path", "data=hf needs data.path (a local json/jsonl/csv/parquet/txt file) or data.hf_name")
+    if d.path:  # spec_bench without a path reads the copy in the package
         path = resolve_path(d.path)
-        if not path.is_file():
+        suffix = path.suffix.lower()
+        if d.source == "hf" and path.is_file() and suffix not in HF_FILE_TYPES:
+            _fail("data.path", f"{path}: data=hf reads local .json, .jsonl, .csv, .parquet or .txt files (and "
+                               f"dataset folders); {suffix or 'a file without a suffix'} is none of them")
+        if (d.source == "spec_bench" or suffix in HF_FILE_TYPES) and not path.is_file():
             _fail("data.path", f"file not found: {path}")
 
     device = str(cfg.device)
@@ -236,6 +259,7 @@ def method_configs(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
 
 
 def _validate_method(key: str, m: DictConfig, cfg: DictConfig, params: Any) -> None:
+    _check_type(f"{key}.num_speculative_tokens", m.num_speculative_tokens, int)
     for part in ("proposer", "decoder"):
         spec = m[part]
         if spec is not None:

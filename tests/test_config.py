@@ -37,7 +37,7 @@ def test_every_group_has_options():
 
 @pytest.mark.parametrize("override", [f"{g}={o}" for g in GROUPS for o in _options(g)])
 def test_every_config_composes_and_validates(override, monkeypatch, tmp_path):
-    monkeypatch.chdir(CONF.parent)  # data.path defaults are relative to where the command starts
+    monkeypatch.chdir(tmp_path)  # from anywhere: no default may point at a file beside the repository
     cfg = _compose([override])
     group, option = override.split("=")
     if group == "method":
@@ -48,9 +48,25 @@ def test_every_config_composes_and_validates(override, monkeypatch, tmp_path):
     if override == "data=hf":  # hf has no default source: give it a local file
         (tmp_path / "prompts.jsonl").write_text('{"text": "Hello?"}\n')
         cfg.data.path = str(tmp_path / "prompts.jsonl")
-    if cfg.data.source == "spec_bench" and not Path(cfg.data.path).is_file():
-        pytest.skip(f"no Spec-Bench file at {cfg.data.path}")
     validate(cfg)
+
+
+@pytest.mark.parametrize("preset", [p for p in _options("experiment")
+                                    if _compose([f"experiment={p}"]).data.source == "spec_bench"])
+def test_spec_bench_presets_need_nothing_beside_the_package(preset, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SPECDEC_SPEC_BENCH", raising=False)
+    cfg = _compose([f"experiment={preset}", *TINY])
+    assert cfg.data.path is None  # the copy shipped in the package
+    validate(cfg)
+    prompts = experiment.load_data(cfg)
+    assert {"translation", "rag", "multi_turn"} <= {p.category for p in prompts}
+
+
+def test_no_default_points_outside_the_repository():
+    for path in CONF.rglob("*.yaml"):
+        text = path.read_text()
+        assert "../" not in text and "SPECDEC_SPEC_BENCH" not in text, path
 
 
 @pytest.mark.parametrize("launcher", _options("hydra/launcher") + PLUGIN_LAUNCHERS)
@@ -142,6 +158,82 @@ def test_bad_values_fail_before_models_load(override, key, monkeypatch, tmp_path
         experiment.run(cfg, tmp_path)
     assert key in str(err.value)
     assert not (tmp_path / "results.jsonl").exists()
+
+
+@pytest.mark.parametrize("key, value", [
+    ("generation.max_new_tokens", None),
+    ("generation.max_new_tokens", 8.5),
+    ("generation.temperature", "0.5"),
+    ("generation.top_p", None),
+    ("generation.top_k", True),
+    ("generation.batch_size", "2"),
+    ("seed", None),
+    ("seed", "0"),
+    ("threads", 1.5),
+    ("data.limit", "ten"),
+    ("method.num_speculative_tokens", None),
+])
+def test_values_of_the_wrong_type_name_the_key(key, value, monkeypatch, tmp_path):
+    """A config built in Python (not through the schema) gets the same checks as the command line."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create(OmegaConf.to_container(_compose(TINY)))  # untyped: accepts anything
+    OmegaConf.update(cfg, key, value)
+    monkeypatch.setattr(experiment, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(ConfigError, match=rf"^{key}: must be an? (integer|number).*got {value!r}"):
+        experiment.run(cfg, tmp_path)
+
+
+def _hydra_started_in(cwd: Path):
+    """A context in which HydraConfig holds a run started in `cwd` (as inside `python -m specdec`)."""
+    import contextlib
+
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    @contextlib.contextmanager
+    def context():
+        cfg = _compose(TINY, hydra_config=True)
+        with open_dict(cfg):
+            cfg.hydra.runtime.cwd = str(cwd)
+        instance = HydraConfig.instance()
+        previous = instance.cfg
+        instance.set_config(cfg)
+        try:
+            yield
+        finally:
+            instance.cfg = previous
+
+    return context()
+
+
+def test_tilde_in_paths_is_the_home_folder(tmp_path, monkeypatch):
+    home, start = tmp_path / "home", tmp_path / "start"
+    (home / "sets").mkdir(parents=True)
+    start.mkdir()
+    (home / "sets" / "q.jsonl").write_text('{"question_id": 1, "category": "qa", "turns": ["Hi?"]}\n')
+    monkeypatch.setenv("HOME", str(home))
+    from specdec.config import resolve_path
+
+    with _hydra_started_in(start):
+        assert resolve_path("~/sets/q.jsonl") == home / "sets" / "q.jsonl"
+        assert resolve_path("sets/q.jsonl") == start / "sets" / "q.jsonl"
+        cfg = _compose([*TINY, "data=spec_bench", "data.path='~/sets/q.jsonl'"])
+        validate(cfg)
+        assert [p.prompt_id for p in experiment.load_data(cfg)] == ["1"]
+        assert experiment._spec(_compose(["target.path='~/models/mine'"]).target, "target").path == \
+            str(home / "models" / "mine")
+
+
+def test_hf_data_path_by_file_type(tmp_path):
+    (tmp_path / "prompts.txt").write_text("What is rain?\n")
+    validate(_compose([*TINY, "data=hf", f"data.path={tmp_path / 'prompts.txt'}"]))
+    (tmp_path / "prompts.tsv").write_text("text\tkind\n")
+    with pytest.raises(ConfigError, match=r"^data.path: .*prompts\.tsv: data=hf reads local \.json, \.jsonl, "
+                                          r"\.csv, \.parquet or \.txt files"):
+        validate(_compose([*TINY, "data=hf", f"data.path={tmp_path / 'prompts.tsv'}"]))
+    with pytest.raises(ConfigError, match=r"^data.path: file not found: .*missing\.txt"):
+        validate(_compose([*TINY, "data=hf", f"data.path={tmp_path / 'missing.txt'}"]))
 
 
 def test_relative_data_path_resolves_against_the_start_directory(tmp_path, monkeypatch):

@@ -26,7 +26,6 @@ ROW_FIELDS = ["prompt_id", "category", "method", "prompt_token_ids", "output_tok
               "reached_per_position", "lossless", "verifier"]
 GROUP_FIELDS = ["tokens_per_s", "speedup", "acceptance_rate", "mean_accepted_length",
                 "per_position_acceptance", "ttft_s", "c", "predicted_speedup"]
-SPEC_BENCH = CONF.parent.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
 
 
 def _cfg(*overrides: str):
@@ -46,8 +45,6 @@ def _rows(out_dir: Path) -> list[dict]:
 def test_every_preset_runs_on_tiny_models(preset, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(CONF.parent)
     cfg = _cfg(f"experiment={preset}", *FAST, "plots=true")
-    if cfg.data.source == "spec_bench" and not Path(cfg.data.path).is_file():
-        pytest.skip(f"no Spec-Bench file at {cfg.data.path}")
     result = experiment.run(cfg, tmp_path)
     rows = _rows(tmp_path)
     summary = json.loads((tmp_path / "summary.json").read_text())
