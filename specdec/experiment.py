@@ -306,6 +306,9 @@ def run_info(cfg: DictConfig, setup: Setup | None = None) -> dict:
         "device": cfg.device,
         "dtype": cfg.dtype,
         "seed": cfg.seed,
+        # Every method's full arguments (proposer or decoder with its arguments, k, schedule, verifier),
+        # so that runs compare from summary.json alone (specdec.compare).
+        "method_configs": {m.name: OmegaConf.to_container(m, resolve=True) for _, m in method_configs(cfg)},
     }
     if setup is not None:
         info["device"] = str(setup.engine.device)

@@ -172,6 +172,12 @@ def summarize(rows: list[dict], methods: str | list[str], info: dict, greedy: bo
         "tokens_per_s": head["tokens_per_s"],
         "baseline_tokens_per_s": methods[BASELINE][OVERALL]["tokens_per_s"],
         "ttft_s": head["ttft_s"],
+        # The first method's acceptance by draft position and speedup by category, at the top level too,
+        # so that W&B panels across runs of different methods name one key (specdec.dashboard).
+        "per_position_acceptance": head["per_position_acceptance"],
+        "per_category": {c: {"speedup": methods[method]["categories"][c]["speedup"],
+                             "mean_accepted_length": methods[method]["categories"][c]["mean_accepted_length"]}
+                         for c in categories},
     })
     if greedy:
         summary["matches_baseline"] = head["matches_baseline"]
