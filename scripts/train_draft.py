@@ -15,6 +15,7 @@ import copy
 import hashlib
 import json
 import logging
+import pickle
 import time
 from pathlib import Path
 
@@ -142,8 +143,15 @@ def cached_continuations(cfg: DictConfig, writer, prompt_ids: list[list[int]], e
                                      cfg.generation.max_new_tokens, prompt_ids]).encode()).hexdigest()[:16]
     path = cache_dir() / "train_draft" / f"continuations-{key}.pt"
     if cfg.generation.cache and path.is_file():
-        log.info("continuations from %s", path)
-        return [Example(torch.tensor(t), s) for t, s in torch.load(path)]
+        try:
+            # Lists of ints only: weights_only refuses anything that would run code, whatever torch's default.
+            cached = torch.load(path, weights_only=True)
+        except pickle.UnpicklingError as err:
+            log.warning("%s is not plain data (%s); generating the continuations again", path,
+                        str(err).splitlines()[0])
+        else:
+            log.info("continuations from %s", path)
+            return [Example(torch.tensor(t), s) for t, s in cached]
     engine = Engine(writer, dtype=writer.dtype)
     examples = generate_continuations(engine, prompt_ids, cfg.generation.max_new_tokens,
                                       cfg.generation.batch_size, eos, cfg.progress)
