@@ -1,0 +1,280 @@
+"""Suffix decoding (Oliaro et al. 2024, "SuffixDecoding"; Arctic Inference, vLLM `method: suffix`).
+
+Two indexes of token sequences answer "what followed this context before, and how often":
+- per request, the row's own prompt and output so far (`TokenPositions`, rebuilt per generation);
+- across requests, the outputs of earlier requests (`SuffixIndex`, kept between generations,
+  oldest evicted first, bounded by `max_cached_requests` and `max_cached_tokens`).
+
+`SuffixIndex` is a suffix trie cut at depth `max_depth`: every substring of length <= max_depth
+of the indexed outputs is a path from the root, and each node counts its occurrences. So after a
+context suffix s (a node), child c was seen count(s + c) times, and count(s + c) / (sum of the
+children's counts) is the empirical probability that c comes next. Adding a token costs max_depth
+dictionary steps (one per open suffix), evicting one the same; memory is at most max_depth nodes
+per held token, and far fewer in practice since repeated text shares paths. A query walks at most
+max_depth suffixes, whatever the number of requests held.
+
+A request's own text can be thousands of tokens (RAG, summarization) and changes every
+generation, so it gets an index that is cheap to build: the positions of every token
+(`TokenPositions`). The earlier occurrences of the context's last m tokens are the positions of
+its last token filtered m - 1 times; the tokens after them give the same counts a trie would.
+Building it is one append per token; a query costs the number of earlier occurrences of the last
+token, shrinking with every filter.
+
+Proposing, per row: for each suffix of the context found in an index (length m, longest first),
+follow the most frequent child while the product of the empirical probabilities stays above
+`min_token_prob`, for at most min(k, floor(max_spec_factor * m + max_spec_offset)) tokens: a
+longer match earns a longer draft, and a frequent continuation a longer draft than a rare one.
+The candidate with the largest expected number of accepted tokens (sum of those products) wins.
+Drafts are chains; trees wait for tree verification in the decoding loop.
+
+There is no q: a deterministic draft is a one-hot q, so speculative sampling stays lossless. The
+indexes hold only committed tokens, so every proposal is a function of the past.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+
+from specdec.proposers.base import Proposal
+
+
+class _Node:
+    __slots__ = ("count", "children")
+
+    def __init__(self):
+        self.count = 0
+        self.children: dict[int, _Node] = {}
+
+
+class SuffixIndex:
+    """Occurrence counts of every substring of length <= `max_depth` of the added sequences (a
+    suffix trie cut at that depth). `nodes` counts the trie's nodes: its memory."""
+
+    def __init__(self, max_depth: int = 24):
+        if max_depth < 2:
+            raise ValueError(f"method.proposer.max_depth must be >= 2, got {max_depth}")
+        self.max_depth = max_depth
+        self.root = _Node()
+        self.nodes = 1
+
+    def add(self, tokens: list[int]) -> None:
+        """Index a sequence: each token extends the open suffixes (cursors[d] ends the last d tokens)."""
+        cursors, depth = [self.root], self.max_depth
+        for t in tokens:
+            nxt = [self.root]
+            for node in cursors[:depth]:
+                child = node.children.get(t)
+                if child is None:
+                    child = node.children[t] = _Node()
+                    self.nodes += 1
+                child.count += 1
+                nxt.append(child)
+            cursors = nxt
+
+    def remove(self, tokens: list[int]) -> None:
+        """Forget one earlier `add(tokens)`: counts drop, nodes no longer seen are deleted."""
+        cursors, depth = [self.root], self.max_depth
+        for t in tokens:
+            nxt = [self.root]
+            for node in cursors[:depth]:
+                child = node.children.get(t)
+                if child is None:
+                    raise ValueError("SuffixIndex.remove: this sequence was not added")
+                child.count -= 1
+                if child.count == 0:  # its subtree reaches 0 later in this same replay
+                    del node.children[t]
+                    self.nodes -= 1
+                nxt.append(child)
+            cursors = nxt
+
+    def find(self, tokens: list[int]) -> _Node | None:
+        node = self.root
+        for t in tokens:
+            node = node.children.get(t)
+            if node is None:
+                return None
+        return node
+
+    def matches(self, context: list[int], longest: int) -> list[tuple[int, _Node]]:
+        """(m, node) for every suffix of `context` of length m <= longest that was seen followed by
+        something, longest first."""
+        out = []
+        for m in range(min(longest, len(context), self.max_depth - 1), 0, -1):
+            node = self.find(context[len(context) - m:])
+            if node is not None and node.children:
+                out.append((m, node))
+        return out
+
+    @staticmethod
+    def children(node: _Node) -> dict[int, int]:
+        """Token -> how often it followed the string `node` stands for."""
+        return {t: c.count for t, c in node.children.items()}
+
+    @staticmethod
+    def child(node: _Node, token: int) -> _Node:
+        return node.children[token]
+
+
+class TokenPositions:
+    """One growing sequence and, per token, the positions where it occurs; answers the same
+    questions as `SuffixIndex` about that sequence (a match is the list of its end positions)."""
+
+    def __init__(self):
+        self.seq: list[int] = []
+        self.where: dict[int, list[int]] = {}
+
+    def extend(self, tokens: list[int]) -> None:
+        for t in tokens:
+            self.where.setdefault(t, []).append(len(self.seq))
+            self.seq.append(t)
+
+    def matches(self, context: list[int], longest: int) -> list[tuple[int, list[int]]]:
+        """(m, end positions) for every suffix of `context` (the sequence's own tail) of length
+        m <= longest that occurred earlier with a token after it, longest first."""
+        n, seq = len(self.seq), self.seq
+        ends = [p for p in self.where.get(context[-1], []) if p < n - 1] if context else []
+        out, m = [], 1
+        while ends and m <= min(longest, len(context)):
+            out.append((m, ends))
+            if m == len(context):
+                break
+            t = context[-m - 1]
+            ends = [p for p in ends if p >= m and seq[p - m] == t]
+            m += 1
+        return out[::-1]
+
+    def children(self, ends: list[int]) -> dict[int, int]:
+        counts: dict[int, int] = {}
+        n = len(self.seq)
+        for p in ends:
+            if p + 1 < n:
+                t = self.seq[p + 1]
+                counts[t] = counts.get(t, 0) + 1
+        return counts
+
+    def child(self, ends: list[int], token: int) -> list[int]:
+        n = len(self.seq)
+        return [p + 1 for p in ends if p + 1 < n and self.seq[p + 1] == token]
+
+
+def continuation(index: SuffixIndex | TokenPositions, match, limit: int,
+                 min_prob: float) -> tuple[list[int], list[float]]:
+    """Most frequent next tokens after `match` (from `index.matches`), at most `limit`, while the
+    running product of empirical probabilities stays >= min_prob. Returns the tokens and those
+    products (the chance, under the counts, that the draft is right up to each token)."""
+    tokens, probs, p = [], [], 1.0
+    while len(tokens) < limit:
+        counts = index.children(match)
+        if not counts:
+            break
+        # ties go to the smaller token id, so proposals do not depend on insertion order
+        t, c = max(counts.items(), key=lambda kv: (kv[1], -kv[0]))
+        p *= c / sum(counts.values())
+        if p < min_prob:
+            break
+        tokens.append(t)
+        probs.append(p)
+        match = index.child(match, t)
+    return tokens, probs
+
+
+class OutputCache:
+    """The cross-request index: earlier outputs, oldest forgotten first once more than
+    `max_requests` outputs or `max_tokens` tokens are held."""
+
+    def __init__(self, max_depth: int, max_requests: int, max_tokens: int):
+        if max_requests < 0 or max_tokens < 0:
+            raise ValueError("method.proposer: max_cached_requests and max_cached_tokens must be >= 0")
+        self.index = SuffixIndex(max_depth)
+        self.max_requests, self.max_tokens = max_requests, max_tokens
+        self.held: deque[list[int]] = deque()
+        self.tokens = 0
+
+    def add(self, tokens: list[int]) -> None:
+        if not tokens or self.max_requests == 0 or len(tokens) > self.max_tokens:
+            return
+        self.index.add(tokens)
+        self.held.append(tokens)
+        self.tokens += len(tokens)
+        while len(self.held) > self.max_requests or self.tokens > self.max_tokens:
+            old = self.held.popleft()
+            self.index.remove(old)
+            self.tokens -= len(old)
+
+
+class SuffixProposer:
+    """Drafts from suffix matches in the row's own tokens and in earlier requests' outputs.
+
+    max_depth:           longest match considered, and depth of the cross-request trie (vLLM's default 24).
+    max_spec_factor:     draft at most factor * match length + max_spec_offset tokens (and k).
+    max_spec_offset:     see above.
+    min_token_prob:      stop when the draft's estimated chance of being right so far falls below it.
+    max_cached_requests: earlier outputs kept for the cross-request index (0 turns it off).
+    max_cached_tokens:   and at most this many tokens in them (memory: <= max_depth nodes per token).
+    """
+
+    name = "suffix"
+
+    def __init__(self, engine=None, max_depth: int = 24, max_spec_factor: float = 1.0, max_spec_offset: float = 0.0,
+                 min_token_prob: float = 0.1, max_cached_requests: int = 1000, max_cached_tokens: int = 200_000):
+        if max_spec_factor < 0 or not 0.0 <= min_token_prob <= 1.0:
+            raise ValueError(f"method.proposer: need max_spec_factor >= 0 and 0 <= min_token_prob <= 1, got "
+                             f"{max_spec_factor}, {min_token_prob}")
+        self.max_depth, self.factor, self.offset, self.min_prob = max_depth, max_spec_factor, max_spec_offset, min_token_prob
+        self.outputs = OutputCache(max_depth, max_cached_requests, max_cached_tokens)
+        self.rows: dict[int, TokenPositions] = {}  # row -> its prompt and output so far
+
+    def reset(self, state) -> None:
+        self.rows = {}
+
+    def _sync(self, state, b: int) -> list[int]:
+        """Index row b's committed tokens not indexed yet; returns its context (last max_depth tokens)."""
+        n = state.seq_lens[b]
+        own = self.rows.setdefault(b, TokenPositions())
+        if len(own.seq) < n:
+            own.extend(state.tokens[b, len(own.seq):n].tolist())
+        return own.seq[max(n - self.max_depth, 0):]
+
+    def draft_row(self, context: list[int], own: TokenPositions, k: int) -> tuple[list[int], list[float]]:
+        """The best chain for one row from its own text and from earlier outputs: the candidate with
+        the most expected accepted tokens (ties: the longer match)."""
+        best: tuple[float, int, list[int], list[float]] = (0.0, 0, [], [])
+        for index in (own, self.outputs.index):
+            for m, match in index.matches(context, self.max_depth):
+                limit = min(k, int(self.factor * m + self.offset))
+                if limit < 1:
+                    continue
+                tokens, probs = continuation(index, match, limit, self.min_prob)
+                if tokens and (sum(probs), m) > best[:2]:
+                    best = (sum(probs), m, tokens, probs)
+        return best[2], best[3]
+
+    @torch.inference_mode()
+    def propose(self, state, k: int) -> Proposal:
+        b, device = state.batch_size, state.tokens.device
+        if k == 0:
+            return Proposal.empty(b, device)
+        drafts = []
+        for row in range(b):
+            tokens = []
+            if state.active[row]:
+                context = self._sync(state, row)
+                tokens, _ = self.draft_row(context, self.rows[row], k)
+            drafts.append(tokens)
+        t = max(len(d) for d in drafts)
+        if t == 0:
+            return Proposal.empty(b, device)
+        out = torch.zeros(b, t, dtype=torch.long)
+        for row, d in enumerate(drafts):
+            out[row, : len(d)] = torch.tensor(d, dtype=torch.long)
+        return Proposal(out.to(device), [len(d) for d in drafts])
+
+    def observe(self, state, outcome) -> None:
+        # A row that finished this step is a finished request: its output joins the cross-request
+        # index, and its own index is no longer needed.
+        for b, (was, now) in enumerate(zip(outcome.active, state.active)):
+            if was and not now:
+                self.outputs.add(state.output_ids(b))
+                self.rows.pop(b, None)
