@@ -10,9 +10,14 @@ A model comes from one of five places, all described by a `ModelSpec`:
 
 De-quantizing a GGUF takes ~15-20 s, so a GGUF file on disk is converted once to a float32
 safetensors directory under `cache_dir()`, and later loads read that (~0.2 s once transformers is
-imported). The conversion is written to a temporary directory and renamed into place, so an
-interrupted run never leaves a half-written cache; a file lock keeps parallel jobs of a sweep from
-converting the same file twice.
+imported). The cache may be shared by a team, and runs get killed, so:
+- a conversion is written to a temporary directory and renamed into place, with a manifest of every
+  file's size written last; an entry whose files do not match it (a copy cut short, a full disk) is
+  converted again, or, where it cannot be replaced, named in an error that says to delete it;
+- a lock file per entry keeps parallel jobs of a sweep from converting the same file twice; the
+  conversion that holds it removes it when done, and clears what killed conversions left behind
+  (their temporary directories and locks), so nothing piles up;
+- files are written readable by group and others as the umask allows (safetensors alone writes 0600).
 
 transformers is imported inside the functions that need it (it costs ~2 s), so importing this module
 stays cheap. The offline variables are set before any transformers import: without them even local
@@ -21,13 +26,16 @@ loads try the network.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import importlib.util
+import json
 import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -184,6 +192,9 @@ def _embedded_gguf() -> Path:
     return files[0]
 
 
+MANIFEST = "specdec-cache.json"  # in each cache entry, written last: {"files": {name: size in bytes}}
+
+
 def _converted_gguf(gguf: Path, name: str) -> Path:
     """Convert `gguf` once to a float32 safetensors directory in `cache_dir()` and return it.
 
@@ -192,34 +203,138 @@ def _converted_gguf(gguf: Path, name: str) -> Path:
     stat = gguf.stat()
     key = hashlib.sha1(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:10]
     target = cache_dir() / f"{name}-{key}"
-    if target.is_dir():
+    if _entry_problem(target) is None:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{target.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # parallel jobs wait here for the first one's conversion
-        if target.is_dir():
+    with _entry_lock(target):  # parallel jobs wait here for the first one's conversion
+        problem = _entry_problem(target)
+        if problem is None:
             return target
+        _clear_leftovers(target)
+        if target.exists():
+            logger.warning("The converted model in %s is damaged (%s); converting it again.", target, problem)
+            _remove_entry(target, problem)
         logger.info("Converting %s to safetensors in %s: once, takes ~20 s.", gguf, target)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-        tmp.chmod(0o755)  # mkdtemp makes it private; the cache may be shared
         try:
             model, tokenizer = _load_gguf(gguf)
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
+            files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+            (tmp / MANIFEST).write_text(json.dumps({"source": str(gguf), "files": files}, indent=1))
+            _make_shareable(tmp)
             os.rename(tmp, target)  # atomic: the cache entry is either whole or absent
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
+def _entry_problem(entry: Path) -> str | None:
+    """What is wrong with a cache entry (None: it is whole). Sizes only: reading ~0.5 GB to hash it
+    would cost more than the load it saves; truncation, the damage seen in practice, changes the size."""
+    if not entry.is_dir():
+        return "absent"
+    try:
+        files = json.loads((entry / MANIFEST).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{entry / MANIFEST} is missing or unreadable (an interrupted or older conversion)"
+    for file, size in files.items():
+        path = entry / file
+        if not path.is_file():
+            return f"{path} is missing"
+        if path.stat().st_size != size:
+            return f"{path}: {path.stat().st_size} of {size} bytes"
+    return None
+
+
+def _remove_entry(entry: Path, problem: str) -> None:
+    """Move a damaged entry aside (readers never see it half-deleted) and delete it."""
+    try:
+        trash = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-", dir=entry.parent))
+        os.rename(entry, trash / "old")
+    except OSError as err:
+        raise RuntimeError(
+            f"The converted model in {entry} is damaged ({problem}) and cannot be replaced here ({err}); "
+            f"delete {entry} (or ask its owner to) and run again."
+        ) from err
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _entry_lock(entry: Path, wait: bool = True) -> Iterator[bool]:
+    """Hold `.<entry>.lock` exclusively (yields False if `wait` is False and another process holds it).
+    The holder deletes the file before releasing it, so locks do not pile up; a process that was waiting
+    on the deleted file sees that it is gone and locks the current one instead."""
+    path = entry.parent / f".{entry.name}.lock"
+    while True:
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            yield False
+            return
+        try:
+            current = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            current = False
+        if current:
+            break
+        os.close(fd)
+    try:
+        yield True
+    finally:
+        path.unlink(missing_ok=True)
+        os.close(fd)
+
+
+def _clear_leftovers(held: Path) -> None:
+    """Delete the temporary directories and lock files that killed conversions left in the cache: those
+    of entries whose lock no running process holds (a conversion in progress holds its entry's lock).
+    `held` is the entry whose lock the caller holds: every temporary directory of it is a leftover."""
+    cache = held.parent
+    names = {p.name[1:].split(".tmp-")[0] for p in cache.glob(".*.tmp-*")}
+    names |= {p.name[1:].removesuffix(".lock") for p in cache.glob(".*.lock")}
+    for name in sorted(names - {held.name}):
+        with _entry_lock(cache / name, wait=False) as free:  # releasing it deletes the lock file
+            if free:
+                _remove_temporaries(cache / name)
+    _remove_temporaries(held)
+
+
+def _remove_temporaries(entry: Path) -> None:
+    for tmp in entry.parent.glob(f".{entry.name}.tmp-*"):
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _make_shareable(directory: Path) -> None:
+    """Give what is in `directory` the modes the umask allows (0644/0755 under umask 022): the cache may
+    be shared, and safetensors writes its file 0600 whatever the umask says."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for root, dirs, files in os.walk(directory):
+        os.chmod(root, 0o777 & ~umask)
+        for d in dirs:
+            os.chmod(os.path.join(root, d), 0o777 & ~umask)
+        for f in files:
+            os.chmod(os.path.join(root, f), 0o666 & ~umask)
+
+
 def _load_gguf(gguf: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-    # dequantize=True: plain float Linear layers even where transformers could keep packed GGUF blocks.
-    model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=torch.float32, quantization_config=GgufConfig(dequantize=True)
-    )
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    try:
+        # dequantize=True: plain float Linear layers even where transformers could keep packed GGUF blocks.
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32, quantization_config=GgufConfig(dequantize=True)
+        )
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    except (OSError, ValueError, KeyError, IndexError, TypeError, EOFError) as err:
+        # transformers falls back to reading a GGUF it cannot parse as a JSON config, and blames that.
+        raise ValueError(
+            f"{gguf} is not a readable GGUF model: its header may be valid, but its metadata or tensors are "
+            "not (a file cut short, or not a model). Check the file or download it again."
+        ) from err
     # `save_pretrained` refuses a model that still carries a quantizer that is not serializable, as
     # the GGUF one is. Its own `remove_quantization_config` drops model.hf_quantizer,
     # config.quantization_config, model.quantization_method and model._weight_conversions, and sets

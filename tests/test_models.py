@@ -159,3 +159,107 @@ def test_embedded_model_converts_once_then_loads_from_cache(tmp_path, monkeypatc
     assert tok2.pad_token is not None and second.generation_config.pad_token_id is not None
     assert model_context_length(second) == 8192
     check_tokenizers_compatible(tok, tok2, first, second)
+
+
+# --- the converted-model cache (GGUF -> safetensors under $SPECDEC_CACHE) ---------------------------
+
+
+@pytest.fixture
+def fake_gguf(tmp_path, monkeypatch):
+    """A GGUF whose 'conversion' builds a tiny random model, so the cache logic runs in milliseconds;
+    `calls` counts conversions. The cache lives in tmp_path/cache and files are made under umask 022."""
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "Tiny-Model.Q8_0.gguf"
+    gguf.write_bytes(b"GGUF stand-in")
+    calls = []
+
+    def convert(path):
+        calls.append(path)
+        return tiny_random_model(seed=5), tiny_random_tokenizer(256)
+
+    monkeypatch.setattr(models, "_load_gguf", convert)
+    old_mask = os.umask(0o022)
+    yield gguf, calls
+    os.umask(old_mask)
+
+
+def _cache_listing(cache) -> list[str]:
+    return sorted(p.name for p in cache.iterdir())
+
+
+def test_converted_cache_is_shareable_and_leaves_nothing_behind(fake_gguf, tmp_path):
+    gguf, calls = fake_gguf
+    model, _ = load_model(ModelSpec(gguf_file=str(gguf)))
+    cache = tmp_path / "cache"
+    (entry,) = cache.iterdir()
+    assert _cache_listing(cache) == [entry.name]  # no .tmp-* folder, no .lock file
+    assert entry.name.startswith("tiny-model.q8_0-")
+    modes = {p.name: p.stat().st_mode & 0o777 for p in entry.iterdir()}
+    assert modes["model.safetensors"] == 0o644 and set(modes.values()) == {0o644}, modes
+    assert entry.stat().st_mode & 0o777 == 0o755
+    again, _ = load_model(ModelSpec(gguf_file=str(gguf)))
+    assert len(calls) == 1  # the second load read the cache
+    ids = torch.tensor([[5, 9, 200, 3]])
+    assert torch.equal(_logits(model, ids), _logits(again, ids))
+
+
+def test_truncated_cache_entry_is_converted_again(fake_gguf, tmp_path, caplog):
+    gguf, calls = fake_gguf
+    load_model(ModelSpec(gguf_file=str(gguf)))
+    (entry,) = (tmp_path / "cache").iterdir()
+    weights = entry / "model.safetensors"
+    size = weights.stat().st_size
+    with open(weights, "r+b") as f:  # a disk that filled up, a copy cut short
+        f.truncate(size // 2)
+    model, _ = load_model(ModelSpec(gguf_file=str(gguf)))
+    assert len(calls) == 2 and weights.stat().st_size == size
+    assert f"{weights}: {size // 2} of {size} bytes" in caplog.text and "converting it again" in caplog.text
+    assert _cache_listing(tmp_path / "cache") == [entry.name]
+    ids = torch.tensor([[5, 9, 200, 3]])
+    assert torch.equal(_logits(model, ids), _logits(tiny_random_model(seed=5), ids))
+
+
+def test_damaged_entry_that_cannot_be_replaced_says_what_to_delete(fake_gguf, tmp_path, monkeypatch):
+    gguf, _ = fake_gguf
+    load_model(ModelSpec(gguf_file=str(gguf)))
+    (entry,) = (tmp_path / "cache").iterdir()
+    (entry / "tokenizer.json").unlink()
+
+    def read_only(path, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(models.os, "rename", read_only)  # someone else's cache, read-only to us
+    with pytest.raises(RuntimeError, match=rf"{entry}.*tokenizer\.json is missing.*delete {entry}"):
+        load_model(ModelSpec(gguf_file=str(gguf)))
+
+
+def test_leftovers_of_killed_conversions_are_cleared(fake_gguf, tmp_path):
+    import fcntl
+
+    gguf, calls = fake_gguf
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for name in ("tiny-model.q8_0-0123456789", "other-model-abcdef0123", "busy-model-999"):
+        (cache / f".{name}.tmp-x1y2").mkdir()  # a conversion killed half-way
+        (cache / f".{name}.tmp-x1y2" / "model.safetensors").write_bytes(b"\0" * 64)
+        (cache / f".{name}.lock").touch()
+    with open(cache / ".busy-model-999.lock") as busy:  # a conversion that is still running
+        fcntl.flock(busy, fcntl.LOCK_EX)
+        load_model(ModelSpec(gguf_file=str(gguf)))
+        left = _cache_listing(cache)
+    assert len(calls) == 1
+    assert [n for n in left if n.startswith(".")] == [".busy-model-999.lock", ".busy-model-999.tmp-x1y2"]
+    assert len([n for n in left if not n.startswith(".")]) == 1
+
+
+def test_gguf_with_a_valid_header_and_a_garbage_body_is_named(tmp_path, monkeypatch):
+    import struct
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    bad = tmp_path / "broken.gguf"
+    header = b"GGUF" + struct.pack("<IQQ", 3, 0, 2)  # version 3, no tensors, two metadata entries
+    bad.write_bytes(header + bytes(range(256)) * 8)
+    with pytest.raises(ValueError, match=r"broken\.gguf is not a readable GGUF model") as err:
+        load_model(ModelSpec(gguf_file=str(bad)))
+    assert "JSON" not in str(err.value) and "config file" not in str(err.value)
+    assert not [p for p in (tmp_path / "cache").iterdir() if ".tmp-" in p.name or p.suffix == ".lock"]
