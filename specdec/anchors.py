@@ -7,16 +7,32 @@ with a forward hook (so tau = tokens emitted per target pass is comparable), TTF
 Per-draft acceptance is not exposed by `generate()`, so alpha and per-position acceptance are
 reported as unknown (NaN) rather than guessed; so is tau for assisted generation whose assistant is
 the target itself (its passes cannot be told apart from the target's).
+
+Rows are answered one at a time, each as a request of its own: a row's TTFT and latency run from
+the start of that row, and the Generation's `ttft_s` is the mean over rows.
+
+Multi-turn conversations: `HFGenerate.generate(past=...)` continues from the previous turn's cache,
+as specdec's decoder does: each row's transformers cache goes back to `model.generate`, cropped to the
+prefix the new input shares with the tokens it holds. Assisted generation and prompt lookup cannot:
+transformers' assisted decoding feeds the whole input through the target on its first pass even when
+the cache already holds a prefix, so a continued cache gives wrong tokens; they set
+`continues_cache = False` and re-prefill every turn. The experiment reads that flag and runs every
+method of a comparison under one policy (`experiment.py`). A `past` from another decoder, or one
+already continued, is never reused: the turn starts from a fresh prefill.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
+from transformers import DynamicCache
 from transformers.generation.streamers import BaseStreamer
+from transformers.generation.utils import ALL_CACHE_NAMES
 
+from specdec.data import common_prefix_len
 from specdec.decoding import Generation, SpeculativeDecoder
 from specdec.engine import Engine
 from specdec.metrics import GenerationStats, RowStats
@@ -39,6 +55,31 @@ class _FirstTokenClock(BaseStreamer):
         pass
 
 
+# generate()'s keyword for a cache to continue from: "cache" from transformers 5.2x, "past_key_values" before.
+CACHE_KWARG = ALL_CACHE_NAMES[0]
+
+
+@dataclass
+class AnchorState:
+    """What an anchor's Generation keeps for the next turn, per row: the tokens so far (prompt and
+    output) and the target's transformers cache, which holds a prefix of them.
+
+    owner: the anchor that made it; a `past` from anything else is not reused.
+    reuse: per row, the leading tokens this generation took from its `past`'s caches (None: fresh).
+    spent: set once a later turn has continued from these caches, which it extends in place.
+    """
+
+    owner: object
+    tokens: list[list[int]]
+    caches: list
+    reuse: list[int] | None = None
+    spent: bool = False
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.tokens)
+
+
 class HFGenerate:
     """`model.generate()` with the engine's target; subclasses add assisted / prompt-lookup args.
 
@@ -48,6 +89,7 @@ class HFGenerate:
 
     name = "hf_generate"
     lossless = True
+    continues_cache = True  # generate(past=...) reuses the previous turn's cache
 
     def __init__(self, engine: Engine, num_speculative_tokens: int = 0, tokenizer=None,
                  eos_token_id: int | Sequence[int] | None = None, **_ignored):
@@ -62,9 +104,36 @@ class HFGenerate:
     def extra_args(self) -> dict:
         return {}
 
-    def _draft_is_target(self) -> bool:
-        return self.speculative and self.engine.draft is not None and \
-            self.engine.draft.model is self.engine.target.model
+    def _passes_look_alike(self) -> bool:
+        """True when draft passes cannot be told from target passes: only for an anchor that runs a
+        draft model (assisted generation), and only when that draft is the target itself."""
+        return False
+
+    def _previous_caches(self, past, n: int) -> AnchorState | None:
+        """`past.state` if its caches may be continued for a batch of `n` rows, else None (fresh)."""
+        state = getattr(past, "state", None)
+        usable = isinstance(state, AnchorState) and state.owner is self and not state.spent
+        if not (self.continues_cache and usable and state.batch_size == n):
+            return None
+        state.spent = True  # the caches are about to be extended in place: continuing twice would mix turns
+        return state
+
+    def _row_cache(self, previous: AnchorState | None, b: int, ids: list[int]) -> tuple[object, int]:
+        """Row b's cache for prompt `ids` and how many of its tokens are reused: the previous turn's
+        cache cropped to the prefix shared with `ids` (leaving at least one token to prefill), else a
+        new one."""
+        if previous is not None:
+            cache = previous.caches[b]
+            held = cache.get_seq_length()
+            keep = min(held, common_prefix_len(ids, previous.tokens[b]), len(ids) - 1)
+            if keep > 0:
+                try:
+                    if keep < held:
+                        cache.crop(keep - held)  # a negative count: tokens to drop from the end
+                    return cache, keep
+                except RuntimeError:  # a sliding-window layer past its window cannot be rolled back
+                    pass
+        return DynamicCache(config=self.engine.target.model.config.get_text_config(decoder=True)), 0
 
     def generate(self, prompts, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0, on_tokens=None, past=None) -> Generation:
@@ -79,12 +148,15 @@ class HFGenerate:
             sampling = {"do_sample": True, "temperature": params.temperature, "top_k": params.top_k or None,
                         "top_p": params.top_p}
         stats = GenerationStats(rows=[RowStats() for _ in ids])
-        outputs, start = [], time.perf_counter()
+        previous = self._previous_caches(past, len(ids))
+        state = AnchorState(owner=self, tokens=[], caches=[], reuse=[] if previous is not None else None)
+        outputs, ttfts, start = [], [], time.perf_counter()
         try:
             for b, p in enumerate(ids):
                 torch.manual_seed(seed + b)
                 clock, calls[0] = _FirstTokenClock(), 0
                 row_start = time.perf_counter()
+                cache, reused = self._row_cache(previous, b, p)
                 x = torch.tensor([p], device=self.engine.device)
                 with torch.inference_mode():
                     # An explicit mask: without one, generate() takes prompt tokens equal to the pad
@@ -92,27 +164,32 @@ class HFGenerate:
                     out = model.generate(
                         x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
                         eos_token_id=self.eos_ids or None, pad_token_id=(self.eos_ids or [0])[0],
-                        streamer=clock, **sampling, **self.extra_args(),
+                        streamer=clock, **{CACHE_KWARG: cache}, **sampling, **self.extra_args(),
                     )
                 new = out[0, len(p):].tolist()
                 outputs.append(new)
+                state.tokens.append(p + new)
+                state.caches.append(cache)
+                if state.reuse is not None:
+                    state.reuse.append(reused)
                 if on_tokens is not None:
                     on_tokens(b, new)
                 row = stats.rows[b]
                 row.new_tokens = len(new)
-                if not self._draft_is_target():  # else draft passes and target passes look alike
+                if not self._passes_look_alike():
                     row.steps, row.emitted = max(calls[0] - 1, 0), len(new) - 1  # first pass: prefill
                 row.wall_s = time.perf_counter() - row_start
-                if b == 0 and clock.first_token_at is not None:
-                    stats.ttft_s = clock.first_token_at - row_start
+                if clock.first_token_at is not None:
+                    ttfts.append(clock.first_token_at - row_start)
         finally:
             hook.remove()
         stats.wall_s = time.perf_counter() - start
+        stats.ttft_s = sum(ttfts) / len(ttfts) if ttfts else float("nan")
         stats.steps = sum(r.steps for r in stats.rows)
         texts = None
         if self.tokenizer is not None:
             texts = [self.tokenizer.decode(o, skip_special_tokens=True) for o in outputs]
-        return Generation(outputs, ids, stats, state=None, texts=texts, lossless=self.lossless,
+        return Generation(outputs, ids, stats, state=state, texts=texts, lossless=self.lossless,
                           verifier="greedy" if params.greedy else "speculative_sampling",
                           acceptance_measured=not self.speculative)
 
@@ -121,6 +198,7 @@ class HFAssisted(HFGenerate):
     """Assisted generation (`assistant_model=` the engine's draft) with a constant k."""
 
     name = "hf_assisted"
+    continues_cache = False  # transformers' assisted decoding cannot start from a filled cache
 
     def __init__(self, engine: Engine, num_speculative_tokens: int = 4, **kw):
         if engine.draft is None:
@@ -135,11 +213,15 @@ class HFAssisted(HFGenerate):
         draft.generation_config.assistant_confidence_threshold = 0.0
         return {"assistant_model": draft}
 
+    def _passes_look_alike(self) -> bool:
+        return self.engine.draft.model is self.engine.target.model
+
 
 class HFPromptLookup(HFGenerate):
     """Prompt lookup decoding (`prompt_lookup_num_tokens=` k)."""
 
     name = "hf_prompt_lookup"
+    continues_cache = False  # prompt lookup runs through assisted decoding: see HFAssisted
 
     def __init__(self, engine: Engine, num_speculative_tokens: int = 4, **kw):
         super().__init__(engine, num_speculative_tokens, **kw)

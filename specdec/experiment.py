@@ -12,9 +12,15 @@ One run:
   5. report    summary.json, plots, the W&B run (never blocking), the printed table
 
 Batches (generation.batch_size > 1) hold consecutive prompts with the same number of turns. A row's
-`wall_s`, `ttft_s`, `draft_s` and `verify_s` are then its batch's times divided by the batch size (so
-they add up to the run's time) and `latency_s` is the time until that row finished; at batch size 1
-they are simply the prompt's own.
+`wall_s`, `draft_s` and `verify_s` are then its batch's times divided by the batch size (so they add
+up to the run's time); `latency_s` is the time until that row finished and `ttft_s` the batch's time
+to first token, since every row's first token arrives at the end of the batch's prefill (both are
+latencies of a request, not shares of the run). At batch size 1 they are simply the prompt's own.
+
+Cache reuse across turns is one policy for the whole run (`Setup.cache_reuse`, recorded in
+summary.json as `cache_reuse`): every method continues a conversation from its previous turn's cache,
+or, when some method cannot (transformers' assisted generation and prompt lookup), every method
+re-prefills every turn, so that no ratio between methods mixes in the cost of a prefill.
 
 The decoding loop knows nothing of Hydra or W&B; this module knows nothing of KV caches.
 """
@@ -38,7 +44,7 @@ from specdec.engine import Engine
 from specdec.models import ModelSpec, check_tokenizers_compatible, load_model
 from specdec.report import BASELINE, format_comparison, format_table, make_plots, summarize
 from specdec.schedules import make_schedule
-from specdec.tracking import make_tracker, write_local_results
+from specdec.tracking import make_tracker, sigterm_raises, write_local_results
 
 log = logging.getLogger("specdec")
 
@@ -68,6 +74,17 @@ class Setup:
     @property
     def k_max(self) -> int:
         return max((d.k for d in self.methods.values()), default=0)
+
+    @property
+    def cannot_reuse_cache(self) -> list[str]:
+        """The methods that cannot continue a conversation from the previous turn's cache. specdec's
+        decoders all can; an anchor says whether it can with `continues_cache`."""
+        return [name for name, d in self.methods.items() if not getattr(d, "continues_cache", True)]
+
+    @property
+    def cache_reuse(self) -> bool:
+        """The run's policy: turns continue the previous turn's cache only if every method can."""
+        return not self.cannot_reuse_cache
 
 
 # ---------------------------------------------------------------- 1. data
@@ -160,11 +177,14 @@ def _conversation_len(tokenizer, prompt: Prompt, cfg: DictConfig, k: int) -> int
 
 
 def run_batch(decoder: SpeculativeDecoder, role: str, batch: list[Prompt], cfg: DictConfig, seed: int,
-              tokenizer) -> list[dict]:
-    """Answer every turn of the batch's prompts with one decoder; one result row per prompt."""
+              tokenizer, reuse_cache: bool = True) -> list[dict]:
+    """Answer every turn of the batch's prompts with one decoder; one result row per prompt. With
+    `reuse_cache` a turn continues the previous turn's cache (`past=`), else it is prefilled afresh."""
     g = cfg.generation
     n, turns = len(batch), len(batch[0].turns)
-    decoder.max_len = max(_conversation_len(tokenizer, p, cfg, decoder.k) for p in batch) if turns > 1 else 0
+    decoder.max_len = 0
+    if turns > 1 and reuse_cache:
+        decoder.max_len = max(_conversation_len(tokenizer, p, cfg, decoder.k) for p in batch)
     histories: list[list[tuple[str, str]]] = [[] for _ in batch]
     rows = [_empty_row(p, role) for p in batch]
     past: Generation | None = None
@@ -187,7 +207,7 @@ def run_batch(decoder: SpeculativeDecoder, role: str, batch: list[Prompt], cfg: 
                                         "output_token_ids": out.output_ids[j], "output_text": text})
             for key, value in (("new_tokens", r.new_tokens), ("steps", r.steps), ("proposed", r.proposed),
                                ("accepted", r.accepted), ("emitted", r.emitted), ("latency_s", r.wall_s),
-                               ("wall_s", s.wall_s / n), ("ttft_s", s.ttft_s / n),
+                               ("wall_s", s.wall_s / n), ("ttft_s", s.ttft_s),
                                ("draft_s", s.draft_s / n), ("verify_s", s.verify_s / n),
                                ("reused_cache_tokens", reused[j])):
                 row[key] += value
@@ -196,7 +216,7 @@ def run_batch(decoder: SpeculativeDecoder, role: str, batch: list[Prompt], cfg: 
             row["proposed_per_position"] = _add(row["proposed_per_position"], r.proposed_at)
             row["lossless"], row["verifier"] = out.lossless, out.verifier
             row["acceptance_measured"] = out.acceptance_measured
-        past = out
+        past = out if reuse_cache else None
     for row in rows:
         _finish_row(row, turns, seed)
     return rows
@@ -280,7 +300,7 @@ def measure(setup: Setup, prompts: list[Prompt], cfg: DictConfig, on_batch=None)
             shift = i % len(roles)
             order = roles[shift:] + roles[:shift]
             for role, decoder in order:
-                rows += run_batch(decoder, role, batch, cfg, cfg.seed + i, setup.tokenizer)
+                rows += run_batch(decoder, role, batch, cfg, cfg.seed + i, setup.tokenizer, setup.cache_reuse)
             bar.update(len(batch))
             if on_batch is not None:
                 on_batch(rows)
@@ -297,7 +317,7 @@ def run_info(cfg: DictConfig, setup: Setup | None = None) -> dict:
         "target_path": cfg.target.path,
         "draft": cfg.draft.name if needs_draft else "none",
         "draft_path": cfg.draft.path if needs_draft else None,
-        "num_speculative_tokens": cfg.method.num_speculative_tokens if cfg.method.proposer is not None else 0,
+        "num_speculative_tokens": cfg.method.num_speculative_tokens if not is_baseline(cfg.method) else 0,
         "schedule": cfg.method.schedule,
         "data": cfg.data.source,
         "temperature": cfg.generation.temperature,
@@ -313,7 +333,15 @@ def run_info(cfg: DictConfig, setup: Setup | None = None) -> dict:
     if setup is not None:
         info["device"] = str(setup.engine.device)
         info["dtype"] = str(setup.engine.dtype).removeprefix("torch.")
+        info["cache_reuse"] = "across_turns" if setup.cache_reuse else "none"
+        if not setup.cache_reuse:
+            info["cache_reuse_blocked_by"] = setup.cannot_reuse_cache
     return info
+
+
+def is_baseline(m: DictConfig) -> bool:
+    """A method config that is the autoregressive baseline itself: no proposer and no decoder of its own."""
+    return m.proposer is None and m.decoder is None
 
 
 def job_identity(method_name: str) -> tuple[str, str | None]:
@@ -346,7 +374,7 @@ def run(cfg: DictConfig, out_dir: str | Path) -> ExperimentResult:
     torch.manual_seed(cfg.seed)
     _quiet_transformers()
 
-    method_names = [m.name for _, m in method_configs(cfg) if m.proposer is not None or m.decoder is not None]
+    method_names = [m.name for _, m in method_configs(cfg) if not is_baseline(m)]
     method_name = method_names[0] if method_names else BASELINE
     greedy = cfg.generation.temperature == 0
     job_name, sweep_group = job_identity(method_name)
@@ -355,22 +383,37 @@ def run(cfg: DictConfig, out_dir: str | Path) -> ExperimentResult:
         lg.kind, project=lg.project, entity=lg.entity, mode=lg.mode, tags=[*lg.tags, method_name],
         init_timeout=lg.init_timeout)
     config = OmegaConf.to_container(cfg, resolve=True)
-    with tracker:
-        tracker.start(config, name=job_name, group=lg.group or sweep_group, out_dir=out_dir)
-        setup = build(cfg)
-        prompts, skipped = drop_too_long(prompts, setup, cfg)
-        info = run_info(cfg, setup)
-        info["skipped_prompts"] = skipped
-        if cfg.warmup:
-            warm_up([*setup.methods.values(), setup.baseline], prompts[0], cfg, setup.tokenizer)
+    info = run_info(cfg)
+    saved: list[dict] = []  # the rows of the last save: what a failure leaves behind
 
-        def save(rows: list[dict], complete: bool = False) -> dict:
-            summary = summarize(rows, method_names or [BASELINE], info, greedy)
-            summary["complete"] = complete
-            write_local_results(out_dir, rows, summary)
-            return summary
+    def save(rows: list[dict], complete: bool = False, error: str | None = None) -> dict:
+        saved[:] = rows
+        summary = summarize(rows, method_names or [BASELINE], info, greedy)
+        summary["complete"] = complete
+        if error is not None:
+            summary["error"] = error  # how the run ended early; a sweep marks the job failed
+        write_local_results(out_dir, rows, summary)
+        return summary
 
-        rows = measure(setup, prompts, cfg, on_batch=save)
+    # A SIGTERM (Slurm, `timeout`) raises here like any failure: partial results are saved with
+    # complete=false and the error, the tracker closes its run as failed, the exit status is non-zero.
+    with tracker, sigterm_raises():
+        try:
+            tracker.start(config, name=job_name, group=lg.group or sweep_group, out_dir=out_dir)
+            setup = build(cfg)
+            prompts, skipped = drop_too_long(prompts, setup, cfg)
+            info.update(run_info(cfg, setup), skipped_prompts=skipped)
+            if cfg.warmup:
+                warm_up([*setup.methods.values(), setup.baseline], prompts[0], cfg, setup.tokenizer)
+            rows = measure(setup, prompts, cfg, on_batch=save)
+        except BaseException as exc:  # every way out, Ctrl-C and SIGTERM included; re-raised below
+            try:
+                partial = save(list(saved), error=f"{type(exc).__name__}: {exc}".removesuffix(": "))
+            except OSError as write_error:  # a full disk: the last batch's files are what is left
+                log.warning("could not record the failure in %s (%s)", out_dir, write_error)
+            else:
+                tracker.log_summary(partial, saved, {})
+            raise
         summary = save(rows, complete=True)
         plots = _plots(summary, out_dir) if cfg.plots else {}
         table = format_table(summary)

@@ -29,8 +29,14 @@ Definitions (DESIGN.md's vocabulary), for a group of prompts (a category, or all
   bookkeeping, so measured below predicted means time goes outside drafting and scoring.
 - matches_baseline (greedy only): the fraction of prompts whose output tokens equal the baseline's.
 
+- ttft_s = the mean over prompts of each prompt's time to first token (its mean over turns for a
+  multi-turn prompt). A latency: with batches every row of a batch has the batch's TTFT.
+- reused_cache_tokens = prompt tokens taken from a previous turn's KV cache instead of prefilled; the
+  run's policy (`cache_reuse` in summary.json: across_turns or none) holds for every method alike.
+
 Timings are per prompt at batch_size 1; with larger batches each row carries an equal share of its
-batch's times (see `experiment.py`), so per-category figures are approximate there, totals exact.
+batch's wall, draft and verify times (see `experiment.py`), so per-category figures are approximate
+there, totals exact.
 """
 
 from __future__ import annotations
@@ -105,6 +111,7 @@ def metrics(rows: list[dict], base_rows: list[dict], greedy: bool) -> dict:
         "mean_accepted_length": _ratio(t["emitted"], t["steps"]),
         "per_position_acceptance": per_position,
         "ttft_s": t["ttft_s"],
+        "reused_cache_tokens": sum(r.get("reused_cache_tokens", 0) for r in rows),
         "steps": t["steps"],
         "proposed": t["proposed"],
         "accepted": t["accepted"],
@@ -114,7 +121,9 @@ def metrics(rows: list[dict], base_rows: list[dict], greedy: bool) -> dict:
         "c": _ratio(_ratio(t["draft_s"], t["proposed"]), t_base) if drafting else float("nan"),
         "verify_cost": _ratio(t_verify, t_base),
         "expected_tokens_per_step": expected,
-        "predicted_speedup": _ratio(expected * t_base, t_draft + t_verify) if drafting else 1.0,
+        # plain decoding predicts itself (1.0), once it has run at all
+        "predicted_speedup": _ratio(expected * t_base, t_draft + t_verify) if drafting else
+        (1.0 if rows else float("nan")),
     }
     if unknown is not None:
         out.update(c=unknown, expected_tokens_per_step=unknown, predicted_speedup=unknown)
@@ -237,8 +246,10 @@ def format_comparison(summary: dict) -> str:
     tokens/s, speedup over the shared baseline, tau, alpha, measured / predicted speedup; then the
     ratios of each specdec method's tokens/s to each `hf_*` anchor's."""
     methods = summary["methods"]
-    lines = ["| method | tok/s | speedup | per-prompt median (min-max) | tau | alpha | predicted | "
-             "measured/predicted | lossless |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lines = [_cache_policy(summary), "",
+             "| method | tok/s | speedup | per-prompt median (min-max) | tau | alpha | predicted | "
+             "measured/predicted | reused cache tokens | lossless |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for name, block in methods.items():
         m = block[OVERALL]
         ratio = _ratio(m["speedup"], m["predicted_speedup"]) if m["proposed"] else float("nan")
@@ -247,7 +258,7 @@ def format_comparison(summary: dict) -> str:
         lines.append(f"| {name} | {_fmt(m['tokens_per_s'], '.1f')} | {_fmt(m['speedup'], '.2f', 'x')} | {spread} | "
                      f"{_fmt(m['mean_accepted_length'], '.2f')} | {_fmt(m['acceptance_rate'], '.2f')} | "
                      f"{_fmt(m['predicted_speedup'], '.2f', 'x')} | {_fmt(ratio, '.2f')} | "
-                     f"{'yes' if block['lossless'] else 'no (lossy)'} |")
+                     f"{m.get('reused_cache_tokens', '-')} | {'yes' if block['lossless'] else 'no (lossy)'} |")
     anchors = [n for n in methods if n.startswith("hf_")]
     ours = [n for n in methods if not n.startswith("hf_")]
     if anchors:
@@ -258,6 +269,18 @@ def format_comparison(summary: dict) -> str:
             cells = [_fmt(_ratio(tps, methods[a][OVERALL]["tokens_per_s"]), ".2f", "x") for a in anchors]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _cache_policy(summary: dict) -> str:
+    """The line that says how every method in the table treated a conversation's earlier turns."""
+    policy = summary.get("cache_reuse")
+    if policy == "across_turns":
+        return "Cache reuse: every method continues a conversation from its previous turn's KV cache."
+    if policy == "none":
+        blocked = ", ".join(summary.get("cache_reuse_blocked_by") or []) or "a method in the run"
+        return (f"Cache reuse: none; every method prefills each turn's whole conversation, since {blocked} "
+                "cannot continue a cache.")
+    return "Cache reuse: not recorded."
 
 
 # ---------------------------------------------------------------- plots

@@ -6,6 +6,18 @@ and writes there `sweep_summary.csv` and `sweep_summary.png`. It works for any l
 joblib, submitit) because it reads only files. While the jobs of the basic launcher run in this
 process it also shows a progress bar over jobs (quiet when stderr is not a terminal).
 
+Every job has a line, with a `status`:
+
+- complete:        summary.json says `complete: true`
+- failed:          the job raised (an error, Ctrl-C, SIGTERM); summary.json holds the partial results
+                   and the `error`
+- incomplete:      summary.json says `complete: false` and holds no error: the job is still running,
+                   or was killed without a chance to say so (SIGKILL, out of memory)
+- missing summary: no summary.json: the job failed before its first results (a bad value, a model
+                   that does not load), or never started. With the basic sweeper the jobs the sweep
+                   should have run are listed from `multirun.yaml`, so one with no folder at all is
+                   still a line.
+
 If a job failed, Hydra stops before the callback's turn; rebuild the summary from what is there with
 
     python -m specdec.sweep multirun/<sweep folder>
@@ -31,6 +43,8 @@ PLOT_NAME = "sweep_summary.png"
 METRICS = ("speedup", "mean_accepted_length", "acceptance_rate", "predicted_speedup", "c",
            "tokens_per_s", "baseline_tokens_per_s", "matches_baseline", "ttft_s", "num_prompts",
            "method", "verifier", "lossless", "complete")
+COMPLETE, FAILED, INCOMPLETE, MISSING = "complete", "failed", "incomplete", "missing summary"
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
 _job_bar: Any = None  # the progress bar over jobs; lives only in the process that launched the sweep
 
@@ -72,28 +86,78 @@ def _read_overrides(job_dir: Path) -> dict[str, str]:
     return {key.lstrip("+~"): value for key, value in pairs}
 
 
-def collect(sweep_dir: Path, keys: list[str] | None = None) -> tuple[list[str], list[dict]]:
-    """One row per job folder holding a summary.json: its swept values and headline metrics.
-    Without `keys`, the swept parameters are the overrides whose values differ between jobs."""
+def _expected_jobs(sweep_dir: Path) -> dict[str, dict[str, str]]:
+    """{job folder: its overrides} for every job the sweep launches, from its `multirun.yaml`; empty
+    when that cannot be known (another sweeper, a custom `hydra.sweep.subdir`, no multirun.yaml)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    path = sweep_dir / "multirun.yaml"
+    if not path.is_file():
+        return {}
+    hydra_cfg = OmegaConf.load(path).hydra
+    if OmegaConf.select(hydra_cfg, "sweeper._target_") != BASIC_SWEEPER or \
+            OmegaConf.to_container(hydra_cfg.sweep)["subdir"] != "${hydra.job.num}":
+        return {}
+    params = hydra_cfg.sweeper.get("params")
+    params = OmegaConf.to_container(params) if params is not None else {}
+    task = [*(f"{k}={v}" for k, v in params.items()), *OmegaConf.to_container(hydra_cfg.overrides.task)]
+    try:
+        batches = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(task), None)
+    except HydraException as exc:  # an override this parser cannot expand without the app's config
+        log.warning("cannot list the jobs of %s from multirun.yaml (%s); listing job folders only",
+                    sweep_dir, exc)
+        return {}
+    jobs = [job for batch in batches for job in batch]
+    return {str(num): dict(o.lstrip("+~").split("=", 1) for o in job if "=" in o)
+            for num, job in enumerate(jobs)}
+
+
+def _read_summary(job_dir: Path) -> tuple[dict | None, str | None]:
+    """(summary.json, None), or (None, why not) when it is absent or unreadable."""
     import json
 
-    jobs = []
-    for summary_path in sorted(Path(sweep_dir).glob("**/summary.json")):
-        job_dir = summary_path.parent
-        if ".submitit" in job_dir.parts:
-            continue
-        summary = json.loads(summary_path.read_text(encoding="utf-8"))
-        jobs.append((job_dir, _read_overrides(job_dir), summary))
+    path = job_dir / "summary.json"
+    if not path.is_file():
+        return None, None
+    try:
+        return json.loads(path.read_text(encoding="utf-8")), None
+    except (OSError, ValueError) as exc:
+        return None, f"unreadable summary.json: {exc}"
+
+
+def job_status(summary: dict | None) -> str:
+    """complete / failed / incomplete / missing summary: see the module docstring."""
+    if summary is None:
+        return MISSING
+    if summary.get("complete"):
+        return COMPLETE
+    return FAILED if summary.get("error") else INCOMPLETE
+
+
+def collect(sweep_dir: Path, keys: list[str] | None = None) -> tuple[list[str], list[dict]]:
+    """One row per job: its folder, swept values, status (and error) and headline metrics. The jobs are
+    the folders holding `.hydra/overrides.yaml` or `summary.json`, plus those `multirun.yaml` says the
+    sweep launches. Without `keys`, the swept parameters are the overrides whose values differ."""
+    sweep_dir = Path(sweep_dir)
+    markers = [*sweep_dir.glob("**/.hydra/overrides.yaml"), *sweep_dir.glob("**/summary.json")]
+    found = {(p.parent.parent if p.parent.name == ".hydra" else p.parent) for p in markers}
+    jobs = {str(d.relative_to(sweep_dir)): _read_overrides(d) for d in found if ".submitit" not in d.parts}
+    for job, overrides in _expected_jobs(sweep_dir).items():
+        jobs[job] = jobs.get(job) or overrides
     if keys is None:
-        all_keys = dict.fromkeys(k for _, o, _ in jobs for k in o)
-        keys = [k for k in all_keys if len({o.get(k) for _, o, _ in jobs}) > 1]
+        all_keys = dict.fromkeys(k for o in jobs.values() for k in o)
+        keys = [k for k in all_keys if len({o.get(k) for o in jobs.values()}) > 1]
     rows = []
-    for job_dir, overrides, summary in jobs:
-        row: dict[str, Any] = {"job": str(job_dir.relative_to(sweep_dir))}
-        row.update({k: overrides.get(k) for k in keys})
-        row.update({m: summary.get(m) for m in METRICS})
+    for job in sorted(jobs, key=_job_order):
+        summary, problem = _read_summary(sweep_dir / job)
+        row: dict[str, Any] = {"job": job}
+        row.update({k: jobs[job].get(k) for k in keys})
+        row["status"] = job_status(summary)
+        row["error"] = (summary or {}).get("error") or problem
+        row.update({m: (summary or {}).get(m) for m in METRICS})
         rows.append(row)
-    rows.sort(key=lambda r: _job_order(r["job"]))
     return keys, rows
 
 
@@ -162,10 +226,12 @@ def summarize_sweep(sweep_dir: str | Path, keys: list[str] | None = None) -> tup
     sweep_dir = Path(sweep_dir)
     keys, rows = collect(sweep_dir, keys)
     if not rows:
-        raise FileNotFoundError(f"no job summary.json under {sweep_dir}")
+        raise FileNotFoundError(f"no jobs under {sweep_dir}: no job folder (with .hydra/overrides.yaml or "
+                                "summary.json) and no multirun.yaml; pass the folder of a multirun")
     csv_path = write_csv(rows, sweep_dir / CSV_NAME)
+    measured = [r for r in rows if r["status"] != MISSING]
     try:
-        png_path = plot(keys, rows, sweep_dir / PLOT_NAME)
+        png_path = plot(keys, measured, sweep_dir / PLOT_NAME) if measured else None
     except Exception as exc:  # the CSV is the result; a plot failure must not hide it
         log.warning("sweep plot failed (%s: %s); %s is written", type(exc).__name__, exc, csv_path)
         png_path = None
@@ -173,15 +239,21 @@ def summarize_sweep(sweep_dir: str | Path, keys: list[str] | None = None) -> tup
 
 
 def format_rows(keys: list[str], rows: list[dict]) -> str:
-    """A short markdown table of the sweep, printed at its end."""
-    head = [*keys, "speedup", "tau", "alpha", "predicted"]
+    """A short markdown table of the sweep, printed at its end: a job that is not complete says so
+    (its status, and its error if it has one), and a line under the table counts each status."""
+    head = ["job", *keys, "status", "speedup", "tau", "alpha", "predicted"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in rows:
-        cells = [str(r[k]) for k in keys]
+        status = r["status"] if r["status"] == COMPLETE else f"**{r['status']}**"
+        if r.get("error"):
+            status += f" ({r['error']})".replace("|", "/")
+        cells = [str(r["job"]), *(str(r[k]) for k in keys), status]
         for m in ("speedup", "mean_accepted_length", "acceptance_rate", "predicted_speedup"):
             x = _as_number(r.get(m))
             cells.append("-" if x is None or math.isnan(x) else f"{x:.2f}")
         lines.append("| " + " | ".join(cells) + " |")
+    counts = {s: sum(r["status"] == s for r in rows) for s in (COMPLETE, FAILED, INCOMPLETE, MISSING)}
+    lines += ["", f"{len(rows)} jobs: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n)]
     return "\n".join(lines)
 
 
@@ -221,8 +293,9 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if not args:
         raise SystemExit("usage: python -m specdec.sweep <multirun folder> [swept key ...]")
-    csv_path, png_path = summarize_sweep(args[0], args[1:] or None)
-    print(f"wrote {csv_path}" + (f" and {png_path}" if png_path else ""))
+    keys, rows = collect(Path(args[0]), args[1:] or None)
+    csv_path, png_path = summarize_sweep(args[0], keys)
+    print(f"{format_rows(keys, rows)}\nwrote {csv_path}" + (f" and {png_path}" if png_path else ""))
 
 
 if __name__ == "__main__":

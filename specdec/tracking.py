@@ -9,6 +9,9 @@ An experiment's results must survive whatever happens to the tracker, so the two
   W&B may lose a run, the run never loses its results.
 - `read_offline_summary` reads the summary of an offline run back, so tests can check that W&B saw
   what `summary.json` holds.
+- `sigterm_raises` turns SIGTERM (what Slurm, `timeout` and `kill` send) into a `Terminated` exception,
+  so a killed job takes the same way out as a crashed one: partial results saved with
+  `complete: false`, the W&B run finished as failed, a non-zero exit status (143, as for a SIGTERM).
 
 W&B facts this relies on (wandb 0.31): `reinit="create_new"` gives every job its own run even when
 Hydra runs many jobs in one process; an offline run writes `offline-run-*/run-*.wandb` and no
@@ -21,9 +24,12 @@ import json
 import logging
 import math
 import os
+import signal
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -83,6 +89,50 @@ def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+class Terminated(SystemExit):
+    """A signal asked the process to stop. A SystemExit, so that nothing that catches `Exception` swallows
+    it and the process exits with status 128 + the signal's number, as the default action would."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.signal_name = signal.Signals(signum).name
+
+    def __str__(self) -> str:
+        return f"received {self.signal_name}"
+
+
+@contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Inside the block, SIGTERM raises `Terminated` in the main thread (once: a repeated SIGTERM is
+    ignored while the exception unwinds and saves). Outside the main thread, where Python cannot set
+    signal handlers, it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        signal.signal(signum, signal.SIG_IGN)
+        raise Terminated(signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def exit_code_of(exc: BaseException | None) -> int:
+    """The exit status a run ends with, as the process would report it: 0 without an exception, a
+    SystemExit's own status, 130 for Ctrl-C (128 + SIGINT), else 1."""
+    if exc is None:
+        return 0
+    if isinstance(exc, SystemExit):
+        return exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    if isinstance(exc, KeyboardInterrupt):
+        return 128 + signal.SIGINT
+    return 1
+
+
 class Tracker:
     """The no-op tracker (`logger=none`) and the interface every tracker keeps."""
 
@@ -95,8 +145,8 @@ class Tracker:
     def log_summary(self, summary: dict, rows: list[dict], plots: dict[str, Path]) -> None:
         """The run's aggregate metrics, a table of the rows, and plots saved as image files."""
 
-    def finish(self, failed: bool = False) -> None:
-        pass
+    def finish(self, exit_code: int = 0) -> None:
+        """Close the run; a non-zero `exit_code` marks it failed."""
 
     @property
     def run_dir(self) -> Path | None:
@@ -109,7 +159,7 @@ class Tracker:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.finish(failed=exc is not None)  # returns None: the exception, if any, propagates
+        self.finish(exit_code_of(exc))  # returns None: the exception, if any, propagates
 
 
 class WandbTracker(Tracker):
@@ -205,11 +255,11 @@ class WandbTracker(Tracker):
         except Exception as exc:
             self._fail("log_summary", exc)
 
-    def finish(self, failed: bool = False) -> None:
+    def finish(self, exit_code: int = 0) -> None:
         if self._run is None:
             return
         try:
-            self._run.finish(exit_code=1 if failed else 0)
+            self._run.finish(exit_code=exit_code)
         except Exception as exc:
             self._fail("finish", exc)
         self._run = None

@@ -8,15 +8,22 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 
 from specdec import experiment
-from specdec.data import build_turn_input
-from specdec.report import expected_tokens_per_step, format_table, metrics, summarize
-from specdec.tracking import flatten, read_offline_summary
+from specdec.data import Prompt, build_turn_input
+from specdec.decoding import Generation
+from specdec.metrics import GenerationStats, RowStats
+from specdec.report import expected_tokens_per_step, format_table, metrics, summarize, totals
+from specdec.tracking import Terminated, flatten, inspect_offline_run, read_offline_summary
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 FAST = ["target=tiny_random", "draft=tiny_random", "logger=none", "data.limit=1",
@@ -172,7 +179,85 @@ def test_partial_results_survive_a_crash(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="boom"):
         _run(tmp_path)
     assert len(_rows(tmp_path / "run")) == 2  # the first prompt, both methods
-    assert json.loads((tmp_path / "run" / "summary.json").read_text())["complete"] is False
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["complete"] is False and summary["error"] == "RuntimeError: boom"
+    assert summary["num_prompts"] == 1
+
+
+# ---------------------------------------------------------------- what each number means
+
+
+class FixedTimes:
+    """A decoder whose generations report set times, so that what run_batch records can be checked by
+    hand. Turn t of a batch of n rows: TTFT ttfts[t], wall 1.0 * (t + 1), row j finished at (j + 1) / n
+    of it; two new tokens per row."""
+
+    k, max_len = 0, 0
+
+    def __init__(self, ttfts: list[float]):
+        self.ttfts, self.turn = ttfts, 0
+
+    def generate(self, prompts, max_new_tokens, past=None, **sampling):
+        n, wall = len(prompts), 1.0 * (self.turn + 1)
+        rows = [RowStats(new_tokens=2, steps=1, emitted=1, wall_s=wall * (j + 1) / n) for j in range(n)]
+        stats = GenerationStats(rows=rows, ttft_s=self.ttfts[self.turn], wall_s=wall, verify_s=wall / 2)
+        self.turn += 1
+        return Generation([[7, 8]] * n, [list(p) for p in prompts], stats, state=None, texts=["x y"] * n)
+
+
+def test_ttft_is_a_latency_each_row_of_a_batch_shares(tmp_path):
+    cfg = _cfg(*FAST)
+    tokenizer = experiment.build(cfg).tokenizer
+    batch = [Prompt(str(i), "qa", ("a question",)) for i in range(3)]
+    rows = experiment.run_batch(FixedTimes([0.3]), "baseline", batch, cfg, 0, tokenizer)
+    # every row's first token came at the end of the batch's prefill, 0.3 s in
+    assert [r["ttft_s"] for r in rows] == [0.3, 0.3, 0.3]
+    assert totals(rows)["ttft_s"] == pytest.approx(0.3)
+    # wall time is a share of the batch (the three add up to its 1.0 s); latency is each row's own
+    assert [r["wall_s"] for r in rows] == pytest.approx([1 / 3] * 3)
+    assert [r["latency_s"] for r in rows] == pytest.approx([1 / 3, 2 / 3, 1.0])
+    # two turns: TTFT 0.2 s then 0.4 s; a prompt's TTFT is the mean over its turns
+    chats = [Prompt(str(i), "conversation", ("first", "second")) for i in range(2)]
+    rows = experiment.run_batch(FixedTimes([0.2, 0.4]), "baseline", chats, cfg, 0, tokenizer)
+    assert [r["ttft_s"] for r in rows] == pytest.approx([0.3, 0.3])
+    assert [r["wall_s"] for r in rows] == pytest.approx([(1.0 + 2.0) / 2] * 2)
+
+
+@pytest.mark.parametrize(("method", "k"), [("hf_assisted", 3), ("hf_prompt_lookup", 5), ("draft", 2),
+                                           ("hf_generate", 0), ("autoregressive", 0)])
+def test_summary_records_the_k_of_every_drafting_method(method, k):
+    cfg = _cfg(f"method={method}", *([f"method.num_speculative_tokens={k}"] if k else []))
+    info = experiment.run_info(cfg)
+    assert info["num_speculative_tokens"] == k
+    rows = [_row("autoregressive"), _row(method)]
+    table = format_table(summarize(rows, method, info, greedy=True))
+    assert (f", k={k}," in table) == (method != "autoregressive")
+
+
+def _turns_reused(rows: list[dict], method: str) -> list[int]:
+    return [o["reused_cache_tokens"] for r in rows if r["method"] == method for o in r["turn_outputs"]]
+
+
+def test_anchors_and_specdec_share_one_cache_policy(tmp_path):
+    conversation = ["data.categories=[conversation]", "generation.max_new_tokens=6"]
+    # hf_generate can continue a conversation's cache: every method does
+    reuse = _run(tmp_path, *conversation, "+method@compare.hf_generate=hf_generate", name="reuse")
+    assert reuse.summary["cache_reuse"] == "across_turns"
+    for method in ("draft", "autoregressive", "hf_generate"):
+        first, second = _turns_reused(reuse.rows, method)
+        assert first == 0 and second > 0, method
+        block = reuse.summary["methods"][method]
+        assert block["overall"]["reused_cache_tokens"] == second and block["overall"]["matches_baseline"] == 1.0
+    assert "Cache reuse: every method continues" in reuse.table
+    # prompt lookup cannot (transformers' assisted decoding): then no method does
+    fresh = _run(tmp_path, *conversation, "+method@compare.hf_prompt_lookup=hf_prompt_lookup", name="fresh")
+    s = fresh.summary
+    assert s["cache_reuse"] == "none" and s["cache_reuse_blocked_by"] == ["hf_prompt_lookup"]
+    assert all(n == 0 for m in ("draft", "autoregressive", "hf_prompt_lookup") for n in _turns_reused(fresh.rows, m))
+    assert s["methods"]["draft"]["overall"]["matches_baseline"] == 1.0
+    assert "Cache reuse: none; every method prefills each turn's whole conversation, since hf_prompt_lookup" \
+        in fresh.table
+    assert json.loads((tmp_path / "fresh" / "summary.json").read_text())["cache_reuse"] == "none"
 
 
 # ---------------------------------------------------------------- W&B
@@ -215,6 +300,57 @@ def test_failing_wandb_loses_no_local_result(tmp_path, wandb_env, monkeypatch, c
     assert "W&B failed" in caplog.text and "wandb is down" in caplog.text
     assert len(_rows(tmp_path / "run")) == 12
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["speedup"] == result.summary["speedup"]
+
+
+def test_sigterm_mid_run_saves_the_results_and_fails_the_wandb_run(tmp_path, wandb_env, monkeypatch):
+    real, calls = experiment.run_batch, []
+
+    def sigterm_on_third(*args):
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args)
+
+    monkeypatch.setattr(experiment, "run_batch", sigterm_on_third)
+    previous = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Terminated) as raised:
+        _run(tmp_path, "logger=wandb")
+    assert raised.value.code == 128 + signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) is previous  # the handler is the run's only
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["complete"] is False and summary["error"] == "Terminated: received SIGTERM"
+    assert len(_rows(tmp_path / "run")) == 2  # the first prompt, both methods; the third batch never ended
+    run = inspect_offline_run(next((tmp_path / "run" / "wandb").glob("offline-run-*")))
+    assert run["state"] == "failed" and run["exit_code"] == 128 + signal.SIGTERM
+    assert run["summary"]["error"] == summary["error"] and run["summary"]["num_prompts"] == 1
+
+
+@pytest.mark.slow
+def test_sigterm_from_outside_ends_the_process_as_killed(tmp_path, wandb_env):
+    # what Slurm and `timeout` send: the job stops at once, as a failure, with what it had measured
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(CONF.parent), "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
+    args = [*FAST, "logger=wandb", "data.limit=null", "generation.max_new_tokens=128", "threads=1",
+            f"hydra.run.dir={out}"]
+    proc = subprocess.Popen([sys.executable, "-m", "specdec", *args], cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "results.jsonl").exists():  # the first batch is measured: 36 prompts to go
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["complete"] is False and summary["error"] == "Terminated: received SIGTERM"
+    rows = _rows(out)
+    assert 2 <= len(rows) < 72 and summary["num_prompts"] == len(rows) // 2
+    run = inspect_offline_run(next((out / "wandb").glob("offline-run-*")))
+    assert run["state"] == "failed" and run["exit_code"] == 128 + signal.SIGTERM
+    assert run["summary"]["error"] == summary["error"] and run["summary"]["complete"] is False
 
 
 # ---------------------------------------------------------------- summary arithmetic

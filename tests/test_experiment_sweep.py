@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec.sweep import collect, summarize_sweep, swept_keys
+from specdec.sweep import collect, main, summarize_sweep, swept_keys
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["experiment=tiny_smoke", "data.limit=1", "data.categories=[qa,rag]", "generation.max_new_tokens=4",
@@ -40,6 +40,7 @@ def test_two_point_multirun_writes_sweep_summary_and_plot(tmp_path):
     proc = _specdec(tmp_path, "-m", *TINY, "method.num_speculative_tokens=1,3", f"hydra.sweep.dir={sweep}")
     rows = _csv(sweep / "sweep_summary.csv")
     assert [r["method.num_speculative_tokens"] for r in rows] == ["1", "3"]
+    assert [r["status"] for r in rows] == ["complete", "complete"]
     for row, job in zip(rows, ("0", "1")):
         summary = json.loads((sweep / job / "summary.json").read_text())
         assert row["job"] == job
@@ -102,6 +103,47 @@ def test_swept_keys_and_rebuilding_a_summary(tmp_path):
     assert [r["speedup"] for r in rows] == [1.5, 2.0]
     csv_path, png_path = summarize_sweep(tmp_path)
     assert _csv(csv_path)[1]["method.num_speculative_tokens"] == "4" and png_path.is_file()
+
+
+def _job(sweep: Path, job: str, k: int, summary: dict | None) -> None:
+    (sweep / job / ".hydra").mkdir(parents=True)
+    (sweep / job / ".hydra" / "overrides.yaml").write_text(f"- method.num_speculative_tokens={k}\n- seed=0\n")
+    if summary is not None:
+        (sweep / job / "summary.json").write_text(json.dumps(summary))
+
+
+def test_every_job_has_a_row_that_says_how_it_ended(tmp_path, capsys):
+    from omegaconf import OmegaConf
+
+    sweep = tmp_path / "sweep"
+    _job(sweep, "0", 1, {"speedup": 1.5, "complete": True})
+    _job(sweep, "1", 2, {"speedup": 1.2, "complete": False, "error": "Terminated: received SIGTERM"})
+    _job(sweep, "2", 3, {"speedup": 1.1, "complete": False})  # killed -9, or still running
+    _job(sweep, "3", 4, None)  # failed before its first results (a bad value, a model that does not load)
+    # job 4 has no folder at all, but the sweep's multirun.yaml says it was to run
+    OmegaConf.save({"hydra": {"sweep": {"dir": str(sweep), "subdir": "${hydra.job.num}"},
+                              "sweeper": {"_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
+                                          "params": None},
+                              "overrides": {"task": ["method.num_speculative_tokens=1,2,3,4,5", "seed=0"]}}},
+                   sweep / "multirun.yaml")
+    main([str(sweep)])
+    printed = capsys.readouterr().out
+    rows = _csv(sweep / "sweep_summary.csv")
+    assert [(r["job"], r["method.num_speculative_tokens"], r["status"]) for r in rows] == [
+        ("0", "1", "complete"), ("1", "2", "failed"), ("2", "3", "incomplete"), ("3", "4", "missing summary"),
+        ("4", "5", "missing summary")]
+    assert rows[1]["error"] == "Terminated: received SIGTERM" and rows[1]["speedup"] == "1.2"
+    assert rows[3]["speedup"] == rows[4]["speedup"] == ""
+    assert "| 0 | 1 | complete | 1.50 |" in printed
+    assert "| 1 | 2 | **failed** (Terminated: received SIGTERM) | 1.20 |" in printed
+    assert "| 2 | 3 | **incomplete** | 1.10 |" in printed and "| 4 | 5 | **missing summary** | - |" in printed
+    assert "5 jobs: 1 complete, 1 failed, 1 incomplete, 2 missing summary" in printed
+    assert (sweep / "sweep_summary.png").is_file()  # drawn from the jobs that have numbers
+
+
+def test_a_folder_with_no_job_says_so(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no jobs under"):
+        summarize_sweep(tmp_path)
 
 
 def test_submitit_local_launcher_runs_a_job(tmp_path, request):

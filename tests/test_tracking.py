@@ -5,18 +5,23 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from specdec.tracking import (
+    Terminated,
     Tracker,
     WandbTracker,
     flatten,
     inspect_offline_run,
     make_tracker,
     read_offline_summary,
+    sigterm_raises,
     write_local_results,
 )
 
@@ -182,14 +187,18 @@ def test_context_manager_marks_failure_and_reraises(wandb_env: Path) -> None:
     finished = []
 
     class Spy(Tracker):
-        def finish(self, failed: bool = False) -> None:
-            finished.append(failed)
+        def finish(self, exit_code: int = 0) -> None:
+            finished.append(exit_code)
 
     with pytest.raises(KeyError), Spy():
         raise KeyError("boom")
     with Spy():
         pass
-    assert finished == [True, False]
+    with pytest.raises(Terminated), Spy():
+        raise Terminated(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt), Spy():
+        raise KeyboardInterrupt
+    assert finished == [1, 0, 143, 130]
 
     with pytest.raises(KeyError), WandbTracker(project="specdec-test") as tracker:
         tracker.start({}, "job", None, wandb_env / "job")
@@ -205,3 +214,33 @@ def test_missing_plot_keeps_the_summary(wandb_env: Path, caplog: pytest.LogCaptu
     assert "during log_summary" in caplog.text
     assert tracker.run_dir is not None
     assert read_offline_summary(tracker.run_dir)["draft/overall/speedup"] == 1.4
+
+
+def test_sigterm_raises_once_inside_the_block_only() -> None:
+    previous = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Terminated) as raised, sigterm_raises():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # not reached: the handler raises as soon as the signal is taken
+    assert raised.value.code == 143 and str(raised.value) == "received SIGTERM"
+    assert signal.getsignal(signal.SIGTERM) is previous
+
+    with sigterm_raises():  # a second SIGTERM while the first unwinds (and saves) is ignored
+        with pytest.raises(Terminated):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+    assert signal.getsignal(signal.SIGTERM) is previous
+
+
+def test_sigterm_raises_is_a_no_op_outside_the_main_thread() -> None:
+    seen = []
+
+    def body() -> None:
+        with sigterm_raises():  # signal.signal would raise ValueError here
+            seen.append(signal.getsignal(signal.SIGTERM))
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join()
+    assert seen == [signal.getsignal(signal.SIGTERM)]
