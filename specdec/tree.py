@@ -120,6 +120,13 @@ class TreeProposal(Proposal):
 
     tree: TokenTree | None = None
 
+    @property
+    def depths(self) -> list[int]:
+        """Per row, the depth of its tree (the longest path it could accept); on the host."""
+        real = torch.arange(self.tree.num_nodes, device=self.tokens.device)[None, :] < torch.tensor(
+            self.tree.lengths, device=self.tokens.device)[:, None]
+        return torch.where(real, self.tree.depth, 0).amax(1).tolist() if self.tree.num_nodes else [0] * len(self.lengths)
+
     def __post_init__(self):
         if self.tree is None:
             raise ValueError("TreeProposal needs its tree (TokenTree.build or StaticTree.expand)")

@@ -150,6 +150,29 @@ class TreeSamplingVerifier:
         return TreeVerification(_emitted(proposal, path, accepted, last), accepted, path)
 
 
-def make_tree_verifier(params: SamplingParams):
-    """Greedy at temperature 0, recursive rejection sampling otherwise."""
-    return TreeGreedyVerifier() if params.greedy else TreeSamplingVerifier()
+
+
+class TreeVerifier:
+    """What the decoding loop uses for a proposer that drafts trees: a `TreeProposal` goes to the
+    tree rule, a plain `Proposal` (the prefill, a step that drafted a chain or nothing) to the
+    chain rule it generalises, which gives the same results on a chain.
+
+    chain: the chain verifier (`make_verifier`); it must be lossless, as only lossless rules have a
+           tree form here. tree: the tree rule; by default greedy for a greedy chain rule and
+           recursive rejection sampling otherwise.
+    """
+
+    lossless = True
+
+    def __init__(self, chain, tree=None):
+        if not chain.lossless:
+            raise ValueError(f"verifier={chain.name} has no tree form; methods that draft trees take "
+                             "verifier=auto, greedy or speculative_sampling")
+        self.chain = chain
+        self.tree = tree or (TreeGreedyVerifier() if chain.name == "greedy" else TreeSamplingVerifier())
+        self.name = self.tree.name
+
+    def __call__(self, logits: torch.Tensor, proposal, params: SamplingParams,
+                 generator: torch.Generator | None = None) -> Verification:
+        rule = self.tree if isinstance(proposal, TreeProposal) else self.chain
+        return rule(logits, proposal, params, generator)
