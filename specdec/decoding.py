@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -81,6 +81,9 @@ class Generation:
     lossless: bool = True
     verifier: str = "greedy"
     acceptance_measured: bool = True  # False when drafts happen out of sight (the transformers anchors)
+    # What the proposer and schedule learned or chose in this generation, for results (the hybrid's
+    # choice per step, the cost-aware policy's measured costs); only those with a `report()`.
+    reports: dict = field(default_factory=dict)
 
 
 class SpeculativeDecoder:
@@ -197,7 +200,7 @@ class SpeculativeDecoder:
             k = self.schedule.next_k(state) if self.speculative else 0
             draft_before, verify_before = draft_t.total, verify_t.total
             with draft_t:
-                proposal = self.proposer.propose(state, k)  # 1. propose
+                proposal = self.schedule.trim(state, self.proposer.propose(state, k))  # 1. propose
             with verify_t:
                 logits = self._score(state, proposal)  # 2. score
                 result = verifier(logits, proposal, sampling, state.generator)  # 3. verify
@@ -215,7 +218,10 @@ class SpeculativeDecoder:
         texts = None
         if self.tokenizer is not None:
             texts = [self.tokenizer.decode(o, skip_special_tokens=True) for o in out]
-        return Generation(out, ids, stats, state, texts, lossless=verifier.lossless, verifier=verifier.name)
+        reports = {name: r for name, r in (("proposer", _report(self.proposer)), ("schedule", self.schedule.report()))
+                   if r is not None}
+        return Generation(out, ids, stats, state, texts, lossless=verifier.lossless, verifier=verifier.name,
+                          reports=reports)
 
     def _new_state(self, ids, max_new_tokens, max_len, sampling, seed, past) -> DecodeState:
         b = len(ids)
@@ -278,6 +284,12 @@ class SpeculativeDecoder:
             if on_tokens is not None:
                 on_tokens(b, row)
         return emitted
+
+
+def _report(part) -> dict | None:
+    """A proposer's optional `report()`: what it chose or learned in the last generation."""
+    report = getattr(part, "report", None)
+    return report() if report is not None else None
 
 
 class TextStreamer:

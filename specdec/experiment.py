@@ -216,6 +216,10 @@ def run_batch(decoder: SpeculativeDecoder, role: str, batch: list[Prompt], cfg: 
             row["proposed_per_position"] = _add(row["proposed_per_position"], r.proposed_at)
             row["lossless"], row["verifier"] = out.lossless, out.verifier
             row["acceptance_measured"] = out.acceptance_measured
+            row["draft_lengths"] += r.draft_lengths  # this row's drafts per step (a policy's choice per row)
+            row["step_draft_lengths"] += s.draft_lengths  # the batch's longest per step: scored width - 1
+            if out.reports:  # what the proposer / schedule chose or learned (hybrid choices, policy costs)
+                row["reports"].append({"turn": t, **out.reports})
         past = out if reuse_cache else None
     for row in rows:
         _finish_row(row, turns, seed)
@@ -230,6 +234,7 @@ def _empty_row(prompt: Prompt, role: str) -> dict:
     for key in ("wall_s", "latency_s", "ttft_s", "draft_s", "verify_s"):
         row[key] = 0.0
     row["accepted_per_position"], row["reached_per_position"], row["proposed_per_position"] = [], [], []
+    row["draft_lengths"], row["step_draft_lengths"], row["reports"] = [], [], []
     return row
 
 

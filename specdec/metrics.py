@@ -31,9 +31,11 @@ class RowStats:
     accepted_at: list[int] = field(default_factory=list)  # [i]: steps in which draft i was accepted
     new_tokens: int = 0  # generated tokens, the prefill's first token included
     wall_s: float = 0.0  # from the start of generation until this row finished
+    draft_lengths: list[int] = field(default_factory=list)  # drafts this row offered, per step it took part in
 
     def record(self, proposed: int, accepted: int, emitted: int) -> None:
         self.steps += 1
+        self.draft_lengths.append(proposed)
         self.proposed += proposed
         self.accepted += accepted
         self.emitted += emitted

@@ -1,0 +1,373 @@
+"""When and how much to speculate: measured step costs, expected tokens, and the choice between them.
+
+Used by the cost-aware schedule (`method.schedule=cost_aware`, any proposer) and by the hybrid
+proposer (`method=hybrid`, several proposers). Both ask the same question before every step: which
+option gives the most tokens per second, plain decoding included?
+
+A step of a batch of B rows that drafts k tokens per row and scores T = 1 + (longest proposal)
+tokens per row takes
+
+    D(source, B, k) + R(B, T) seconds
+
+D: drafting (the proposer, and the policy's own bookkeeping); R: the rest of the step (the target
+pass over B x T tokens, verification, commit, the loop). Both are learned from the run's own
+clocks, per batch size (`CostModel`): scoring width is almost free at batch 1 and expensive at
+batch 16 (SmolLM2 bfloat16 on this CPU, 150-token context: T = 9 costs 1.25x T = 1 at batch 1,
+2.8x at batch 16). Row b emits E_b(l) = 1 + sum_{i<=l} prod_{j<=i} a_{b,j} tokens when it offers
+l drafts, with a_{b,j} the acceptance of draft j given the ones before it were accepted
+(`AcceptanceModel`). The plan with the highest sum_b E_b / (D + R) wins; plain decoding (k = 0,
+T = 1) is always a candidate, and a speculative plan must beat it by `margin`, so when drafting
+cannot pay the step is a plain one.
+
+Learning without losing:
+- Costs: the first step at a new batch size is a plain step (it measures R(B, 1) at no loss);
+  unmeasured widths are read off the measured ones (interpolated, extrapolated with a
+  non-negative slope, flat where nothing else is known), so an untried width looks no more
+  expensive than its neighbours and gets tried once, then measured. Each key keeps its last
+  `window` timings and uses their median: a busy machine's spikes do not steer decisions.
+- Acceptance: decayed counts per draft position, shrunk to a prior; a per-row factor for the rows
+  of the current batch (a summarization row and a QA row differ). When the policy stops drafting
+  it also stops learning acceptance, so it explores: one step with the best speculative plan
+  every `ceil(loss / explore)` plain steps, where loss is that plan's predicted shortfall, which
+  bounds the time spent exploring to about `explore` (1%).
+
+Decisions that look at proposed tokens are taken only for deterministic proposals (no q): their
+tokens are functions of the past, so shortening them keeps every verifier lossless. A proposal
+sampled from a draft model is never cut after the fact (whether a sampled draft is scored must not
+depend on the sampled tokens); its length was chosen beforehand, from the past alone.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections import deque
+from dataclasses import dataclass
+
+
+class Timings:
+    """Recent timings per integer key (a width T or a draft length k), summarised by their median.
+
+    `at(x)` for a key never observed: linear between the nearest observed keys, beyond the largest
+    along the least-squares slope of all observed keys (never negative), flat below the smallest.
+    `origin=True` adds the point (0, 0) (drafting nothing costs nothing)."""
+
+    def __init__(self, window: int = 16):
+        self.window = window
+        self.obs: dict[int, deque] = {}
+        self._medians: dict[int, float] | None = None  # cached until the next `add`
+
+    def add(self, x: int, seconds: float) -> None:
+        self.obs.setdefault(x, deque(maxlen=self.window)).append(seconds)
+        self._medians = None
+
+    def __bool__(self) -> bool:
+        return bool(self.obs)
+
+    def medians(self) -> dict[int, float]:
+        if self._medians is None:
+            self._medians = {x: statistics.median(v) for x, v in sorted(self.obs.items())}
+        return self._medians
+
+    def at(self, x: int, origin: bool = False) -> float | None:
+        pts = self.medians()
+        if origin and 0 not in pts:
+            pts = {0: 0.0, **pts}
+        if x in pts:
+            return pts[x]
+        if not pts:
+            return None
+        xs = list(pts)
+        if x < xs[0]:
+            return pts[xs[0]]
+        below = max(p for p in xs if p < x)
+        above = [p for p in xs if p > x]
+        if above:
+            hi = min(above)
+            return pts[below] + (pts[hi] - pts[below]) * (x - below) / (hi - below)
+        if len(xs) == 1:
+            return pts[below]
+        mx = sum(xs) / len(xs)
+        my = sum(pts.values()) / len(xs)
+        slope = sum((p - mx) * (pts[p] - my) for p in xs) / sum((p - mx) ** 2 for p in xs)
+        return pts[below] + max(slope, 0.0) * (x - below)
+
+
+class CostModel:
+    """Seconds of a step's parts, learned per batch size: R(B, T) the rest of a step that scores T
+    tokens per row, D(source, B, k) drafting k tokens per row with `source`."""
+
+    def __init__(self, window: int = 16):
+        self.window = window
+        self.rest: dict[int, Timings] = {}
+        self.draft: dict[tuple[str, int], Timings] = {}
+
+    def add_rest(self, b: int, t: int, seconds: float) -> None:
+        self.rest.setdefault(b, Timings(self.window)).add(t, seconds)
+
+    def add_draft(self, source: str, b: int, k: int, seconds: float) -> None:
+        if k > 0:
+            self.draft.setdefault((source, b), Timings(self.window)).add(k, seconds)
+
+    def rest_s(self, b: int, t: int) -> float | None:
+        """None when nothing was measured at batch size b."""
+        timings = self.rest.get(b)
+        return timings.at(t) if timings else None
+
+    def draft_known(self, source: str, b: int) -> bool:
+        return bool(self.draft.get((source, b)))
+
+    def draft_s(self, source: str, b: int, k: int) -> float:
+        """0 for k = 0 and while unmeasured (optimistic: the first try measures it)."""
+        timings = self.draft.get((source, b))
+        return timings.at(k, origin=True) if k > 0 and timings else 0.0
+
+    def table(self) -> dict:
+        """Medians in milliseconds, for results and studies."""
+        return {
+            "rest_ms": {b: {t: round(s * 1e3, 3) for t, s in v.medians().items()} for b, v in self.rest.items()},
+            "draft_ms": {f"{src}@{b}": {k: round(s * 1e3, 3) for k, s in v.medians().items()}
+                         for (src, b), v in self.draft.items()},
+        }
+
+
+class AcceptanceModel:
+    """How many tokens a row emits for a given number of drafts, from one proposer's history.
+
+    a_i = P(draft i accepted | drafts 1..i-1 accepted, draft i offered): decayed counts shrunk to
+    `prior` with weight `prior_weight`; the decay (per step with drafts) lets the estimate follow
+    the text. o_i = P(a row offers >= i drafts | asked for >= i): lookups often find shorter or no
+    continuations, and that is known only after proposing. Row b of the current batch multiplies
+    a_i by its own acceptance relative to the pool (shrunk with `row_weight` pseudo-observations)."""
+
+    def __init__(self, k_max: int, prior: float = 0.5, prior_weight: float = 2.0, decay: float = 0.98,
+                 row_weight: float = 4.0):
+        self.k_max, self.prior, self.prior_weight, self.decay, self.row_weight = \
+            k_max, prior, prior_weight, decay, row_weight
+        self.accepted = [0.0] * k_max
+        self.reached = [0.0] * k_max
+        self.offered = [0.0] * k_max
+        self.asked = [0.0] * k_max
+        self.rows: dict[int, list[float]] = {}  # row -> [accepted, reached] in this generation
+
+    def reset_rows(self) -> None:
+        self.rows = {}
+
+    def rates(self, row: int | None = None) -> list[float]:
+        """a_i for i = 1..k_max (for `row` of the current batch when given)."""
+        w, p = self.prior_weight, self.prior
+        pooled = [(a + p * w) / (r + w) for a, r in zip(self.accepted, self.reached)]
+        if row is None or row not in self.rows:
+            return pooled
+        mean = (sum(self.accepted) + p * w) / (sum(self.reached) + w)
+        acc, reach = self.rows[row]
+        factor = (acc + mean * self.row_weight) / (reach + self.row_weight) / mean
+        return [min(a * factor, 0.99) for a in pooled]
+
+    def offer_rates(self) -> list[float]:
+        return [(o + 1.0) / (n + 1.0) for o, n in zip(self.offered, self.asked)]
+
+    def curve(self, row: int | None = None, asked: bool = False) -> list[float]:
+        """E(l) for l = 0..k_max: expected tokens from l drafts offered (asked=True: l asked for)."""
+        out, run, total = [1.0], 1.0, 1.0
+        offers = self.offer_rates() if asked else [1.0] * self.k_max
+        for a, o in zip(self.rates(row), offers):
+            run *= a
+            total += run * o
+            out.append(total)
+        return out
+
+    def observe_offers(self, asked: int, offered: list[int]) -> None:
+        """Rows that were asked for `asked` drafts offered `offered[r]` (before any cut)."""
+        for n in offered:
+            for i in range(min(asked, self.k_max)):
+                self.asked[i] += 1.0
+                self.offered[i] += float(i < n)
+
+    def observe(self, rows: dict[int, tuple[int, int]]) -> None:
+        """One step: row -> (drafts accepted, drafts whose verdict is known). Normally reached =
+        min(accepted + 1, offered); a draft judged against tokens emitted for another proposal may
+        stop at the last emitted token with no verdict on the next (censored, not a rejection)."""
+        if not rows:
+            return
+        self.accepted = [x * self.decay for x in self.accepted]
+        self.reached = [x * self.decay for x in self.reached]
+        for b, (a, reached) in rows.items():
+            a, reached = min(a, self.k_max), min(reached, self.k_max)
+            for i in range(reached):
+                self.reached[i] += 1.0
+            for i in range(a):
+                self.accepted[i] += 1.0
+            row = self.rows.setdefault(b, [0.0, 0.0])
+            row[0] += a
+            row[1] += reached
+
+
+def verified(offered: list[int], accepted: list[int], active: list[bool]) -> dict[int, tuple[int, int]]:
+    """Per row that took part and was scored drafts: (accepted, reached = min(accepted + 1, offered))."""
+    return {b: (a, min(a + 1, n)) for b, (n, a, on) in enumerate(zip(offered, accepted, active)) if on and n > 0}
+
+
+@dataclass
+class Plan:
+    """A candidate for one step: `k` drafts per row (asked of the proposer, or kept of its proposal),
+    `tokens` expected from the batch, `seconds` predicted for the step."""
+
+    k: int
+    tokens: float
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / max(self.seconds, 1e-12)
+
+
+class Planner:
+    """The decisions: which k to ask a proposer for, how much of a deterministic proposal to keep,
+    which proposer to use (the hybrid), and when to explore. One `AcceptanceModel` per source
+    (proposer name), one `CostModel`."""
+
+    def __init__(self, k_max: int, min_k: int = 0, start: int = 1, margin: float = 0.02, explore: float = 0.01,
+                 prior: float = 0.5, prior_weight: float = 2.0, decay: float = 0.98, window: int = 16,
+                 cheap: float = 0.01):
+        if not 0 <= min_k <= k_max:
+            raise ValueError(f"min_k must be in [0, {k_max}], got {min_k}")
+        if not 1 <= start <= k_max:
+            raise ValueError(f"start must be in [1, {k_max}], got {start}")
+        if margin < 0 or not 0 <= explore < 1 or not 0 < prior < 1 or prior_weight <= 0 or not 0 < decay <= 1 \
+                or window < 1 or cheap < 0:
+            raise ValueError("need margin >= 0, 0 <= explore < 1, 0 < prior < 1, prior_weight > 0, "
+                             "0 < decay <= 1, window >= 1, cheap >= 0")
+        self.k_max, self.min_k, self.start = k_max, min_k, start
+        self.margin, self.explore, self.cheap = margin, explore, cheap
+        self.model_args = {"prior": prior, "prior_weight": prior_weight, "decay": decay}
+        self.costs = CostModel(window)
+        self.models: dict[str, AcceptanceModel] = {}
+        self.steps = 0
+        self.last_scored: dict[str, int] = {}  # source -> step at which its drafts were last judged
+
+    def model(self, source: str) -> AcceptanceModel:
+        if source not in self.models:
+            self.models[source] = AcceptanceModel(self.k_max, **self.model_args)
+        return self.models[source]
+
+    def reset_rows(self) -> None:
+        for m in self.models.values():
+            m.reset_rows()
+
+    def ready(self, b: int) -> bool:
+        """A plain step at batch size b was measured (before that, every step is plain)."""
+        return self.costs.rest_s(b, 1) is not None
+
+    def is_cheap(self, source: str, b: int) -> bool:
+        """Drafting k_max tokens costs under `cheap` of a plain step: asking for more is free."""
+        return self.ready(b) and self.costs.draft_known(source, b) and \
+            self.costs.draft_s(source, b, self.k_max) <= self.cheap * self.costs.rest_s(b, 1)
+
+    def plain(self, b: int, rows: list[int], sunk: float = 0.0) -> Plan:
+        return Plan(0, float(len(rows)), sunk + self.costs.rest_s(b, 1))
+
+    def _plans(self, source: str, b: int, rows: list[int], cap: int, draft: float, asked: bool,
+               lengths: list[int] | None = None) -> list[Plan]:
+        """Plans keeping j = 0..cap drafts per row (row r keeps min(lengths[r], j) when lengths are given)."""
+        model = self.model(source)
+        curves = [model.curve(r, asked) for r in rows]
+        caps = [lengths[r] for r in rows] if lengths is not None else [cap] * len(rows)
+        longest = max(caps, default=0)
+        rest = [self.costs.rest_s(b, 1 + min(j, longest)) for j in range(cap + 1)]
+        return [Plan(j, sum(c[min(j, n)] for c, n in zip(curves, caps)), draft + rest[j]) for j in range(cap + 1)]
+
+    def best_ask(self, source: str, b: int, rows: list[int], trimmable: bool, sunk: float = 0.0) -> Plan:
+        """The best k >= max(min_k, 1) to ask `source` for, by expected rate; a deterministic proposal
+        may still be cut to a shorter width afterwards, so asking k is worth its best width <= k."""
+        plans = []
+        for k in range(max(self.min_k, 1), self.k_max + 1):
+            widths = self._plans(source, b, rows, k, sunk + self.costs.draft_s(source, b, k), asked=True)
+            best = max(widths, key=lambda p: p.rate) if trimmable else widths[k]
+            plans.append(Plan(k, best.tokens, best.seconds))
+        return max(plans, key=lambda p: (p.rate, p.k))
+
+    def best_keep(self, source: str, b: int, rows: list[int], lengths: list[int], draft: float) -> Plan | None:
+        """The best number of drafts j >= 1 to keep of a deterministic proposal (row r keeps
+        min(lengths[r], j)); `draft` seconds were spent drafting. None when nothing was offered."""
+        cap = max((lengths[r] for r in rows), default=0)
+        if cap == 0:
+            return None
+        plans = self._plans(source, b, rows, cap, draft, asked=False, lengths=lengths)[1:]
+        floor = min(max(self.min_k, 1), cap)
+        return max((p for p in plans if p.k >= floor), key=lambda p: (p.rate, p.k))
+
+    def choose(self, options: list[tuple[str, Plan]], plain: Plan) -> tuple[str | None, Plan]:
+        """The best option; plain (None) unless a speculative one beats it by `margin` (or min_k > 0).
+        A source passed over explores once every ceil((loss + margin) / explore) steps without a
+        verdict on its drafts, loss being its predicted shortfall against the choice."""
+        options = [(s, p) for s, p in options if p is not None]
+        if not options:
+            return None, plain
+        name, best = max(options, key=lambda o: (o[1].rate, o[1].k))
+        if self.min_k == 0 and best.rate < plain.rate * (1 + self.margin):
+            name, best = None, plain
+        if self.explore > 0:
+            for source, plan in options:
+                if source == name:
+                    continue
+                loss = max(1.0 - plan.rate / max(best.rate, 1e-12), 0.0)
+                if self.steps - self.last_scored.get(source, 0) >= math.ceil((loss + self.margin) / self.explore):
+                    return source, plan
+        return name, best
+
+    def ask(self, source: str, b: int, rows: list[int], trimmable: bool) -> Plan:
+        """How many drafts to ask `source` for, 0 for a plain step. A cheap proposer is asked for
+        k_max (the cut after proposing decides); a costly one for its best k if that beats plain."""
+        if not rows or not self.ready(b):  # a first step at this batch size: plain measures it
+            return Plan(self.min_k, 0.0, 0.0)
+        if not self.costs.draft_known(source, b):
+            return Plan(max(self.start, self.min_k), 0.0, 0.0)
+        if trimmable and self.is_cheap(source, b):
+            return Plan(self.k_max, 0.0, 0.0)
+        return self.choose([(source, self.best_ask(source, b, rows, trimmable))], self.plain(b, rows))[1]
+
+    def keep(self, source: str, b: int, rows: list[int], lengths: list[int], asked: int) -> Plan:
+        """How many drafts of a deterministic proposal to keep per row, 0 for a plain step."""
+        if not self.ready(b):
+            return Plan(max((lengths[r] for r in rows), default=0), 0.0, 0.0)
+        draft = self.costs.draft_s(source, b, asked)
+        best = self.best_keep(source, b, rows, lengths, draft)
+        return self.choose([(source, best)], self.plain(b, rows, draft))[1]
+
+    def observe(self, source: str, rows: dict[int, tuple[int, int]]) -> None:
+        """Verdicts on `source`'s drafts this step (see `AcceptanceModel.observe`)."""
+        self.model(source).observe(rows)
+        if rows:
+            self.last_scored[source] = self.steps
+
+    def next_step(self) -> None:
+        self.steps += 1
+
+    def report(self) -> dict:
+        return {"costs": self.costs.table(),
+                "acceptance": {s: [round(a, 4) for a in m.rates()] for s, m in self.models.items()}}
+
+
+class StepClock:
+    """Measures R(B, T): the time from one step's start to the next step's start, less drafting.
+    The last step of a generation is not measured (what follows it is not a step)."""
+
+    def __init__(self):
+        self.start: float | None = None
+        self.pending: tuple[int, int, float] | None = None  # (B, T, draft seconds) of the last step
+
+    def reset(self) -> None:
+        self.start, self.pending = None, None
+
+    def tick(self, costs: CostModel) -> None:
+        """A step starts: close the previous one."""
+        now = time.perf_counter()
+        if self.start is not None and self.pending is not None:
+            b, t, draft = self.pending
+            costs.add_rest(b, t, max(now - self.start - draft, 0.0))
+        self.start, self.pending = now, None
+
+    def done(self, b: int, t: int, draft_s: float) -> None:
+        self.pending = (b, t, draft_s)

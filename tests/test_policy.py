@@ -1,0 +1,215 @@
+"""The cost-aware policy (`method.schedule=cost_aware`): its decisions on synthetic costs (it must
+choose 0 drafts when drafting cannot pay), its estimators, and its losslessness: float32 greedy
+token identity at batch sizes 1 and ragged 3 with every kind of proposer, and the sampling
+distribution with a cut deterministic draft and with a sampled draft model."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from specdec.decoding import SpeculativeDecoder
+from specdec.engine import Engine
+from specdec.models import tiny_random_model
+from specdec.policy import AcceptanceModel, Plan, Planner, Timings
+from specdec.proposers.base import Proposal
+from specdec.proposers.draft_model import DraftModelProposer
+from specdec.proposers.ngram import NgramProposer
+from specdec.proposers.suffix import SuffixProposer
+from specdec.schedules import CostAwareSchedule, make_schedule
+from tests.conftest import RAGGED_PROMPTS
+from tests.stats import chi_square_pvalue
+from tests.test_strategies_lossless import N, _sample_pairs, draft, expected, target  # noqa: F401
+
+SRC = "proposer"
+
+
+def _fed(planner: Planner, accept: float, rest, drafting=None, b: int = 1, source: str = SRC) -> Planner:
+    """`planner` told: acceptance `accept` at every position, rest-of-step seconds rest(T) for every
+    width, drafting seconds drafting(k) (none: free), all at batch size b, as if long measured."""
+    k = planner.k_max
+    for _ in range(3):
+        for t in range(1, k + 2):
+            planner.costs.add_rest(b, t, rest(t))
+        for j in range(1, k + 1):
+            planner.costs.add_draft(source, b, j, drafting(j) if drafting else 0.0)
+    m = planner.model(source)
+    m.reached, m.accepted = [1e6] * k, [1e6 * accept] * k
+    m.asked, m.offered = [1e6] * k, [1e6] * k
+    return planner
+
+
+def test_it_picks_the_k_that_maximises_tokens_per_second():
+    rows = [0]
+    # The classic optimum: alpha = 0.8, c = 0.1, flat verification -> argmax (1 - a^(k+1)) / ((1-a)(ck + 1)).
+    a, c = 0.8, 0.1
+    best = max(range(9), key=lambda k: (1 - a ** (k + 1)) / ((1 - a) * (c * k + 1)))
+    for trimmable in (False, True):
+        p = _fed(Planner(8, cheap=0.0), a, lambda t: 0.04, lambda k: 0.004 * k)
+        assert p.ask(SRC, 1, rows, trimmable).k == best == 6
+    assert _fed(Planner(8), 0.8, lambda t: 0.04).ask(SRC, 1, rows, False).k == 8  # free drafting: all
+    # Verification that grows with width pushes k down.
+    assert _fed(Planner(8, cheap=0.0), 0.8, lambda t: 0.03 + 0.01 * t, lambda k: 0.004 * k).ask(
+        SRC, 1, rows, False).k < best
+
+
+def test_it_chooses_zero_when_drafting_cannot_pay():
+    rows = list(range(16))
+    # A useless draft that costs something.
+    assert _fed(Planner(8, explore=0), 0.0, lambda t: 0.04, lambda k: 0.005 * k).ask(SRC, 1, [0], False).k == 0
+    assert _fed(Planner(8, min_k=1), 0.0, lambda t: 0.04, lambda k: 0.005 * k).ask(SRC, 1, [0], False).k == 1
+    # The target drafting for itself: every draft accepted, but each costs a target step.
+    assert _fed(Planner(8, explore=0), 0.99, lambda t: 0.03, lambda k: 0.03 * k).ask(SRC, 1, [0], False).k == 0
+    # Free lookups, but at batch 16 every extra scored position costs half a plain step and only
+    # 30% of drafts are accepted: the same proposal is cut to nothing at batch 16, kept at batch 1.
+    steep = _fed(Planner(8, explore=0), 0.3, lambda t: 0.1 * (1 + 0.5 * (t - 1)), b=16)
+    assert steep.keep(SRC, 16, rows, [4] * 16, asked=8).k == 0
+    flat = _fed(Planner(8, explore=0), 0.3, lambda t: 0.03, b=1)
+    assert flat.keep(SRC, 1, [0], [4], asked=8).k == 4
+
+
+def test_a_gain_below_the_margin_is_not_taken():
+    p = _fed(Planner(8, explore=0, margin=0.05), 0.04, lambda t: 0.04 * (1 + 0.01 * (t - 1)))
+    assert p.keep(SRC, 1, [0], [1], asked=8).k == 0  # 1.04 tokens for 1.01x the time: +3% < 5%
+    p.margin = 0.0
+    assert p.keep(SRC, 1, [0], [1], asked=8).k == 1
+
+
+def test_rows_keep_their_own_drafts_up_to_the_chosen_width():
+    sched = CostAwareSchedule(8, explore=0.0)
+    # widths up to 4 cost the same, wider ones three times as much: keep 3 drafts
+    _fed(sched.planner, 0.9, lambda t: 0.03 if t <= 4 else 0.09, b=3, source=sched.source)
+    state = SimpleNamespace(batch_size=3, active=[True, True, True])
+    proposal = Proposal(torch.arange(15).view(3, 5), [0, 5, 2])
+    sched._asked = 8
+    out = sched.trim(state, proposal)
+    assert out.lengths == [0, 3, 2] and out.tokens.tolist() == [[0, 1, 2], [5, 6, 7], [10, 11, 12]]
+    sampled = Proposal(proposal.tokens, proposal.lengths, torch.full((3, 5, 16), 1 / 16))
+    assert sched.trim(state, sampled) is sampled  # a sampled draft is never cut after the fact
+
+
+def test_the_first_step_at_a_new_batch_size_is_plain_then_it_tries_drafting():
+    sched = CostAwareSchedule(8, start=2)
+    state = SimpleNamespace(batch_size=4, active=[True] * 4)
+    assert sched.next_k(state) == 0
+    sched.planner.costs.add_rest(4, 1, 0.05)
+    assert sched.next_k(state) == 2  # the proposer's cost at this batch size is unknown: try `start`
+
+
+def test_it_explores_once_every_ceil_of_loss_plus_margin_over_budget_steps():
+    p = Planner(8, margin=0.02, explore=0.01)
+    plain, worse = Plan(0, 1.0, 1.0), Plan(1, 0.9, 1.0)  # drafting predicted 10% slower
+    period = math.ceil((0.1 + 0.02) / 0.01)
+    chosen = []
+    for _ in range(3 * period):
+        p.next_step()
+        name, _ = p.choose([(SRC, worse)], plain)
+        chosen.append(name)
+        if name is not None:
+            p.observe(SRC, {0: (0, 1)})  # a verdict on its drafts
+    explored = [i + 1 for i, n in enumerate(chosen) if n is not None]
+    assert explored == [period, 2 * period, 3 * period]  # a 10% loss one step in 12: under 1% of the time
+
+
+def test_timings_take_medians_interpolate_and_extrapolate():
+    t = Timings(window=5)
+    for s in (0.010, 0.011, 0.500):  # a spike from a busy machine
+        t.add(1, s)
+    t.add(5, 0.030)
+    assert t.at(1) == 0.011
+    assert t.at(3) == pytest.approx(0.0205)  # halfway between 1 and 5
+    assert t.at(9) == pytest.approx(0.030 + 4 * (0.030 - 0.011) / 4)  # the slope beyond the last
+    d = Timings()
+    d.add(4, 0.008)
+    assert d.at(2, origin=True) == pytest.approx(0.004)  # drafting nothing costs nothing
+    assert Timings().at(3) is None
+
+
+def test_acceptance_counts_censored_drafts_as_unjudged():
+    m = AcceptanceModel(4, prior=0.5, prior_weight=1e-9, decay=1.0)
+    m.observe({0: (2, 3)})  # accepted 2, the third rejected
+    m.observe({1: (2, 2)})  # matched 2, nothing known about the third
+    assert m.reached == [2, 2, 1, 0] and m.accepted == [2, 2, 0, 0]
+    assert m.curve()[:3] == pytest.approx([1.0, 2.0, 3.0])
+
+
+# ---------------------------------------------------------------- losslessness
+
+REPEATING = [[5, 6, 7, 8, 9, 5, 6, 7], [3, 4, 3, 4], [10, 11, 12, 13, 14, 15, 16, 10, 11, 12]]
+
+
+@pytest.fixture(scope="module")
+def make_engine(unrelated_draft):
+    """Engines on a 256-token tiny target (`target` here is the sampling tests' 8-token one)."""
+    model = tiny_random_model(seed=0, eos_token_id=None)
+    return lambda other=None: Engine(model, model if other == "self" else other, dtype="float32")
+
+
+def _cutting(k: int, b: int, source: str = CostAwareSchedule.source) -> CostAwareSchedule:
+    """A policy told that widths above 3 cost five times a plain step: it keeps at most 2 drafts,
+    and a useless-looking proposer none."""
+    sched = CostAwareSchedule(k)
+    _fed(sched.planner, 0.6, lambda t: 0.01 if t <= 3 else 0.05, b=b, source=source)
+    return sched
+
+
+PROPOSERS = {
+    "ngram": lambda e: NgramProposer(e),
+    "suffix": lambda e: SuffixProposer(max_spec_factor=2.0),
+    "draft": lambda e: DraftModelProposer(e),
+}
+
+
+@pytest.mark.parametrize("batch", ["single", "ragged"])
+@pytest.mark.parametrize("proposer", list(PROPOSERS))
+@pytest.mark.parametrize("costs", ["measured", "cutting"])
+def test_policy_greedy_equals_autoregressive(make_engine, unrelated_draft, batch, proposer, costs):
+    engine = make_engine("self" if proposer != "draft" else unrelated_draft)
+    prompts = REPEATING[:1] if batch == "single" else REPEATING
+    ref = SpeculativeDecoder(engine).generate(prompts, max_new_tokens=40)
+    sched = CostAwareSchedule(6) if costs == "measured" else _cutting(6, len(prompts))
+    dec = SpeculativeDecoder(engine, PROPOSERS[proposer](engine), num_speculative_tokens=6, schedule=sched)
+    steps = 0
+    for _ in range(2):  # the second generation starts from what the first learned
+        out = dec.generate(prompts, max_new_tokens=40)
+        assert out.output_ids == ref.output_ids and out.lossless
+        steps += out.stats.steps
+    assert len(sched.history) == steps and max(sched.history) <= 6
+    if costs == "cutting" and proposer != "draft":
+        assert 0 < max(sched.history) <= 2 and out.reports["schedule"]["costs"]["rest_ms"]
+
+
+def test_policy_with_the_target_drafting_for_itself_keeps_its_output(make_engine):
+    engine = make_engine("self")
+    ref = SpeculativeDecoder(engine).generate(RAGGED_PROMPTS, max_new_tokens=30)
+    out = SpeculativeDecoder(engine, DraftModelProposer(engine), schedule=make_schedule("cost_aware", 4)).generate(
+        RAGGED_PROMPTS, max_new_tokens=30)
+    assert out.output_ids == ref.output_ids
+
+
+def test_a_useless_draft_gets_plain_steps(make_engine, unrelated_draft):
+    engine = make_engine(unrelated_draft)
+    sched = make_schedule("cost_aware", 4)
+    dec = SpeculativeDecoder(engine, DraftModelProposer(engine), schedule=sched)
+    dec.generate(RAGGED_PROMPTS, max_new_tokens=20)  # learns its costs and that nothing is accepted
+    sched.history.clear()
+    dec.generate(RAGGED_PROMPTS, max_new_tokens=60)
+    assert sched.history.count(0) >= 0.8 * len(sched.history)
+
+
+def test_policy_sampling_with_cut_lookups_is_lossless(target, expected):  # noqa: F811
+    engine = Engine(target, dtype="float32")
+    sched = _cutting(4, N)
+    counts, stats = _sample_pairs(engine, NgramProposer(engine, max_ngram=2), sched, k=4)
+    assert 0 < max(sched.history) <= 2 and 0.05 < stats.acceptance_rate < 0.95
+    assert chi_square_pvalue(counts, expected) > 1e-3
+
+
+def test_policy_sampling_with_a_draft_model_is_lossless(target, draft, expected):  # noqa: F811
+    engine = Engine(target, draft, dtype="float32")
+    sched = CostAwareSchedule(2)
+    _fed(sched.planner, 0.5, lambda t: 0.01, lambda k: 0.001 * k, b=N, source=sched.source)
+    counts, stats = _sample_pairs(engine, DraftModelProposer(engine), sched, k=2)
+    assert max(sched.history) == 2 and 0.05 < stats.acceptance_rate < 0.95
+    assert chi_square_pvalue(counts, expected) > 1e-3
