@@ -62,7 +62,8 @@ CACHE_KWARG = ALL_CACHE_NAMES[0]
 @dataclass
 class AnchorState:
     """What an anchor's Generation keeps for the next turn, per row: the tokens so far (prompt and
-    output) and the target's transformers cache, which holds a prefix of them.
+    output) and the target's transformers cache, which holds a prefix of them (None for an anchor
+    that cannot continue a cache).
 
     owner: the anchor that made it; a `past` from anything else is not reused.
     reuse: per row, the leading tokens this generation took from its `past`'s caches (None: fresh).
@@ -121,7 +122,9 @@ class HFGenerate:
     def _row_cache(self, previous: AnchorState | None, b: int, ids: list[int]) -> tuple[object, int]:
         """Row b's cache for prompt `ids` and how many of its tokens are reused: the previous turn's
         cache cropped to the prefix shared with `ids` (leaving at least one token to prefill), else a
-        new one."""
+        new one; None for an anchor that cannot continue a cache (generate() makes its own)."""
+        if not self.continues_cache:
+            return None, 0
         if previous is not None:
             cache = previous.caches[b]
             held = cache.get_seq_length()
@@ -164,7 +167,8 @@ class HFGenerate:
                     out = model.generate(
                         x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
                         eos_token_id=self.eos_ids or None, pad_token_id=(self.eos_ids or [0])[0],
-                        streamer=clock, **{CACHE_KWARG: cache}, **sampling, **self.extra_args(),
+                        streamer=clock, **({CACHE_KWARG: cache} if cache is not None else {}),
+                        **sampling, **self.extra_args(),
                     )
                 new = out[0, len(p):].tolist()
                 outputs.append(new)
