@@ -278,11 +278,14 @@ class Planner:
         rest = [self.costs.rest_s(b, 1 + min(j, longest)) for j in range(cap + 1)]
         return [Plan(j, sum(c[min(j, n)] for c, n in zip(curves, caps)), draft + rest[j]) for j in range(cap + 1)]
 
-    def best_ask(self, source: str, b: int, rows: list[int], trimmable: bool, sunk: float = 0.0) -> Plan:
-        """The best k >= max(min_k, 1) to ask `source` for, by expected rate; a deterministic proposal
-        may still be cut to a shorter width afterwards, so asking k is worth its best width <= k."""
+    def best_ask(self, source: str, b: int, rows: list[int], trimmable: bool, sunk: float = 0.0,
+                 cap: int | None = None) -> Plan:
+        """The best k in [max(min_k, 1), cap or k_max] to ask `source` for, by expected rate; a
+        deterministic proposal may still be cut to a shorter width afterwards, so asking k is
+        worth its best width <= k."""
         plans = []
-        for k in range(max(self.min_k, 1), self.k_max + 1):
+        top = self.k_max if cap is None else min(cap, self.k_max)
+        for k in range(min(max(self.min_k, 1), top), top + 1):
             widths = self._plans(source, b, rows, k, sunk + self.costs.draft_s(source, b, k), asked=True)
             best = max(widths, key=lambda p: p.rate) if trimmable else widths[k]
             plans.append(Plan(k, best.tokens, best.seconds))

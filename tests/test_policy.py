@@ -25,11 +25,12 @@ from tests.test_strategies_lossless import N, _sample_pairs, draft, expected, ta
 SRC = "proposer"
 
 
-def _fed(planner: Planner, accept: float, rest, drafting=None, b: int = 1, source: str = SRC) -> Planner:
+def _fed(planner: Planner, accept: float, rest, drafting=None, b: int = 1, source: str = SRC,
+         rounds: int = 3) -> Planner:
     """`planner` told: acceptance `accept` at every position, rest-of-step seconds rest(T) for every
-    width, drafting seconds drafting(k) (none: free), all at batch size b, as if long measured."""
+    width, drafting seconds drafting(k) (none: free), all at batch size b, as if measured `rounds` times."""
     k = planner.k_max
-    for _ in range(3):
+    for _ in range(rounds):
         for t in range(1, k + 2):
             planner.costs.add_rest(b, t, rest(t))
         for j in range(1, k + 1):

@@ -1,0 +1,224 @@
+"""A hybrid proposer: several ways of drafting, and each step the one expected to give the most
+tokens per second (Arctic Inference switches this way between suffix decoding and a model drafter).
+
+Every step:
+1. parts whose drafting is measured to be free (lookups: n-gram, suffix; under `cheap` of a plain
+   step) all propose; each proposal is valued by what it offers: the width that pays best for it
+   and the expected tokens from that width (`specdec.policy.Planner.best_keep`);
+2. parts that cost something (a draft model) are valued before running, by the k with the best
+   expected rate from their acceptance so far and their measured drafting cost;
+3. the best of these and plain decoding wins (`Planner.choose`: plain unless a part beats it by
+   `margin`; a part passed over for long explores); a costly winner runs now.
+A part never measured at this batch size is tried first (once, at the full k) so that it has a cost.
+
+Every cost and acceptance estimate is the policy's (`specdec.policy`): drafting D(part, B, k) and
+the rest of a step R(B, T) from this run's clocks, acceptance per part. Lookup parts that were not
+chosen are judged anyway, against the tokens the step emitted (for a draft with no q, P(accepted)
+= p(draft) = P(the emitted token equals it), so this is exact when greedy and unbiased when
+sampling; a draft longer than what was emitted is censored, not rejected), so their estimates
+keep up without exploring.
+
+`report()` gives, per generation, the part chosen at each step ("plain" for none), how often each
+won, and the regret against the best single option in hindsight: 1 - (tokens per second of the
+choices made) / (that of the best fixed option), all valued at the end of the generation (exact
+counterfactual tokens where a lookup's draft was judged, the model's expectation elsewhere; costs
+from the cost model). Negative regret: switching beat every fixed option.
+
+The choice depends on the past and on deterministic proposals (functions of the past) only, and a
+sampled draft is never cut, so every verifier stays lossless. Proposers are chains.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+import torch
+
+from specdec.policy import Plan, Planner, StepClock, verified
+from specdec.proposers.base import Proposal
+from specdec.schedules import cut
+
+
+@dataclass
+class _Option:
+    """One option of one step, valued for the hindsight comparison."""
+
+    tokens: float  # emitted by the batch (realized or expected)
+    seconds: float  # predicted for the step
+
+
+class HybridProposer:
+    """parts: name -> a proposer, or a factory called with `engine=` (Hydra `_partial_: true`).
+    Other arguments are the policy's (see `specdec.schedules.CostAwareSchedule`)."""
+
+    name = "hybrid"
+
+    def __init__(self, engine=None, parts: Mapping | None = None, margin: float = 0.02, explore: float = 0.01,
+                 prior: float = 0.5, prior_weight: float = 2.0, decay: float = 0.98, window: int = 16,
+                 cheap: float = 0.01):
+        if not parts:
+            raise ValueError("method.proposer.parts: the hybrid needs at least one proposer, e.g. "
+                             "{suffix: {_target_: specdec.proposers.suffix.SuffixProposer, _partial_: true}}")
+        self.parts = {str(n): (p(engine=engine) if isinstance(p, type) or not hasattr(p, "propose") else p)
+                      for n, p in parts.items()}
+        if "plain" in self.parts:
+            raise ValueError("method.proposer.parts: 'plain' names plain decoding; call the part something else")
+        self.args = {"margin": margin, "explore": explore, "prior": prior, "prior_weight": prior_weight,
+                     "decay": decay, "window": window, "cheap": cheap}
+        self.planner: Planner | None = None  # made at the first step, when k_max is known
+        self.clock = StepClock()
+        self._step: dict = {}
+        self.choices: list[str] = []
+        self.hindsight: dict[str, list[float]] = {}  # option -> [tokens, seconds] over this generation
+
+    def reset(self, state) -> None:
+        for part in self.parts.values():
+            part.reset(state)
+        self.clock.reset()
+        if self.planner is not None:
+            self.planner.reset_rows()
+        self._step, self.choices, self.hindsight = {}, [], {}
+
+    # ---------------------------------------------------------------- choosing
+
+    def _timed(self, name: str, state, k: int) -> tuple[Proposal, float]:
+        start = time.perf_counter()
+        proposal = self.parts[name].propose(state, k)
+        seconds = time.perf_counter() - start
+        self.planner.costs.add_draft(name, state.batch_size, k, seconds)
+        return proposal, seconds
+
+    def _planner(self, k: int) -> Planner:
+        if self.planner is None:
+            self.planner = Planner(k, **self.args)
+        return self.planner
+
+    @torch.inference_mode()
+    def propose(self, state, k: int) -> Proposal:
+        planner = self._planner(k) if k > 0 else self.planner
+        if planner is not None:
+            self.clock.tick(planner.costs)
+            planner.next_step()
+        b, rows = state.batch_size, [r for r, on in enumerate(state.active) if on]
+        k = min(k, planner.k_max) if planner is not None else 0
+        self._step = {"name": "plain", "asked": 0, "draft_s": 0.0, "lookups": {}, "options": {}}
+        if k == 0 or not rows or not planner.ready(b):  # the first step at a batch size is plain: it measures R(B, 1)
+            return Proposal.empty(b, state.tokens.device)
+        untimed = [n for n in self.parts if not planner.costs.draft_known(n, b)]
+        if untimed:
+            return self._use(untimed[0], *self._timed(untimed[0], state, k), k)
+
+        lookups, spent = {}, 0.0
+        for name in self.parts:
+            if planner.is_cheap(name, b):
+                lookups[name], seconds = self._timed(name, state, k)
+                spent += seconds
+        options: list[tuple[str, Plan | None]] = []
+        for name in self.parts:
+            if name in lookups:
+                options.append((name, planner.best_keep(name, b, rows, lookups[name].lengths, spent)))
+            else:
+                options.append((name, planner.best_ask(name, b, rows, state.sampling.greedy, spent, cap=k)))
+        plain = planner.plain(b, rows, spent)
+        name, plan = planner.choose(options, plain)
+        self._step["options"] = {n: p for n, p in options if p is not None} | {"plain": plain}
+        self._step["lookups"] = {n: p for n, p in lookups.items() if n != name}
+        self._step["draft_s"] = spent
+        if name is None:
+            return Proposal.empty(b, state.tokens.device)
+        if name in lookups:
+            return self._use(name, cut(lookups[name], plan.k), 0.0, k, offered=lookups[name].lengths)
+        proposal, seconds = self._timed(name, state, plan.k)
+        if proposal.probs is None and proposal.max_length > plan.k:
+            proposal = cut(proposal, plan.k)
+        return self._use(name, proposal, seconds, plan.k)
+
+    def _use(self, name: str, proposal: Proposal, seconds: float, asked: int,
+             offered: list[int] | None = None) -> Proposal:
+        self._step.update(name=name, asked=asked, offered=list(offered or proposal.lengths))
+        self._step["draft_s"] = self._step.get("draft_s", 0.0) + seconds
+        return proposal
+
+    # ---------------------------------------------------------------- learning
+
+    def observe(self, state, outcome) -> None:
+        step, planner = self._step, self.planner
+        name = step.get("name", "plain")
+        empty = replace(outcome, proposal=Proposal.empty(len(outcome.active), state.tokens.device),
+                        accepted=[0] * len(outcome.active))
+        for part_name, part in self.parts.items():  # a part that did not draft must not roll anything back
+            part.observe(state, outcome if part_name == name else empty)
+        if planner is None:
+            return
+        b, p = len(outcome.active), outcome.proposal
+        self.clock.done(b, 1 + p.max_length, step.get("draft_s", 0.0))
+        self.choices.append(name)
+        if name != "plain":
+            rows = [r for r, on in enumerate(outcome.active) if on]
+            planner.model(name).observe_offers(step["asked"], [step["offered"][r] for r in rows])
+            planner.observe(name, verified(p.lengths, outcome.accepted, outcome.active))
+        self._judge_lookups(state, outcome)
+        self._record_hindsight(name, outcome)
+
+    def _judge_lookups(self, state, outcome) -> None:
+        """Lookup drafts not used this step, cut to the width they were valued at, compared with the
+        tokens the step emitted; their counterfactual tokens go to the hindsight comparison."""
+        options, counterfactual = self._step.get("options", {}), {}
+        for part_name, proposal in self._step.get("lookups", {}).items():
+            width = options[part_name].k if part_name in options else 0
+            rates = self.planner.model(part_name).rates()
+            rows, tokens = {}, 0.0
+            for r, (on, n) in enumerate(zip(outcome.active, outcome.emitted)):
+                if not on:
+                    continue
+                draft = proposal.tokens[r, : min(proposal.lengths[r], width)].tolist()
+                emitted = state.tokens[r, outcome.prev_seq_lens[r]: outcome.prev_seq_lens[r] + n].tolist()
+                matched = next((i for i, (d, e) in enumerate(zip(draft, emitted)) if d != e), min(len(draft), n))
+                tokens += matched + 1
+                if not draft:
+                    continue
+                if matched < min(len(draft), n):  # a verdict: draft matched + 1 was wrong
+                    rows[r] = (matched, matched + 1)
+                else:  # censored: the emitted tokens ran out; the rest of the draft is valued by the model
+                    rows[r] = (matched, matched)
+                    run = 1.0
+                    for a in rates[matched: len(draft)]:
+                        run *= a
+                        tokens += run
+            self.planner.observe(part_name, rows)
+            counterfactual[part_name] = tokens
+        self._step["counterfactual"] = counterfactual
+
+    def _record_hindsight(self, name: str, outcome) -> None:
+        """The step's value under each option: realized tokens for the choice, counterfactual ones
+        for lookups judged this step, the model's expectation otherwise; predicted seconds."""
+        options = self._step.get("options", {})
+        if not options:
+            return  # a step that tried an untimed part: nothing to compare
+        realized = float(sum(outcome.emitted))
+        counterfactual = self._step.get("counterfactual", {})
+        for option, plan in options.items():
+            tokens = realized if option == name else counterfactual.get(option, plan.tokens)
+            if option == "plain" and option != name:
+                tokens = float(sum(outcome.active))
+            total = self.hindsight.setdefault(option, [0.0, 0.0])
+            total[0] += tokens
+            total[1] += plan.seconds
+        chosen = self.hindsight.setdefault("chosen", [0.0, 0.0])
+        chosen[0] += realized
+        chosen[1] += options[name].seconds
+
+    def report(self) -> dict:
+        """Choices per step, wins per part, and the regret against the best fixed option in hindsight."""
+        rates = {o: t / s for o, (t, s) in self.hindsight.items() if s > 0}
+        chosen = rates.pop("chosen", None)
+        best = max(rates, key=rates.get, default=None)
+        return {
+            "choices": list(self.choices),
+            "counts": {n: self.choices.count(n) for n in [*self.parts, "plain"]},
+            "tokens_per_s": {o: round(r, 3) for o, r in rates.items()},
+            "best_in_hindsight": best,
+            "regret": round(1.0 - chosen / rates[best], 4) if chosen and best else None,
+        }

@@ -1,0 +1,105 @@
+"""The hybrid proposer: a choice per step among lookups and a draft model, that chooses the part
+that pays, passes over one that does not, reports its choices and regret, and stays lossless
+(float32 greedy token identity at batch 1 and ragged 3; the sampling distribution)."""
+
+import pytest
+
+from specdec.decoding import SpeculativeDecoder
+from specdec.engine import Engine
+from specdec.models import tiny_random_model
+from specdec.proposers.draft_model import DraftModelProposer
+from specdec.proposers.hybrid import HybridProposer
+from specdec.proposers.ngram import NgramProposer
+from specdec.proposers.suffix import SuffixProposer
+from tests.conftest import RAGGED_PROMPTS
+from tests.stats import chi_square_pvalue
+from tests.test_policy import REPEATING, _fed
+from tests.test_strategies_lossless import N, _sample_pairs, draft, expected, target  # noqa: F401
+
+K = 4
+
+
+def _parts(draft_kind: str = "model"):
+    """name -> factory(engine=...): the way Hydra passes `_partial_: true` parts."""
+    parts = {"suffix": lambda engine: SuffixProposer(max_spec_factor=2.0), "ngram": NgramProposer}
+    if draft_kind == "model":
+        parts["draft"] = DraftModelProposer
+    return parts
+
+
+def _hybrid(engine, b: int, parts=None, draft_s=None, accept: float = 0.5) -> HybridProposer:
+    """A hybrid whose planner was told costs at batch size b, so often that this run's own clocks
+    cannot outvote them: flat scoring, free lookups accepted half the time, and the draft part's
+    drafting `draft_s(k)` and acceptance `accept`."""
+    h = HybridProposer(engine, parts or _parts(), window=512)
+    planner = h._planner(K)
+    for name in h.parts:
+        drafting, a = (draft_s, accept) if name == "draft" else (lambda k: 0.0, 0.5)
+        _fed(planner, a, lambda t: 0.01, drafting, b=b, source=name, rounds=300)
+    return h
+
+
+@pytest.fixture(scope="module")
+def make_engine(unrelated_draft):
+    model = tiny_random_model(seed=0, eos_token_id=None)
+    return lambda other=None: Engine(model, model if other == "self" else other, dtype="float32")
+
+
+@pytest.mark.parametrize("batch", ["single", "ragged"])
+@pytest.mark.parametrize("draft_kind", ["self", "unrelated"])
+@pytest.mark.parametrize("costs", ["measured", "told"])
+def test_hybrid_greedy_equals_autoregressive(make_engine, unrelated_draft, batch, draft_kind, costs):
+    engine = make_engine("self" if draft_kind == "self" else unrelated_draft)
+    base = REPEATING if batch == "ragged" else REPEATING[:1]
+    plain = SpeculativeDecoder(engine)
+    hybrid = HybridProposer(engine, _parts()) if costs == "measured" else \
+        _hybrid(engine, len(base), draft_s=lambda k: 0.001 * k, accept=0.45)  # beats lookups offering < 3
+    dec = SpeculativeDecoder(engine, hybrid, num_speculative_tokens=K)
+    chosen = set()
+    for turn in range(3):  # requests in sequence: the suffix part learns from earlier outputs
+        prompts = [p + [30 + turn] for p in base]
+        ref, out = plain.generate(prompts, max_new_tokens=40), dec.generate(prompts, max_new_tokens=40)
+        assert out.output_ids == ref.output_ids and out.lossless
+        report = out.reports["proposer"]
+        assert len(report["choices"]) == out.stats.steps and sum(report["counts"].values()) == out.stats.steps
+        chosen |= set(report["choices"])
+    assert chosen - {"plain"}  # some part drafted
+    if costs == "told":
+        assert "draft" in chosen and chosen & {"suffix", "ngram"}  # it switched between kinds of parts
+
+
+def test_it_passes_over_a_draft_that_costs_a_target_step_per_token(make_engine):
+    engine = make_engine("self")
+    hybrid = _hybrid(engine, 1, draft_s=lambda k: 0.01 * k, accept=0.95)  # each draft costs a whole step
+    dec = SpeculativeDecoder(engine, hybrid, num_speculative_tokens=K)
+    out = dec.generate(RAGGED_PROMPTS[:1], max_new_tokens=60)
+    counts = out.reports["proposer"]["counts"]
+    assert counts["draft"] <= 0.2 * out.stats.steps  # exploring only
+    assert out.reports["proposer"]["regret"] is not None
+
+
+def test_it_picks_a_cheap_good_draft_when_lookups_find_nothing(make_engine):
+    engine = make_engine("self")
+    hybrid = _hybrid(engine, 1, draft_s=lambda k: 0.0005 * k, accept=0.95)
+    dec = SpeculativeDecoder(engine, hybrid, num_speculative_tokens=K)
+    out = dec.generate([[200, 201, 202, 203]], max_new_tokens=40)
+    report = out.reports["proposer"]
+    assert report["counts"]["draft"] >= 0.6 * out.stats.steps
+    assert report["best_in_hindsight"] == "draft" and report["regret"] < 0.2
+
+
+def test_parts_must_be_given_and_plain_is_reserved(make_engine):
+    with pytest.raises(ValueError, match="at least one proposer"):
+        HybridProposer(make_engine(), {})
+    with pytest.raises(ValueError, match="'plain'"):
+        HybridProposer(make_engine(), {"plain": NgramProposer})
+
+
+@pytest.mark.parametrize("accept, expect", [(0.9, "draft"), (0.02, "ngram")])
+def test_hybrid_sampling_is_lossless(target, draft, expected, accept, expect):  # noqa: F811
+    engine = Engine(target, draft, dtype="float32")
+    parts = {"ngram": lambda engine: NgramProposer(engine, max_ngram=2), "draft": DraftModelProposer}
+    hybrid = _hybrid(engine, N, parts, draft_s=lambda k: 0.0001 * k, accept=accept)
+    counts, stats = _sample_pairs(engine, hybrid, k=2)
+    assert expect in hybrid.choices and 0.05 < stats.acceptance_rate < 0.95
+    assert chi_square_pvalue(counts, expected) > 1e-3
