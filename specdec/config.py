@@ -35,9 +35,10 @@ class ConfigError(ValueError):
 class ModelConfig:
     """A target or draft model. `path`: a directory, a hub id in the local HF cache, a `.gguf` file,
     `embedded` (SmolLM2-135M-Instruct), `tiny_random`; for a draft also `self` (the target itself) or
-    null (no draft)."""
+    null (no draft). Results name the model from what was loaded (`specdec.models.describe_model`);
+    `name` is an optional label of your own, recorded beside it as `target_name` / `draft_name`."""
 
-    name: str = "model"
+    name: str | None = None
     path: str | None = None
     gguf_file: str | None = None
     seed: int = 0  # tiny_random only
@@ -118,8 +119,8 @@ class LoggerConfig:
 
 @dataclass
 class Config:
-    target: ModelConfig = field(default_factory=lambda: ModelConfig(name="target"))
-    draft: ModelConfig = field(default_factory=lambda: ModelConfig(name="none"))
+    target: ModelConfig = field(default_factory=ModelConfig)
+    draft: ModelConfig = field(default_factory=ModelConfig)
     method: MethodConfig = field(default_factory=MethodConfig)
     # More methods measured in the same run, interleaved with `method` and the baseline; filled by
     # presets with `- /method@compare.<name>: <name>` in their defaults (see experiment=vs_hf).

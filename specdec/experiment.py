@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -37,12 +37,13 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from specdec.config import method_configs, resolve_path, validate
+from specdec.config import ConfigError, method_configs, resolve_path, validate
 from specdec.data import Prompt, build_turn_input, load_prompts, select_prompts
 from specdec.decoding import Generation, SpeculativeDecoder
 from specdec.engine import Engine
-from specdec.models import ModelSpec, check_tokenizers_compatible, load_model
+from specdec.models import ModelSpec, check_tokenizers_compatible, describe_model, load_model
 from specdec.report import BASELINE, format_comparison, format_table, make_plots, summarize
+from specdec.run_dirs import check_no_results
 from specdec.schedules import make_schedule
 from specdec.tracking import make_tracker, sigterm_raises, write_local_results
 
@@ -64,12 +65,14 @@ class ExperimentResult:
 @dataclass
 class Setup:
     """What `build` makes: the engine, the tokenizer, the decoders of the methods by name (`method`
-    first, then `compare`; the baseline itself is never among them) and the baseline's decoder."""
+    first, then `compare`; the baseline itself is never among them), the baseline's decoder, and what
+    was loaded as target and draft (`specdec.models.describe_model`, by role)."""
 
     engine: Engine
     tokenizer: object
     methods: dict[str, SpeculativeDecoder]
     baseline: SpeculativeDecoder
+    models: dict[str, dict] = field(default_factory=dict)
 
     @property
     def k_max(self) -> int:
@@ -119,24 +122,32 @@ def _spec(model_cfg: DictConfig, role: str) -> ModelSpec:
 
 def build(cfg: DictConfig) -> Setup:
     """Load the models and make the decoders. The draft loads only if some method needs one."""
-    target, tokenizer = load_model(_spec(cfg.target, "target"))
+    target_spec = _spec(cfg.target, "target")
+    target, tokenizer = load_model(target_spec)
+    models = {"target": describe_model(target_spec, target)}
     draft = None
     if any(m.needs_draft for _, m in method_configs(cfg)):
         if cfg.draft.path == "self":
             draft = target  # its own cache: the same weights propose and verify
+            models["draft"] = {**models["target"], "label": "self"}
         else:
-            draft, draft_tokenizer = load_model(_spec(cfg.draft, "draft"))
+            draft_spec = _spec(cfg.draft, "draft")
+            draft, draft_tokenizer = load_model(draft_spec)
             check_tokenizers_compatible(tokenizer, draft_tokenizer, target, draft)
+            models["draft"] = describe_model(draft_spec, draft)
     engine = Engine(target, draft, device=cfg.device, dtype=cfg.dtype)
-    log.info("target %s, draft %s on %s (%s)", cfg.target.name, cfg.draft.name if draft is not None else "none",
-             engine.device, str(engine.dtype).removeprefix("torch."))
+    for described in models.values():
+        described["dtype"] = str(engine.dtype).removeprefix("torch.")
+    log.info("target %s, draft %s on %s (%s)", models["target"]["label"],
+             models["draft"]["label"] if "draft" in models else "none", engine.device,
+             str(engine.dtype).removeprefix("torch."))
     baseline = SpeculativeDecoder(engine, tokenizer=tokenizer)
     methods = {}
     for _, m in method_configs(cfg):
         decoder = make_decoder(m, engine, tokenizer)
         if decoder is not None:
             methods[m.name] = decoder
-    return Setup(engine, tokenizer, methods, baseline)
+    return Setup(engine, tokenizer, methods, baseline, models)
 
 
 def make_decoder(m: DictConfig, engine: Engine, tokenizer):
@@ -264,6 +275,7 @@ def drop_too_long(prompts: list[Prompt], setup: Setup, cfg: DictConfig) -> tuple
     if not contexts:
         return prompts, []
     k = setup.k_max
+    _check_room(k, min(contexts), cfg)
     kept, dropped = [], []
     for p in prompts:
         if len(p.turns) > 1:
@@ -279,6 +291,20 @@ def drop_too_long(prompts: list[Prompt], setup: Setup, cfg: DictConfig) -> tuple
     if not kept:
         raise ValueError(f"data: every selected prompt exceeds the models' context of {min(contexts)} tokens")
     return kept, [p.prompt_id for p in dropped]
+
+
+def _check_room(k: int, context: int, cfg: DictConfig) -> None:
+    """k and max_new_tokens must leave room for a prompt in the context: if not, blame them, not the prompts."""
+    new = cfg.generation.max_new_tokens
+    if new + k + 1 < context:
+        return
+    k_key = next((f"{key}.num_speculative_tokens" for key, m in method_configs(cfg)
+                  if not is_baseline(m) and m.num_speculative_tokens == k), "method.num_speculative_tokens")
+    key = k_key if k + 1 >= context else "generation.max_new_tokens"
+    raise ConfigError(
+        f"{key}: max_new_tokens={new} plus k={k} drafted tokens (+1) need {new + k + 1} positions, which "
+        f"leaves no room for any prompt in the models' context of {context} tokens; lower {key}"
+    )
 
 
 def warm_up(decoders: list[SpeculativeDecoder], prompt: Prompt, cfg: DictConfig, tokenizer) -> None:
@@ -316,12 +342,18 @@ def measure(setup: Setup, prompts: list[Prompt], cfg: DictConfig, on_batch=None)
 
 
 def run_info(cfg: DictConfig, setup: Setup | None = None) -> dict:
+    """The run's settings for summary.json. Target and draft are named from what `build` loaded
+    (`<role>_model`: label, source, type, dtype...); without a setup, from the configured path. A config
+    group's name is never a model's label; a `name` given in the config is kept as `<role>_name`."""
     needs_draft = any(m.needs_draft for _, m in method_configs(cfg))
+    models = setup.models if setup is not None else {}
     info = {
-        "target": cfg.target.name,
+        "target": models["target"]["label"] if "target" in models else cfg.target.path or cfg.target.gguf_file,
         "target_path": cfg.target.path,
-        "draft": cfg.draft.name if needs_draft else "none",
+        "target_model": models.get("target"),
+        "draft": (models["draft"]["label"] if "draft" in models else cfg.draft.path) if needs_draft else "none",
         "draft_path": cfg.draft.path if needs_draft else None,
+        "draft_model": models.get("draft") if needs_draft else None,
         "num_speculative_tokens": cfg.method.num_speculative_tokens if not is_baseline(cfg.method) else 0,
         "schedule": cfg.method.schedule,
         "data": cfg.data.source,
@@ -331,6 +363,7 @@ def run_info(cfg: DictConfig, setup: Setup | None = None) -> dict:
         "device": cfg.device,
         "dtype": cfg.dtype,
         "seed": cfg.seed,
+        **{f"{role}_name": cfg[role].name for role in ("target", "draft") if cfg[role].get("name")},
         # Every method's full arguments (proposer or decoder with its arguments, k, schedule, verifier),
         # so that runs compare from summary.json alone (specdec.compare).
         "method_configs": {m.name: OmegaConf.to_container(m, resolve=True) for _, m in method_configs(cfg)},
@@ -373,6 +406,7 @@ def run(cfg: DictConfig, out_dir: str | Path) -> ExperimentResult:
     validate(cfg)
     prompts = load_data(cfg)  # a missing file or unknown category fails here, before models load
     out_dir = Path(out_dir)
+    check_no_results(out_dir, "out_dir")  # never over another run's results (specdec.run_dirs)
     out_dir.mkdir(parents=True, exist_ok=True)
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)

@@ -471,3 +471,38 @@ def _logits_width(model: PreTrainedModel) -> int:
 def model_context_length(model: PreTrainedModel) -> int | None:
     """The longest sequence the model was built for (`max_position_embeddings`), or None if it has none."""
     return getattr(model.config.get_text_config(), "max_position_embeddings", None)
+
+
+def describe_model(spec: ModelSpec, model: PreTrainedModel) -> dict:
+    """What was loaded, as results record it: derived from the model and the place it was read from,
+    never from a config group's name (a `target.path=` override must not inherit the group's label).
+
+    label:  short and readable: the GGUF file, folder or hub id, with the model type and depth, e.g.
+            "SmolLM2-135M-Instruct.Q4_1.gguf (llama, 30 layers)";
+    source: exactly where it came from (absolute file or folder, hub id, "tiny_random");
+    plus model_type, gguf_file, num_layers, num_parameters. The dtype it runs in is the engine's.
+    """
+    gguf = None
+    if spec.path == "tiny_random":
+        base = source = f"tiny_random seed {spec.seed}"
+    elif spec.path == "embedded":
+        gguf = _embedded_gguf()
+    elif spec.gguf_file is not None or str(spec.path).endswith(".gguf"):
+        gguf = _resolve_gguf(spec)
+    elif _looks_local(spec.path):
+        folder = Path(spec.path).expanduser().resolve()
+        base, source = folder.name, str(folder)
+    else:
+        base = source = spec.path  # a hub id
+    if gguf is not None:
+        base, source = gguf.name, str(gguf.resolve())
+    model_type = model.config.model_type
+    layers = getattr(model.config.get_text_config(), "num_hidden_layers", None)
+    return {
+        "label": f"{base} ({model_type}, {layers} layers)",
+        "source": source,
+        "model_type": model_type,
+        "gguf_file": gguf.name if gguf is not None else None,
+        "num_layers": layers,
+        "num_parameters": sum(p.numel() for p in model.parameters()),
+    }

@@ -158,8 +158,8 @@ def test_real_tiny_runs_of_different_launches(tmp_path, capsys):
     assert b["method_configs"]["layer_skip"]["schedule"] == "heuristic"
     assert compare.main([str(tmp_path / "launch_a"), str(tmp_path / "launch_b"), "--out", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
-    assert "| launch_a/ngram | ngram | k=2 constant greedy max_ngram=4 min_ngram=1 | tiny_random | none |" in printed
-    assert "| launch_b/layer_skip | layer_skip | k=3 heuristic greedy exit_layer=1 | tiny_random | none |" in printed
+    assert "| launch_a/ngram | ngram | k=2 constant greedy max_ngram=4 min_ngram=1 | tiny_random seed 0 (llama, 2 layers) | none |" in printed
+    assert "| launch_b/layer_skip | layer_skip | k=3 heuristic greedy exit_layer=1 | tiny_random seed 0 (llama, 2 layers) | none |" in printed
     rows = _csv(tmp_path / "compare.csv")
     for row, s in zip(rows, (a, b)):
         assert row["method"] == s["method"]

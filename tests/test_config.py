@@ -94,7 +94,7 @@ def test_wandb_mode_follows_the_environment(monkeypatch):
 def test_experiment_presets_list_only_changes():
     cfg = _compose(["experiment=spec_bench_sampling"])
     assert cfg.data.source == "spec_bench" and cfg.generation.temperature == 1.0
-    assert cfg.method.name == "draft" and cfg.target.name == "smollm2_135m"  # untouched
+    assert cfg.method.name == "draft" and cfg.target.path == "embedded"  # untouched
     assert cfg.data.category_map["writing"] == "multi_turn"
     # the command line beats a preset's group choice
     cfg = _compose(["experiment=spec_bench_greedy", "target=tiny_random"])
@@ -242,3 +242,14 @@ def test_relative_data_path_resolves_against_the_start_directory(tmp_path, monke
     cfg = _compose([*TINY, "data=spec_bench", "data.path=q.jsonl"])
     validate(cfg)
     assert [p.prompt_id for p in experiment.load_data(cfg)] == ["1"]
+
+
+def test_k_too_large_for_the_context_blames_k_not_the_prompts(tmp_path):
+    cfg = _compose([*TINY, "method.num_speculative_tokens=1000", "data.limit=1", "warmup=false", "plots=false"])
+    with pytest.raises(ConfigError, match=r"^method.num_speculative_tokens: max_new_tokens=64 plus k=1000 .*"
+                                          r"context of 512 tokens; lower method.num_speculative_tokens") as err:
+        experiment.run(cfg, tmp_path)
+    assert "prompt exceeds" not in str(err.value)
+    cfg = _compose([*TINY, "generation.max_new_tokens=600", "data.limit=1", "warmup=false", "plots=false"])
+    with pytest.raises(ConfigError, match=r"^generation.max_new_tokens: .*lower generation.max_new_tokens"):
+        experiment.run(cfg, tmp_path / "second")

@@ -25,7 +25,8 @@ def test_default_run_on_the_embedded_model(tmp_path):
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, text=True, capture_output=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["target"] == "smollm2_135m" and summary["method"] == "draft" and summary["draft"] == "self"
+    assert summary["target"] == "SmolLM2-135M-Instruct.Q4_1.gguf (llama, 30 layers)"  # what was loaded
+    assert summary["method"] == "draft" and summary["draft"] == "self"
     assert summary["num_prompts"] == 2 and summary["complete"] is True
     # the target is its own draft: acceptance is 1 up to bfloat16 rounding between 1- and k+1-token passes
     assert summary["acceptance_rate"] > 0.8 and summary["mean_accepted_length"] > 3.0

@@ -1,0 +1,124 @@
+"""A run never overwrites or shares another run's folder: default folders differ within a second, a
+folder holding another run or sweep is refused before Hydra writes a byte into it (checked through the
+real command line), claims are exclusive, a sweep's jobs get a folder each, and the Python API refuses
+a folder that holds results."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from specdec import experiment
+from specdec.run_dirs import FolderInUseError, check_sweep_subdir, claim_run_dir, claim_sweep_dir
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["experiment=tiny_smoke", "data.limit=1", "data.categories=[qa]", "generation.max_new_tokens=2",
+        "warmup=false", "plots=false", "threads=1"]
+
+
+def _specdec(cwd: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
+    return subprocess.run([sys.executable, "-m", "specdec", *args], cwd=cwd, env=env, text=True,
+                          capture_output=True, timeout=timeout)
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_default_folders_differ_within_one_second(monkeypatch):
+    import hydra.core.utils
+
+    class Clock(dt.datetime):
+        microsecond_now = 0
+
+        @classmethod
+        def now(cls, tz=None):
+            return dt.datetime(2026, 1, 2, 3, 4, 5, cls.microsecond_now)
+
+    monkeypatch.setattr(hydra.core.utils, "datetime", Clock)  # what Hydra's ${now:} resolver reads
+    folders = []
+    for start in (100, 200):  # two runs started 100 microseconds apart
+        Clock.microsecond_now = start
+        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+            cfg = compose("config", return_hydra_config=True)
+        folders.append((cfg.hydra.run.dir, cfg.hydra.sweep.dir))
+    assert folders[0][0] != folders[1][0] and folders[0][1] != folders[1][1]
+    assert folders[0][0].startswith("outputs/2026-01-02/03-04-05") and folders[0][0].endswith("_draft")
+
+
+def test_claims_are_exclusive(tmp_path):
+    run = claim_run_dir(tmp_path / "run")
+    with pytest.raises(FolderInUseError, match=r"already holds another run \(its \.hydra/\).*Pick another"):
+        claim_run_dir(run)
+    (tmp_path / "made_in_advance").mkdir()
+    claim_run_dir(tmp_path / "made_in_advance")  # an empty folder given in advance is fine
+    results = tmp_path / "old"
+    results.mkdir()
+    (results / "summary.json").write_text("{}")
+    with pytest.raises(FolderInUseError, match=r"already holds the results of another run \(summary\.json\)"):
+        claim_run_dir(results)
+    assert not (results / ".hydra").exists()
+
+    sweep = claim_sweep_dir(tmp_path / "sweep")
+    with pytest.raises(FolderInUseError, match=r"multirun\.yaml"):
+        claim_sweep_dir(sweep)
+    with pytest.raises(FolderInUseError, match=r"another run or sweep \(summary\.json\)"):
+        claim_sweep_dir(results)
+
+
+def test_sweep_jobs_need_folders_of_their_own():
+    from omegaconf import OmegaConf
+
+    check_sweep_subdir(OmegaConf.create({"sweep": {"subdir": "${hydra.job.num}"}}))
+    check_sweep_subdir(OmegaConf.create({"sweep": {"subdir": "${hydra.job.override_dirname}_${hydra.job.num}"}}))
+    for subdir in ("same", "${hydra.job.override_dirname}"):  # seeds are left out of override_dirname
+        with pytest.raises(FolderInUseError, match=r"include \$\{hydra.job.num\}"):
+            check_sweep_subdir(OmegaConf.create({"sweep": {"subdir": subdir}}))
+
+
+def test_a_second_run_into_a_folder_is_refused_before_anything_is_written(tmp_path):
+    earlier = tmp_path / "earlier"
+    (earlier / ".hydra").mkdir(parents=True)
+    (earlier / ".hydra" / "overrides.yaml").write_text("- seed=7\n")
+    (earlier / "summary.json").write_text('{"speedup": 1.5}')
+    before = _snapshot(earlier)
+    proc = _specdec(tmp_path, *TINY, "seed=8", f"hydra.run.dir={earlier}")
+    assert proc.returncode == 1
+    assert f"hydra.run.dir={earlier} already holds the results of another run" in proc.stderr
+    assert _snapshot(earlier) == before  # neither .hydra/ nor the log was rewritten
+
+    proc = _specdec(tmp_path, "-m", *TINY, "seed=1,2", f"hydra.sweep.dir={earlier}")
+    assert proc.returncode == 1 and f"hydra.sweep.dir={earlier} already holds another run" in proc.stderr
+    assert _snapshot(earlier) == before and "Launching" not in proc.stdout + proc.stderr
+
+
+def test_python_api_refuses_a_folder_that_holds_results(tmp_path, monkeypatch):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=TINY)
+    (tmp_path / "results.jsonl").write_text('{"prompt_id": "old"}\n')
+    monkeypatch.setattr(experiment, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(FolderInUseError, match=r"out_dir=.* already holds the results of another run"):
+        experiment.run(cfg, tmp_path)
+    assert (tmp_path / "results.jsonl").read_text() == '{"prompt_id": "old"}\n'
+
+
+@pytest.mark.slow
+def test_two_runs_started_together_keep_their_own_folders(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-m", "specdec", *TINY, f"seed={seed}"], cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for seed in (1, 2)]
+    for proc in procs:
+        out, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, out[-3000:]
+    folders = sorted(p.parent for p in (tmp_path / "outputs").rglob("summary.json"))
+    assert len(folders) == 2
+    seeds = sorted(json.loads((f / "summary.json").read_text())["seed"] for f in folders)
+    assert seeds == [1, 2]
