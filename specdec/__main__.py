@@ -1,12 +1,21 @@
-"""`specdec-run` / `python -m specdec`: the Hydra app over `conf/`.
+"""`specdec-run` / `python -m specdec`: the Hydra app over the configs in `conf/`.
 
     python -m specdec                                   # the default experiment on the embedded model
     python -m specdec experiment=quick method.num_speculative_tokens=8
     python -m specdec -m method.num_speculative_tokens=1,2,4,8 generation.temperature=0,0.7
     python -m specdec --cfg job                         # print the composed config and exit
+    specdec-run 'hydra.searchpath=[file:///path/to/my_configs]' experiment=mine   # configs of your own
+
+The configs are `conf/` at the top of the repository, shipped inside the package as `specdec.conf`
+(pyproject.toml), so the app reads the same files from a clone, an editable install or a wheel, from
+any folder. A clone used without installing it (`PYTHONPATH=.`) has no `specdec.conf`; the app then
+reads `conf/` beside the package directly.
 
 The job body is `specdec.experiment.run`; the schema and checks are in `specdec.config`.
 """
+
+import importlib.util
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -14,10 +23,17 @@ from omegaconf import DictConfig
 
 from specdec.config import register
 
-register()  # the schema must be in the ConfigStore before Hydra composes `conf/config.yaml`
+register()  # the schema must be in the ConfigStore before Hydra composes `config.yaml`
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def config_path() -> str:
+    """Where Hydra reads the configs: the package's `specdec.conf`, or a clone's `conf/` when not installed."""
+    if importlib.util.find_spec("specdec.conf") is not None:
+        return "pkg://specdec.conf"
+    return str(Path(__file__).resolve().parents[1] / "conf")
+
+
+@hydra.main(version_base="1.3", config_path=config_path(), config_name="config")
 def main(cfg: DictConfig) -> float:
     """Run one job; returns the method's speedup (what a sweeper such as Optuna would optimise)."""
     from specdec.experiment import run  # imported here so `--help` and `--cfg` stay fast
