@@ -5,31 +5,31 @@ proposer (`method=hybrid`, several proposers). Both ask the same question before
 option gives the most tokens per second, plain decoding included?
 
 A step of a batch of B rows that drafts k tokens per row and scores T = 1 + (longest proposal)
-tokens per row takes
+tokens per row costs, in units of a plain step (T = 1, no drafting) at this batch size,
 
-    D(source, B, k) + R(B, T) seconds
+    c(source, B, k) + rho(B, T)
 
-D: drafting (the proposer, and the policy's own bookkeeping); R: the rest of the step (the target
+c: drafting (the proposer, and the policy's own bookkeeping); rho: the rest of the step (the target
 pass over B x T tokens, verification, commit, the loop). Both are learned from the run's own
-clocks, per batch size (`CostModel`): scoring width is almost free at batch 1 and expensive at
-batch 16 (SmolLM2 bfloat16 on this CPU, 150-token context: T = 9 costs 1.25x T = 1 at batch 1,
-2.8x at batch 16). Row b emits E_b(l) = 1 + sum_{i<=l} prod_{j<=i} a_{b,j} tokens when it offers
-l drafts, with a_{b,j} the acceptance of draft j given the ones before it were accepted
-(`AcceptanceModel`). The plan with the highest sum_b E_b / (D + R) wins; plain decoding (k = 0,
-T = 1) is always a candidate, and a speculative plan must beat it by `margin`, so when drafting
-cannot pay the step is a plain one.
+clocks, per batch size (`CostModel`), as ratios taken seconds apart, so that a machine whose speed
+changes under other load still compares like with like. Scoring width is almost free at batch 1
+and expensive at batch 16 (SmolLM2 bfloat16 on this CPU, 150-token context: T = 9 cost 1.25x
+T = 1 at batch 1, 2.8x at batch 16). Row b emits E_b(l) = 1 + sum_{i<=l} prod_{j<=i} a_{b,j}
+tokens when it offers l drafts, with a_{b,j} the acceptance of draft j given the ones before it
+were accepted (`AcceptanceModel`). The plan with the highest sum_b E_b / cost wins; plain decoding
+(k = 0, T = 1, cost 1) is always a candidate, and a speculative plan must beat it by `margin`, so
+when drafting cannot pay the step is a plain one.
 
 Learning without losing:
-- Costs: the first step at a new batch size is a plain step (it measures R(B, 1) at no loss);
-  unmeasured widths are read off the measured ones (interpolated, extrapolated with a
-  non-negative slope, flat where nothing else is known), so an untried width looks no more
-  expensive than its neighbours and gets tried once, then measured. Each key keeps its last
-  `window` timings and uses their median: a busy machine's spikes do not steer decisions.
+- Costs: the first step at a new batch size is a plain step (no loss); widths never measured are
+  read off the measured ones (interpolated, extrapolated with a non-negative slope, flat where
+  nothing else is known), so an untried width looks no more expensive than its neighbours, is
+  tried once and then measured. Every estimate is a median over the last `window` observations.
 - Acceptance: decayed counts per draft position, shrunk to a prior; a per-row factor for the rows
   of the current batch (a summarization row and a QA row differ). When the policy stops drafting
   it also stops learning acceptance, so it explores: one step with the best speculative plan
-  every `ceil(loss / explore)` plain steps, where loss is that plan's predicted shortfall, which
-  bounds the time spent exploring to about `explore` (1%).
+  every `ceil((loss + margin) / explore)` steps without a verdict, where loss is that plan's
+  predicted shortfall, which keeps the time lost to exploring under about `explore` (1%).
 
 Decisions that look at proposed tokens are taken only for deterministic proposals (no q): their
 tokens are functions of the past, so shortening them keeps every verifier lossless. A proposal
@@ -45,21 +45,43 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
+
+
+def interpolate(pts: dict[int, float], x: int) -> float | None:
+    """pts at x if known; else linear between the nearest known keys, beyond the largest along the
+    least-squares slope of all known keys (never negative), flat below the smallest."""
+    if x in pts:
+        return pts[x]
+    if not pts:
+        return None
+    xs = sorted(pts)
+    if x < xs[0]:
+        return pts[xs[0]]
+    below = max(p for p in xs if p < x)
+    above = [p for p in xs if p > x]
+    if above:
+        hi = min(above)
+        return pts[below] + (pts[hi] - pts[below]) * (x - below) / (hi - below)
+    if len(xs) == 1:
+        return pts[below]
+    mx = sum(xs) / len(xs)
+    my = sum(pts[p] for p in xs) / len(xs)
+    slope = sum((p - mx) * (pts[p] - my) for p in xs) / sum((p - mx) ** 2 for p in xs)
+    return pts[below] + max(slope, 0.0) * (x - below)
+
 
 class Timings:
-    """Recent timings per integer key (a width T or a draft length k), summarised by their median.
-
-    `at(x)` for a key never observed: linear between the nearest observed keys, beyond the largest
-    along the least-squares slope of all observed keys (never negative), flat below the smallest.
-    `origin=True` adds the point (0, 0) (drafting nothing costs nothing)."""
+    """Recent observations per integer key, summarised by their median (robust to spikes);
+    `at(x)` interpolates keys never observed (`interpolate`); `origin=True` adds (0, 0)."""
 
     def __init__(self, window: int = 16):
         self.window = window
         self.obs: dict[int, deque] = {}
         self._medians: dict[int, float] | None = None  # cached until the next `add`
 
-    def add(self, x: int, seconds: float) -> None:
-        self.obs.setdefault(x, deque(maxlen=self.window)).append(seconds)
+    def add(self, x: int, value: float) -> None:
+        self.obs.setdefault(x, deque(maxlen=self.window)).append(value)
         self._medians = None
 
     def __bool__(self) -> bool:
@@ -72,63 +94,107 @@ class Timings:
 
     def at(self, x: int, origin: bool = False) -> float | None:
         pts = self.medians()
-        if origin and 0 not in pts:
-            pts = {0: 0.0, **pts}
-        if x in pts:
-            return pts[x]
-        if not pts:
-            return None
-        xs = list(pts)
-        if x < xs[0]:
-            return pts[xs[0]]
-        below = max(p for p in xs if p < x)
-        above = [p for p in xs if p > x]
-        if above:
-            hi = min(above)
-            return pts[below] + (pts[hi] - pts[below]) * (x - below) / (hi - below)
-        if len(xs) == 1:
-            return pts[below]
-        mx = sum(xs) / len(xs)
-        my = sum(pts.values()) / len(xs)
-        slope = sum((p - mx) * (pts[p] - my) for p in xs) / sum((p - mx) ** 2 for p in xs)
-        return pts[below] + max(slope, 0.0) * (x - below)
+        return interpolate({0: 0.0, **pts} if origin and 0 not in pts else pts, x)
 
 
 class CostModel:
-    """Seconds of a step's parts, learned per batch size: R(B, T) the rest of a step that scores T
-    tokens per row, D(source, B, k) drafting k tokens per row with `source`."""
+    """Step costs in units of a plain step at the same batch size, at the same moment.
+
+    The machine's speed changes under other load (a shared CPU: a plain SmolLM2 step took 66 ms in
+    one minute and 420 ms in another), so absolute timings taken minutes apart cannot be compared.
+    Ratios taken seconds apart can:
+    - rho(B, T) = R(B, T) / R(B, 1), the rest of a step that scores T tokens per row: from pairs of
+      consecutive steps of different widths (log ratio, median per pair of widths), solved by
+      least squares over all pairs with rho(B, 1) = 1;
+    - c(source, B, k) = D(source, B, k) / R(B, 1), drafting: the draft's seconds over the same
+      step's plain-step equivalent R_t / rho(B, T_t)."""
 
     def __init__(self, window: int = 16):
         self.window = window
-        self.rest: dict[int, Timings] = {}
+        self.pairs: dict[int, dict[tuple[int, int], deque]] = {}  # B -> (T, T') -> log(R_T / R_T')
+        self.last: dict[int, tuple[int, float]] = {}  # B -> (T, seconds) of the last measured step
+        self.plain_s: dict[int, float] = {}  # B -> seconds of a plain step, lately (for reports)
         self.draft: dict[tuple[str, int], Timings] = {}
+        self._rho: dict[int, dict[int, float]] = {}  # B -> T -> log rho, solved; cleared on new pairs
 
-    def add_rest(self, b: int, t: int, seconds: float) -> None:
-        self.rest.setdefault(b, Timings(self.window)).add(t, seconds)
+    def add_step(self, b: int, t: int, rest_s: float, drafts: list[tuple[str, int, float]] = ()) -> None:
+        """A step at batch size b scored t tokens per row; the rest of it took rest_s seconds; each
+        draft entry is (source, k, seconds)."""
+        rest_s = max(rest_s, 1e-9)
+        prev = self.last.get(b)
+        if prev is not None and prev[0] != t:
+            (hi, s_hi), (lo, s_lo) = sorted([(t, rest_s), prev], reverse=True)
+            self.pairs.setdefault(b, {}).setdefault((hi, lo), deque(maxlen=self.window)).append(
+                math.log(s_hi / s_lo))
+            self._rho.pop(b, None)
+        self.last[b] = (t, rest_s)
+        plain = rest_s / self.rest(b, t)
+        self.plain_s[b] = plain
+        for source, k, seconds in drafts:
+            if k > 0:
+                self.draft.setdefault((source, b), Timings(self.window)).add(k, seconds / plain)
 
-    def add_draft(self, source: str, b: int, k: int, seconds: float) -> None:
-        if k > 0:
-            self.draft.setdefault((source, b), Timings(self.window)).add(k, seconds)
+    def ready(self, b: int) -> bool:
+        """A step at batch size b was measured."""
+        return b in self.plain_s
 
-    def rest_s(self, b: int, t: int) -> float | None:
-        """None when nothing was measured at batch size b."""
-        timings = self.rest.get(b)
-        return timings.at(t) if timings else None
+    def new_generation(self) -> None:
+        """Steps of different generations are not paired: other work may run in between."""
+        self.last = {}
+
+    def _solve(self, b: int) -> dict[int, float]:
+        """log rho per width connected to T = 1 by pairs (least squares over the pairs' medians)."""
+        if b in self._rho:
+            return self._rho[b]
+        pairs = {key: statistics.median(v) for key, v in self.pairs.get(b, {}).items()}
+        linked, frontier = {1}, [1]
+        while frontier:
+            w = frontier.pop()
+            for hi, lo in pairs:
+                for u, v in ((hi, lo), (lo, hi)):
+                    if u == w and v not in linked:
+                        linked.add(v)
+                        frontier.append(v)
+        unknown = sorted(linked - {1})
+        out = {1: 0.0}
+        if unknown:
+            col = {w: i for i, w in enumerate(unknown)}
+            rows, rhs = [], []
+            for (hi, lo), d in pairs.items():
+                if hi in linked and lo in linked:
+                    weight = math.sqrt(len(self.pairs[b][(hi, lo)]))
+                    row = np.zeros(len(unknown))
+                    if hi in col:
+                        row[col[hi]] += weight
+                    if lo in col:
+                        row[col[lo]] -= weight
+                    rows.append(row)
+                    rhs.append(weight * d)
+            x = np.linalg.lstsq(np.array(rows), np.array(rhs), rcond=None)[0]
+            out.update({w: float(x[col[w]]) for w in unknown})
+        self._rho[b] = out
+        return out
+
+    def rest(self, b: int, t: int) -> float:
+        """rho(B, T): the rest of a step scoring t tokens per row, in plain steps (1.0 for t = 1).
+        Widths never paired with others are interpolated in log space; with nothing known, 1.0."""
+        return math.exp(interpolate(self._solve(b), t))
 
     def draft_known(self, source: str, b: int) -> bool:
         return bool(self.draft.get((source, b)))
 
-    def draft_s(self, source: str, b: int, k: int) -> float:
-        """0 for k = 0 and while unmeasured (optimistic: the first try measures it)."""
+    def draft_cost(self, source: str, b: int, k: int) -> float:
+        """c(source, B, k) in plain steps; 0 for k = 0 and while unmeasured (optimistic)."""
         timings = self.draft.get((source, b))
         return timings.at(k, origin=True) if k > 0 and timings else 0.0
 
     def table(self) -> dict:
-        """Medians in milliseconds, for results and studies."""
+        """What was learned, for results and studies."""
         return {
-            "rest_ms": {b: {t: round(s * 1e3, 3) for t, s in v.medians().items()} for b, v in self.rest.items()},
-            "draft_ms": {f"{src}@{b}": {k: round(s * 1e3, 3) for k, s in v.medians().items()}
-                         for (src, b), v in self.draft.items()},
+            "plain_step_ms": {b: round(s * 1e3, 3) for b, s in self.plain_s.items()},
+            "width_cost": {b: {t: round(self.rest(b, t), 4) for t in sorted(self._solve(b))} for b in self.plain_s},
+            "draft_cost": {f"{src}@{b}": {k: round(c, 4) for k, c in v.medians().items()}
+                           for (src, b), v in self.draft.items()},
         }
 
 
@@ -212,15 +278,15 @@ def verified(offered: list[int], accepted: list[int], active: list[bool]) -> dic
 @dataclass
 class Plan:
     """A candidate for one step: `k` drafts per row (asked of the proposer, or kept of its proposal),
-    `tokens` expected from the batch, `seconds` predicted for the step."""
+    `tokens` expected from the batch, `cost` the step's predicted time in plain steps."""
 
     k: int
     tokens: float
-    seconds: float
+    cost: float
 
     @property
     def rate(self) -> float:
-        return self.tokens / max(self.seconds, 1e-12)
+        return self.tokens / max(self.cost, 1e-12)
 
 
 class Planner:
@@ -252,21 +318,23 @@ class Planner:
             self.models[source] = AcceptanceModel(self.k_max, **self.model_args)
         return self.models[source]
 
-    def reset_rows(self) -> None:
+    def new_generation(self) -> None:
+        """Per-row estimates start afresh; costs and pooled acceptance carry over."""
+        self.costs.new_generation()
         for m in self.models.values():
             m.reset_rows()
 
     def ready(self, b: int) -> bool:
-        """A plain step at batch size b was measured (before that, every step is plain)."""
-        return self.costs.rest_s(b, 1) is not None
+        """A step at batch size b was measured (before that, every step is plain)."""
+        return self.costs.ready(b)
 
     def is_cheap(self, source: str, b: int) -> bool:
         """Drafting k_max tokens costs under `cheap` of a plain step: asking for more is free."""
         return self.ready(b) and self.costs.draft_known(source, b) and \
-            self.costs.draft_s(source, b, self.k_max) <= self.cheap * self.costs.rest_s(b, 1)
+            self.costs.draft_cost(source, b, self.k_max) <= self.cheap
 
     def plain(self, b: int, rows: list[int], sunk: float = 0.0) -> Plan:
-        return Plan(0, float(len(rows)), sunk + self.costs.rest_s(b, 1))
+        return Plan(0, float(len(rows)), sunk + 1.0)
 
     def _plans(self, source: str, b: int, rows: list[int], cap: int, draft: float, asked: bool,
                lengths: list[int] | None = None) -> list[Plan]:
@@ -275,7 +343,7 @@ class Planner:
         curves = [model.curve(r, asked) for r in rows]
         caps = [lengths[r] for r in rows] if lengths is not None else [cap] * len(rows)
         longest = max(caps, default=0)
-        rest = [self.costs.rest_s(b, 1 + min(j, longest)) for j in range(cap + 1)]
+        rest = [self.costs.rest(b, 1 + min(j, longest)) for j in range(cap + 1)]
         return [Plan(j, sum(c[min(j, n)] for c, n in zip(curves, caps)), draft + rest[j]) for j in range(cap + 1)]
 
     def best_ask(self, source: str, b: int, rows: list[int], trimmable: bool, sunk: float = 0.0,
@@ -286,14 +354,14 @@ class Planner:
         plans = []
         top = self.k_max if cap is None else min(cap, self.k_max)
         for k in range(min(max(self.min_k, 1), top), top + 1):
-            widths = self._plans(source, b, rows, k, sunk + self.costs.draft_s(source, b, k), asked=True)
+            widths = self._plans(source, b, rows, k, sunk + self.costs.draft_cost(source, b, k), asked=True)
             best = max(widths, key=lambda p: p.rate) if trimmable else widths[k]
-            plans.append(Plan(k, best.tokens, best.seconds))
+            plans.append(Plan(k, best.tokens, best.cost))
         return max(plans, key=lambda p: (p.rate, p.k))
 
     def best_keep(self, source: str, b: int, rows: list[int], lengths: list[int], draft: float) -> Plan | None:
         """The best number of drafts j >= 1 to keep of a deterministic proposal (row r keeps
-        min(lengths[r], j)); `draft` seconds were spent drafting. None when nothing was offered."""
+        min(lengths[r], j)); drafting cost `draft` plain steps. None when nothing was offered."""
         cap = max((lengths[r] for r in rows), default=0)
         if cap == 0:
             return None
@@ -335,7 +403,7 @@ class Planner:
         """How many drafts of a deterministic proposal to keep per row, 0 for a plain step."""
         if not self.ready(b):
             return Plan(max((lengths[r] for r in rows), default=0), 0.0, 0.0)
-        draft = self.costs.draft_s(source, b, asked)
+        draft = self.costs.draft_cost(source, b, asked)
         best = self.best_keep(source, b, rows, lengths, draft)
         return self.choose([(source, best)], self.plain(b, rows, draft))[1]
 
@@ -354,12 +422,13 @@ class Planner:
 
 
 class StepClock:
-    """Measures R(B, T): the time from one step's start to the next step's start, less drafting.
-    The last step of a generation is not measured (what follows it is not a step)."""
+    """Times the rest of each step (from its start to the next step's start, less drafting) and
+    hands it to the cost model. The last step of a generation is not measured (what follows it is
+    not a step)."""
 
     def __init__(self):
         self.start: float | None = None
-        self.pending: tuple[int, int, float] | None = None  # (B, T, draft seconds) of the last step
+        self.pending: tuple[int, int, list[tuple[str, int, float]]] | None = None
 
     def reset(self) -> None:
         self.start, self.pending = None, None
@@ -368,9 +437,11 @@ class StepClock:
         """A step starts: close the previous one."""
         now = time.perf_counter()
         if self.start is not None and self.pending is not None:
-            b, t, draft = self.pending
-            costs.add_rest(b, t, max(now - self.start - draft, 0.0))
+            b, t, drafts = self.pending
+            costs.add_step(b, t, now - self.start - sum(s for _, _, s in drafts), drafts)
         self.start, self.pending = now, None
 
-    def done(self, b: int, t: int, draft_s: float) -> None:
-        self.pending = (b, t, draft_s)
+    def done(self, b: int, t: int, drafts: list[tuple[str, int, float]]) -> None:
+        """The step that started at the last tick scored t tokens per row for b rows, after
+        drafting (source, k, seconds) for each entry."""
+        self.pending = (b, t, list(drafts))

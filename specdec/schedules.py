@@ -121,8 +121,8 @@ class CostAwareSchedule(ConstantSchedule):
     when none do (see `specdec.policy` for the cost model and the decisions).
 
     Before proposing (`next_k`) it asks the proposer for the k with the best expected tokens per
-    second, counting drafting D(B, k) and scoring R(B, k + 1) as measured in this run at this batch
-    size; a proposer whose drafting is free (n-gram, suffix) is asked for k_max. After proposing
+    second, counting drafting and scoring k + 1 tokens as measured in this run at this batch size
+    (in units of a plain step); a proposer whose drafting is free (n-gram, suffix) is asked for k_max. After proposing
     (`trim`), a deterministic proposal (one without q) is cut to the width that pays best, given
     what each row actually offered: row b keeps min(its drafts, j) for the chosen j, which may be 0
     (a plain step). Costs depend on the batch's width only, so a row that offers less is never
@@ -156,7 +156,7 @@ class CostAwareSchedule(ConstantSchedule):
 
     def reset(self) -> None:
         self.clock.reset()
-        self.planner.reset_rows()
+        self.planner.new_generation()
 
     @staticmethod
     def _rows(state) -> list[int]:
@@ -180,8 +180,7 @@ class CostAwareSchedule(ConstantSchedule):
 
     def observe(self, outcome, draft_s: float, verify_s: float) -> None:
         b, p = len(outcome.active), outcome.proposal
-        self.planner.costs.add_draft(self.source, b, self._asked, draft_s)
-        self.clock.done(b, 1 + p.max_length, draft_s)
+        self.clock.done(b, 1 + p.max_length, [(self.source, self._asked, draft_s)])
         if self._asked > 0:
             offered = self._offered if len(self._offered) == b else list(p.lengths)
             self.planner.model(self.source).observe_offers(

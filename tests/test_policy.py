@@ -12,7 +12,7 @@ import torch
 from specdec.decoding import SpeculativeDecoder
 from specdec.engine import Engine
 from specdec.models import tiny_random_model
-from specdec.policy import AcceptanceModel, Plan, Planner, Timings
+from specdec.policy import AcceptanceModel, CostModel, Plan, Planner, Timings
 from specdec.proposers.base import Proposal
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.ngram import NgramProposer
@@ -31,10 +31,9 @@ def _fed(planner: Planner, accept: float, rest, drafting=None, b: int = 1, sourc
     width, drafting seconds drafting(k) (none: free), all at batch size b, as if measured `rounds` times."""
     k = planner.k_max
     for _ in range(rounds):
-        for t in range(1, k + 2):
-            planner.costs.add_rest(b, t, rest(t))
-        for j in range(1, k + 1):
-            planner.costs.add_draft(source, b, j, drafting(j) if drafting else 0.0)
+        for t in range(2, k + 2):  # a plain step, then one drafting t - 1 and scoring t
+            planner.costs.add_step(b, 1, rest(1))
+            planner.costs.add_step(b, t, rest(t), [(source, t - 1, drafting(t - 1) if drafting else 0.0)])
     m = planner.model(source)
     m.reached, m.accepted = [1e6] * k, [1e6 * accept] * k
     m.asked, m.offered = [1e6] * k, [1e6] * k
@@ -94,7 +93,7 @@ def test_the_first_step_at_a_new_batch_size_is_plain_then_it_tries_drafting():
     sched = CostAwareSchedule(8, start=2)
     state = SimpleNamespace(batch_size=4, active=[True] * 4)
     assert sched.next_k(state) == 0
-    sched.planner.costs.add_rest(4, 1, 0.05)
+    sched.planner.costs.add_step(4, 1, 0.05)
     assert sched.next_k(state) == 2  # the proposer's cost at this batch size is unknown: try `start`
 
 
@@ -125,6 +124,21 @@ def test_timings_take_medians_interpolate_and_extrapolate():
     d.add(4, 0.008)
     assert d.at(2, origin=True) == pytest.approx(0.004)  # drafting nothing costs nothing
     assert Timings().at(3) is None
+
+
+def test_width_costs_are_ratios_that_survive_a_change_of_machine_speed():
+    costs = CostModel()
+    # width 5 costs 1.5 plain steps; the machine slows down 6x half way, between pairs
+    for load in [1.0] * 5 + [6.0] * 5:
+        costs.add_step(4, 1, 0.066 * load)
+        costs.add_step(4, 5, 0.099 * load, [("ngram", 4, 0.0066 * load)])
+    assert costs.rest(4, 5) == pytest.approx(1.5) and costs.rest(4, 1) == 1.0
+    assert costs.rest(4, 3) == pytest.approx(1.5 ** 0.5)  # interpolated in log space
+    assert costs.draft_cost("ngram", 4, 4) == pytest.approx(0.1)  # a tenth of a plain step
+    assert costs.rest(16, 5) == 1.0 and not costs.ready(16)  # another batch size: nothing known
+    costs.new_generation()
+    costs.add_step(4, 9, 1.0)  # not paired with the last step of the previous generation
+    assert 9 not in costs.table()["width_cost"][4]
 
 
 def test_acceptance_counts_censored_drafts_as_unjudged():
@@ -178,7 +192,7 @@ def test_policy_greedy_equals_autoregressive(make_engine, unrelated_draft, batch
         steps += out.stats.steps
     assert len(sched.history) == steps and max(sched.history) <= 6
     if costs == "cutting" and proposer != "draft":
-        assert 0 < max(sched.history) <= 2 and out.reports["schedule"]["costs"]["rest_ms"]
+        assert 0 < max(sched.history) <= 2 and out.reports["schedule"]["costs"]["width_cost"]
 
 
 def test_policy_with_the_target_drafting_for_itself_keeps_its_output(make_engine):

@@ -32,21 +32,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
 from specdec.policy import Plan, Planner, StepClock, verified
 from specdec.proposers.base import Proposal
 from specdec.schedules import cut
-
-
-@dataclass
-class _Option:
-    """One option of one step, valued for the hindsight comparison."""
-
-    tokens: float  # emitted by the batch (realized or expected)
-    seconds: float  # predicted for the step
 
 
 class HybridProposer:
@@ -71,24 +63,23 @@ class HybridProposer:
         self.clock = StepClock()
         self._step: dict = {}
         self.choices: list[str] = []
-        self.hindsight: dict[str, list[float]] = {}  # option -> [tokens, seconds] over this generation
+        self.hindsight: dict[str, list[float]] = {}  # option -> [tokens, plain steps of time] this generation
 
     def reset(self, state) -> None:
         for part in self.parts.values():
             part.reset(state)
         self.clock.reset()
         if self.planner is not None:
-            self.planner.reset_rows()
+            self.planner.new_generation()
         self._step, self.choices, self.hindsight = {}, [], {}
 
     # ---------------------------------------------------------------- choosing
 
-    def _timed(self, name: str, state, k: int) -> tuple[Proposal, float]:
+    def _timed(self, name: str, state, k: int) -> Proposal:
         start = time.perf_counter()
         proposal = self.parts[name].propose(state, k)
-        seconds = time.perf_counter() - start
-        self.planner.costs.add_draft(name, state.batch_size, k, seconds)
-        return proposal, seconds
+        self._step["drafts"].append((name, k, time.perf_counter() - start))
+        return proposal
 
     def _planner(self, k: int) -> Planner:
         if self.planner is None:
@@ -103,18 +94,18 @@ class HybridProposer:
             planner.next_step()
         b, rows = state.batch_size, [r for r, on in enumerate(state.active) if on]
         k = min(k, planner.k_max) if planner is not None else 0
-        self._step = {"name": "plain", "asked": 0, "draft_s": 0.0, "lookups": {}, "options": {}}
+        self._step = {"name": "plain", "asked": 0, "drafts": [], "lookups": {}, "options": {}}
         if k == 0 or not rows or not planner.ready(b):  # the first step at a batch size is plain: it measures R(B, 1)
             return Proposal.empty(b, state.tokens.device)
         untimed = [n for n in self.parts if not planner.costs.draft_known(n, b)]
         if untimed:
-            return self._use(untimed[0], *self._timed(untimed[0], state, k), k)
+            return self._use(untimed[0], self._timed(untimed[0], state, k), k)
 
-        lookups, spent = {}, 0.0
+        lookups, spent = {}, 0.0  # spent: the lookups' drafting, in plain steps, sunk for every option
         for name in self.parts:
             if planner.is_cheap(name, b):
-                lookups[name], seconds = self._timed(name, state, k)
-                spent += seconds
+                lookups[name] = self._timed(name, state, k)
+                spent += planner.costs.draft_cost(name, b, k)
         options: list[tuple[str, Plan | None]] = []
         for name in self.parts:
             if name in lookups:
@@ -125,20 +116,17 @@ class HybridProposer:
         name, plan = planner.choose(options, plain)
         self._step["options"] = {n: p for n, p in options if p is not None} | {"plain": plain}
         self._step["lookups"] = {n: p for n, p in lookups.items() if n != name}
-        self._step["draft_s"] = spent
         if name is None:
             return Proposal.empty(b, state.tokens.device)
         if name in lookups:
-            return self._use(name, cut(lookups[name], plan.k), 0.0, k, offered=lookups[name].lengths)
-        proposal, seconds = self._timed(name, state, plan.k)
+            return self._use(name, cut(lookups[name], plan.k), k, offered=lookups[name].lengths)
+        proposal = self._timed(name, state, plan.k)
         if proposal.probs is None and proposal.max_length > plan.k:
             proposal = cut(proposal, plan.k)
-        return self._use(name, proposal, seconds, plan.k)
+        return self._use(name, proposal, plan.k)
 
-    def _use(self, name: str, proposal: Proposal, seconds: float, asked: int,
-             offered: list[int] | None = None) -> Proposal:
+    def _use(self, name: str, proposal: Proposal, asked: int, offered: list[int] | None = None) -> Proposal:
         self._step.update(name=name, asked=asked, offered=list(offered or proposal.lengths))
-        self._step["draft_s"] = self._step.get("draft_s", 0.0) + seconds
         return proposal
 
     # ---------------------------------------------------------------- learning
@@ -153,7 +141,7 @@ class HybridProposer:
         if planner is None:
             return
         b, p = len(outcome.active), outcome.proposal
-        self.clock.done(b, 1 + p.max_length, step.get("draft_s", 0.0))
+        self.clock.done(b, 1 + p.max_length, step.get("drafts", []))
         self.choices.append(name)
         if name != "plain":
             rows = [r for r, on in enumerate(outcome.active) if on]
@@ -205,10 +193,10 @@ class HybridProposer:
                 tokens = float(sum(outcome.active))
             total = self.hindsight.setdefault(option, [0.0, 0.0])
             total[0] += tokens
-            total[1] += plan.seconds
+            total[1] += plan.cost
         chosen = self.hindsight.setdefault("chosen", [0.0, 0.0])
         chosen[0] += realized
-        chosen[1] += options[name].seconds
+        chosen[1] += options[name].cost
 
     def report(self) -> dict:
         """Choices per step, wins per part, and the regret against the best fixed option in hindsight."""
