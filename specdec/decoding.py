@@ -21,7 +21,7 @@ from specdec.engine import Engine, Timer
 from specdec.metrics import GenerationStats, RowStats
 from specdec.proposers.autoregressive import NoDraftProposer
 from specdec.proposers.base import Proposal, Proposer
-from specdec.sampling import SamplingParams
+from specdec.sampling import SamplingParams, check_number
 from specdec.schedules import ConstantSchedule
 from specdec.verify import Verification, make_verifier
 
@@ -172,6 +172,8 @@ class SpeculativeDecoder:
                  on_tokens: TokenCallback | None = None, past: Generation | None = None) -> Generation:
         """Decode a batch of prompts (text or token ids). `past`: a previous Generation of the same
         batch size whose caches are reused for the shared prefix (the next turn of a conversation)."""
+        max_new_tokens = check_number("max_new_tokens", max_new_tokens, integer=True)
+        seed = check_number("seed", seed, integer=True)
         sampling = SamplingParams(temperature, top_k, top_p)
         verifier = make_verifier(self.verifier_name, sampling, **self.verifier_args)
         ids = self.encode(prompts)

@@ -6,9 +6,20 @@ the same temperature, top-k and top-p, so there is exactly one function that doe
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+
+
+def check_number(name: str, value: Any, integer: bool = False) -> int | float:
+    """`value` as an int (`integer`) or a float, or a TypeError that names the argument: None or "0.5"
+    would otherwise fail later as a bare TypeError deep inside torch. numpy scalars are numbers too."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral if integer else numbers.Real):
+        what = "an integer" if integer else "a number"
+        raise TypeError(f"{name} must be {what}, got {value!r} ({type(value).__name__})")
+    return int(value) if integer else float(value)
 
 
 @dataclass(frozen=True)
@@ -20,6 +31,8 @@ class SamplingParams:
     top_p: float = 1.0
 
     def __post_init__(self):
+        for key, integer in (("temperature", False), ("top_k", True), ("top_p", False)):
+            object.__setattr__(self, key, check_number(f"generation.{key}", getattr(self, key), integer))
         if not self.temperature >= 0:
             raise ValueError(f"generation.temperature must be >= 0 (0 is greedy), got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
