@@ -28,8 +28,9 @@ Learning without losing:
 - Acceptance: decayed counts per draft position, shrunk to a prior; a per-row factor for the rows
   of the current batch (a summarization row and a QA row differ). When the policy stops drafting
   it also stops learning acceptance, so it explores: one step with the best speculative plan
-  every `ceil((loss + margin) / explore)` steps without a verdict, where loss is that plan's
-  predicted shortfall, which keeps the time lost to exploring under about `explore` (1%).
+  every `ceil((cost * loss + margin) / explore)` steps without a verdict, where cost * loss is the
+  time that plan is predicted to waste, which keeps the time lost to exploring under about
+  `explore` (1%).
 
 Decisions that look at proposed tokens are taken only for deterministic proposals (no q): their
 tokens are functions of the past, so shortening them keeps every verifier lossless. A proposal
@@ -371,8 +372,9 @@ class Planner:
 
     def choose(self, options: list[tuple[str, Plan]], plain: Plan) -> tuple[str | None, Plan]:
         """The best option; plain (None) unless a speculative one beats it by `margin` (or min_k > 0).
-        A source passed over explores once every ceil((loss + margin) / explore) steps without a
-        verdict on its drafts, loss being its predicted shortfall against the choice."""
+        A source passed over explores once every ceil((cost * loss + margin) / explore) steps without
+        a verdict on its drafts: loss is its predicted shortfall in rate against the choice, so
+        cost * loss is the time (in plain steps) one exploring step is expected to waste."""
         options = [(s, p) for s, p in options if p is not None]
         if not options:
             return None, plain
@@ -384,7 +386,8 @@ class Planner:
                 if source == name:
                     continue
                 loss = max(1.0 - plan.rate / max(best.rate, 1e-12), 0.0)
-                if self.steps - self.last_scored.get(source, 0) >= math.ceil((loss + self.margin) / self.explore):
+                period = math.ceil((plan.cost * loss + self.margin) / self.explore)
+                if self.steps - self.last_scored.get(source, 0) >= period:
                     return source, plan
         return name, best
 

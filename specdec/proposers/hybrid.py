@@ -19,10 +19,11 @@ sampling; a draft longer than what was emitted is censored, not rejected), so th
 keep up without exploring.
 
 `report()` gives, per generation, the part chosen at each step ("plain" for none), how often each
-won, and the regret against the best single option in hindsight: 1 - (tokens per second of the
-choices made) / (that of the best fixed option), all valued at the end of the generation (exact
-counterfactual tokens where a lookup's draft was judged, the model's expectation elsewhere; costs
-from the cost model). Negative regret: switching beat every fixed option.
+won, each fixed option's speed and that of the choices made (relative to plain decoding), and the
+regret against the best single option in hindsight: 1 - (speed of the choices made) / (speed of
+the best fixed option), all valued at the end of the step (exact counterfactual tokens where a
+lookup's draft was judged against the emitted tokens, the model's expectation elsewhere; the cost
+model's step costs). Negative regret: switching beat every fixed option.
 
 The choice depends on the past and on deterministic proposals (functions of the past) only, and a
 sampled draft is never cut, so every verifier stays lossless. Proposers are chains.
@@ -203,10 +204,13 @@ class HybridProposer:
         rates = {o: t / s for o, (t, s) in self.hindsight.items() if s > 0}
         chosen = rates.pop("chosen", None)
         best = max(rates, key=rates.get, default=None)
+        plain = rates.get("plain")
         return {
             "choices": list(self.choices),
             "counts": {n: self.choices.count(n) for n in [*self.parts, "plain"]},
-            "tokens_per_s": {o: round(r, 3) for o, r in rates.items()},
+            # tokens per unit of time of each fixed option and of the choices made, plain = 1
+            "speed_vs_plain": {o: round(r / plain, 3) for o, r in [*rates.items(), ("chosen", chosen)]
+                               if plain and r is not None},
             "best_in_hindsight": best,
             "regret": round(1.0 - chosen / rates[best], 4) if chosen and best else None,
         }
