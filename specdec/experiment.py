@@ -41,6 +41,15 @@ from specdec.config import ConfigError, method_configs, resolve_path, validate
 from specdec.data import Prompt, build_turn_input, load_prompts, select_prompts
 from specdec.decoding import Generation, SpeculativeDecoder
 from specdec.engine import Engine
+from specdec.metrics import (
+    acceptance_histogram,
+    acceptance_histogram_by_draft_length,
+    acceptance_rate,
+    mean_acceptance_length,
+    mean_accepted_length,
+    num_spec_steps,
+    sum_lists,
+)
 from specdec.models import ModelSpec, check_tokenizers_compatible, describe_model, load_model
 from specdec.report import BASELINE, format_comparison, format_table, make_plots, summarize
 from specdec.run_dirs import check_no_results
@@ -222,9 +231,10 @@ def run_batch(decoder: SpeculativeDecoder, role: str, batch: list[Prompt], cfg: 
                                ("draft_s", s.draft_s / n), ("verify_s", s.verify_s / n),
                                ("reused_cache_tokens", reused[j])):
                 row[key] += value
-            row["accepted_per_position"] = _add(row["accepted_per_position"], r.accepted_at)
-            row["reached_per_position"] = _add(row["reached_per_position"], r.reached_at)
-            row["proposed_per_position"] = _add(row["proposed_per_position"], r.proposed_at)
+            row["accepted_per_position"] = sum_lists([row["accepted_per_position"], r.accepted_at])
+            row["reached_per_position"] = sum_lists([row["reached_per_position"], r.reached_at])
+            row["proposed_per_position"] = sum_lists([row["proposed_per_position"], r.proposed_at])
+            row["accepted_lengths"] += r.accepted_lengths  # drafts accepted per step (vLLM: per_step_accepted)
             row["lossless"], row["verifier"] = out.lossless, out.verifier
             row["acceptance_measured"] = out.acceptance_measured
             row["draft_lengths"] += r.draft_lengths  # this row's drafts per step (a policy's choice per row)
@@ -245,13 +255,9 @@ def _empty_row(prompt: Prompt, role: str) -> dict:
     for key in ("wall_s", "latency_s", "ttft_s", "draft_s", "verify_s"):
         row[key] = 0.0
     row["accepted_per_position"], row["reached_per_position"], row["proposed_per_position"] = [], [], []
+    row["accepted_lengths"] = []
     row["draft_lengths"], row["step_draft_lengths"], row["reports"] = [], [], []
     return row
-
-
-def _add(xs: list[int], ys: list[int]) -> list[int]:
-    n = max(len(xs), len(ys))
-    return [(xs[i] if i < len(xs) else 0) + (ys[i] if i < len(ys) else 0) for i in range(n)]
 
 
 def _finish_row(row: dict, turns: int, seed: int) -> None:
@@ -263,8 +269,13 @@ def _finish_row(row: dict, turns: int, seed: int) -> None:
     if turns == 1:
         del row["turn_outputs"]
     row["tokens_per_s"] = row["new_tokens"] / row["wall_s"] if row["wall_s"] else float("nan")
-    row["acceptance_rate"] = row["accepted"] / row["proposed"] if row["proposed"] else float("nan")
-    row["mean_accepted_length"] = row["emitted"] / row["steps"] if row["steps"] else float("nan")
+    row["acceptance_rate"] = acceptance_rate(row["accepted"], row["proposed"])
+    row["mean_accepted_length"] = mean_accepted_length(row["emitted"], row["steps"])
+    # vLLM's per-request metrics (specdec.metrics has the definitions)
+    row["mean_acceptance_length"] = mean_acceptance_length(row["accepted"], num_spec_steps(row["draft_lengths"]))
+    row["acceptance_histogram"] = acceptance_histogram(row["draft_lengths"], row["accepted_lengths"])
+    row["acceptance_histogram_by_draft_length"] = acceptance_histogram_by_draft_length(
+        row["draft_lengths"], row["accepted_lengths"])
 
 
 def drop_too_long(prompts: list[Prompt], setup: Setup, cfg: DictConfig) -> tuple[list[Prompt], list[str]]:

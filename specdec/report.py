@@ -10,9 +10,9 @@ Definitions (DESIGN.md's vocabulary), for a group of prompts (a category, or all
 - tokens_per_s = sum(new_tokens) / sum(wall_s); speedup = method tokens_per_s / baseline tokens_per_s.
   For greedy runs both produce the same tokens, so this equals baseline wall time / method wall time;
   with sampling the two may produce different numbers of tokens, and the rate is the fair ratio.
-- acceptance_rate alpha = accepted / proposed; mean_accepted_length tau = emitted / steps (tokens per
-  target pass, bonus/recovered included, prefill's first token excluded); per_position_acceptance
-  a_i = accepted at position i / steps that verified position i.
+- The acceptance metrics (alpha, tau, the conditional a_i, vLLM's mean_acceptance_length,
+  per-position rate and histograms) are defined once, in `specdec/metrics.py`, and applied here to
+  the group's summed counts.
 - Costs, measured: t_base = baseline seconds per step (one target pass of 1 token, verifier included);
   t_draft, t_verify = the method's drafting and scoring+verifying seconds per step.
   c = (draft seconds / drafted tokens) / t_base, the cost of one draft token relative to a target step;
@@ -43,47 +43,36 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable
 from pathlib import Path
+
+from specdec.metrics import (
+    acceptance_histogram,
+    acceptance_histogram_by_draft_length,
+    acceptance_rate,
+    expected_tokens_per_step,
+    mean_acceptance_length,
+    mean_accepted_length,
+    num_spec_steps,
+    per_position_acceptance,
+    per_position_acceptance_rate,
+    sum_lists,
+)
+from specdec.metrics import ratio as _ratio
 
 BASELINE = "autoregressive"
 OVERALL = "overall"
 SUMMED = ("new_tokens", "wall_s", "steps", "proposed", "accepted", "emitted", "draft_s", "verify_s")
 
 
-def _ratio(a: float, b: float) -> float:
-    return a / b if b else float("nan")
-
-
-def _sum_lists(lists: Iterable[list[int]]) -> list[int]:
-    out: list[int] = []
-    for xs in lists:
-        out.extend([0] * (len(xs) - len(out)))
-        for i, x in enumerate(xs):
-            out[i] += x
-    return out
-
-
-def expected_tokens_per_step(per_position: list[float], drafted: list[float] | None = None) -> float:
-    """E = 1 + sum_i d_i prod_{j<=i} a_j: the bonus/recovered token plus each draft reached and
-    accepted. d_i is the fraction of steps that proposed a draft at position i (1 for a fixed k; less
-    for proposers that draft only when they have something, such as n-gram lookup, and for adaptive
-    schedules)."""
-    expected, reach = 1.0, 1.0
-    for i, a in enumerate(per_position):
-        if a is None or not math.isfinite(a):
-            break
-        reach *= a
-        expected += reach * (drafted[i] if drafted is not None else 1.0)
-    return expected
-
-
 def totals(rows: list[dict]) -> dict:
     """Sums over rows of one method: counts, seconds, per-position counts; mean TTFT."""
     t = {key: sum(r[key] for r in rows) for key in SUMMED}
-    t["accepted_per_position"] = _sum_lists(r["accepted_per_position"] for r in rows)
-    t["reached_per_position"] = _sum_lists(r["reached_per_position"] for r in rows)
-    t["proposed_per_position"] = _sum_lists(r.get("proposed_per_position", []) for r in rows)
+    t["accepted_per_position"] = sum_lists(r["accepted_per_position"] for r in rows)
+    t["reached_per_position"] = sum_lists(r["reached_per_position"] for r in rows)
+    t["proposed_per_position"] = sum_lists(r.get("proposed_per_position", []) for r in rows)
+    # per step, every prompt's steps in turn (absent from rows written by older versions)
+    t["draft_lengths"] = [n for r in rows for n in r.get("draft_lengths", [])]
+    t["accepted_lengths"] = [n for r in rows for n in r.get("accepted_lengths", [])]
     t["ttft_s"] = sum(r["ttft_s"] for r in rows) / len(rows) if rows else float("nan")
     t["num_prompts"] = len(rows)
     return t
@@ -92,7 +81,8 @@ def totals(rows: list[dict]) -> dict:
 def metrics(rows: list[dict], base_rows: list[dict], greedy: bool) -> dict:
     """The summary block of one method over one group of prompts (`base_rows`: the baseline's)."""
     t, b = totals(rows), totals(base_rows)
-    per_position = [_ratio(a, n) for a, n in zip(t["accepted_per_position"], t["reached_per_position"])]
+    per_position = per_position_acceptance(t["accepted_per_position"], t["reached_per_position"])
+    spec_steps = num_spec_steps(t["draft_lengths"])
     t_base = _ratio(b["verify_s"], b["steps"])
     t_draft = _ratio(t["draft_s"], t["steps"])
     t_verify = _ratio(t["verify_s"], t["steps"])
@@ -107,9 +97,16 @@ def metrics(rows: list[dict], base_rows: list[dict], greedy: bool) -> dict:
         "wall_s": t["wall_s"],
         "tokens_per_s": _ratio(t["new_tokens"], t["wall_s"]),
         "speedup": _ratio(_ratio(t["new_tokens"], t["wall_s"]), _ratio(b["new_tokens"], b["wall_s"])),
-        "acceptance_rate": _ratio(t["accepted"], t["proposed"]),
-        "mean_accepted_length": _ratio(t["emitted"], t["steps"]),
+        "acceptance_rate": acceptance_rate(t["accepted"], t["proposed"]),
+        "mean_accepted_length": mean_accepted_length(t["emitted"], t["steps"]),
         "per_position_acceptance": per_position,
+        # vLLM's per-request metrics, under vLLM's names (README, "Metrics")
+        "mean_acceptance_length": mean_acceptance_length(t["accepted"], spec_steps),
+        "per_position_acceptance_rate": per_position_acceptance_rate(t["accepted_per_position"], spec_steps),
+        "acceptance_histogram": acceptance_histogram(t["draft_lengths"], t["accepted_lengths"]),
+        "acceptance_histogram_by_draft_length": acceptance_histogram_by_draft_length(
+            t["draft_lengths"], t["accepted_lengths"]),
+        "num_spec_steps": spec_steps,
         "ttft_s": t["ttft_s"],
         "reused_cache_tokens": sum(r.get("reused_cache_tokens", 0) for r in rows),
         "steps": t["steps"],
@@ -126,7 +123,8 @@ def metrics(rows: list[dict], base_rows: list[dict], greedy: bool) -> dict:
         (1.0 if rows else float("nan")),
     }
     if unknown is not None:
-        out.update(c=unknown, expected_tokens_per_step=unknown, predicted_speedup=unknown)
+        out.update(c=unknown, expected_tokens_per_step=unknown, predicted_speedup=unknown,
+                   mean_acceptance_length=unknown)
     # The spread over prompts: per-prompt speedups (tokens/s against the baseline's on that prompt).
     base_tps = {r["prompt_id"]: _ratio(r["new_tokens"], r["wall_s"]) for r in base_rows}
     per_prompt = sorted(_ratio(_ratio(r["new_tokens"], r["wall_s"]), base_tps.get(r["prompt_id"], float("nan")))

@@ -272,7 +272,7 @@ def evaluate_draft(target, draft, prompt_ids: list[list[int]], k: int = 4, max_n
     fraction of prompts whose output equals the baseline's."""
     from specdec.decoding import SpeculativeDecoder
     from specdec.engine import Engine
-    from specdec.metrics import acceptance_rate, mean_accepted_length, per_position_acceptance
+    from specdec.metrics import RowStats
     from specdec.proposers.draft_model import DraftModelProposer
 
     engine = Engine(target, copy.deepcopy(draft), dtype=dtype)  # a copy: Engine casts the model it gets
@@ -292,10 +292,11 @@ def evaluate_draft(target, draft, prompt_ids: list[list[int]], k: int = 4, max_n
         base_s += ref.stats.wall_s
         spec_tokens += len(out.output_ids[0])
         base_tokens += len(ref.output_ids[0])
+    total = RowStats.merged(rows)
     return {
-        "acceptance_rate": acceptance_rate(rows),
-        "mean_accepted_length": mean_accepted_length(rows),
-        "per_position_acceptance": per_position_acceptance(rows),
+        "acceptance_rate": total.acceptance_rate,
+        "mean_accepted_length": total.mean_accepted_length,
+        "per_position_acceptance": total.per_position_acceptance,
         "tokens_per_s": spec_tokens / spec_s,
         "baseline_tokens_per_s": base_tokens / base_s,
         "speedup": (spec_tokens / spec_s) / (base_tokens / base_s),

@@ -1,0 +1,130 @@
+"""Every metric against a hand-computed case: five steps of one row, one of which drafted nothing and
+two of which were cut (EOS inside the accepted drafts, max_new_tokens right after the first draft).
+The same counts give the same numbers through the decoder's statistics, the experiment's rows and
+the report's summary, since all three apply the one definition in `specdec.metrics`."""
+
+import math
+
+import pytest
+
+from specdec import Engine, SpeculativeDecoder
+from specdec.metrics import (
+    RowStats,
+    acceptance_histogram,
+    acceptance_histogram_by_draft_length,
+    expected_tokens_per_step,
+    mean_acceptance_length,
+    per_position_acceptance_rate,
+)
+from specdec.proposers.draft_model import DraftModelProposer
+from specdec.report import metrics
+
+# (proposed, accepted by the verifier, emitted after the EOS / max_new_tokens cut)
+STEPS = [
+    (4, 2, 3),  # two accepted, then the recovered token
+    (4, 4, 5),  # all four accepted, then the bonus
+    (0, 0, 1),  # nothing drafted: a plain decoding step
+    (3, 3, 2),  # the second draft was EOS: the third, accepted by the verifier, is never emitted
+    (4, 1, 1),  # max_new_tokens reached after the first draft: the recovered token is not emitted
+]
+
+
+@pytest.fixture
+def row() -> RowStats:
+    r = RowStats()
+    for step in STEPS:
+        r.record(*step)
+    return r
+
+
+def test_counts_leave_out_drafts_past_the_cut(row):
+    assert (row.steps, row.proposed, row.emitted) == (5, 15, 12)
+    assert row.accepted == 2 + 4 + 0 + 2 + 1  # not 10: the draft past EOS was not emitted
+    assert row.proposed_at == [4, 4, 4, 3]
+    assert row.reached_at == [4, 3, 2, 1]
+    assert row.accepted_at == [4, 3, 1, 1]
+    assert (row.bonus, row.recovered) == (1, 3)
+    assert row.draft_lengths == [4, 4, 0, 3, 4] and row.accepted_lengths == [2, 4, 0, 2, 1]
+
+
+def test_each_metric_against_its_hand_computed_value(row):
+    assert row.acceptance_rate == pytest.approx(9 / 15)  # alpha
+    assert row.mean_accepted_length == pytest.approx(12 / 5)  # tau: every target pass counts
+    assert row.num_spec_steps == 4
+    assert row.mean_acceptance_length == pytest.approx(1 + 9 / 4)  # vLLM: steps that drafted only
+    assert row.per_position_acceptance == pytest.approx([4 / 4, 3 / 3, 1 / 2, 1 / 1])  # conditional
+    assert row.per_position_acceptance_rate == pytest.approx([4 / 4, 3 / 4, 1 / 4, 1 / 4])  # vLLM's
+    assert row.acceptance_histogram == [0, 1, 2, 0, 1]
+    assert row.acceptance_histogram_by_draft_length == {3: [0, 0, 1, 0], 4: [0, 1, 1, 0, 1]}
+
+
+def test_definitions_on_edge_cases():
+    assert mean_acceptance_length(0, 0) == 1.0  # nothing drafted: vLLM reports 1
+    assert math.isnan(RowStats().acceptance_rate) and math.isnan(RowStats().mean_accepted_length)
+    assert per_position_acceptance_rate([3, 1], 0) != per_position_acceptance_rate([3, 1], 0)  # NaN, not 0
+    assert acceptance_histogram([2, 0, 2], [1, 0, 2], k=4) == [0, 1, 1, 0, 0]  # vLLM's dense length k + 1
+    assert acceptance_histogram_by_draft_length([0, 0], [0, 0]) == {}
+    # Leviathan et al.: (1 - alpha^(k+1)) / (1 - alpha) = 1.75 for alpha = 0.5, k = 2
+    assert expected_tokens_per_step([0.5, 0.5]) == pytest.approx(1.75)
+    # d_i: only half the steps drafted a second token
+    assert expected_tokens_per_step([0.5, 0.5], [1.0, 0.5]) == pytest.approx(1 + 0.5 + 0.125)
+    assert expected_tokens_per_step([0.5, float("nan")]) == pytest.approx(1.5)  # unknown positions stop it
+
+
+def test_merged_rows_add_counts_and_concatenate_steps(row):
+    other = RowStats()
+    other.record(2, 2, 3)
+    total = RowStats.merged([row, other])
+    assert (total.steps, total.proposed, total.accepted, total.emitted) == (6, 17, 11, 15)
+    assert total.accepted_at == [5, 4, 1, 1] and total.reached_at == [5, 4, 2, 1]
+    assert total.draft_lengths == [4, 4, 0, 3, 4, 2]
+    assert total.mean_acceptance_length == pytest.approx(1 + 11 / 5)
+
+
+def _result_row(r: RowStats, method: str) -> dict:
+    """A results.jsonl row carrying these counts (the fields the report reads)."""
+    return {"prompt_id": "p", "category": "c", "method": method, "new_tokens": r.emitted + 1, "wall_s": 1.0,
+            "steps": r.steps, "proposed": r.proposed, "accepted": r.accepted, "emitted": r.emitted,
+            "draft_s": 0.1, "verify_s": 0.5, "ttft_s": 0.1, "accepted_per_position": r.accepted_at,
+            "reached_per_position": r.reached_at, "proposed_per_position": r.proposed_at,
+            "draft_lengths": r.draft_lengths, "accepted_lengths": r.accepted_lengths,
+            "output_token_ids": [], "lossless": True}
+
+
+def test_the_report_applies_the_same_definitions(row):
+    base = RowStats()
+    for _ in range(12):
+        base.record(0, 0, 1)
+    m = metrics([_result_row(row, "draft")], [_result_row(base, "autoregressive")], greedy=True)
+    assert m["acceptance_rate"] == row.acceptance_rate
+    assert m["mean_accepted_length"] == row.mean_accepted_length
+    assert m["mean_acceptance_length"] == row.mean_acceptance_length
+    assert m["per_position_acceptance"] == row.per_position_acceptance
+    assert m["per_position_acceptance_rate"] == row.per_position_acceptance_rate
+    assert m["acceptance_histogram"] == [0, 1, 2, 0, 1]
+    assert m["acceptance_histogram_by_draft_length"] == {3: [0, 0, 1, 0], 4: [0, 1, 1, 0, 1]}
+    assert m["num_spec_steps"] == 4
+
+
+def test_decoder_does_not_count_drafts_past_max_new_tokens(engine_factory):
+    # The target is its own draft, so the verifier accepts every draft (float32). With k = 4 and
+    # max_new_tokens = 7: the prefill gives 1 token, step 1 emits 4 drafts + bonus, step 2 has room for
+    # one token, so only 1 of its 4 accepted drafts is emitted and counts.
+    engine = engine_factory("self")
+    dec = SpeculativeDecoder(engine, DraftModelProposer(engine), num_speculative_tokens=4, eos_token_id=[])
+    out = dec.generate([[5, 6, 7]], max_new_tokens=7)
+    r = out.stats.rows[0]
+    assert len(out.output_ids[0]) == 7
+    assert (r.proposed, r.accepted, r.emitted) == (8, 5, 6)
+    assert r.accepted_lengths == [4, 1] and r.acceptance_histogram == [0, 1, 0, 0, 1]
+    assert r.reached_at == [2, 1, 1, 1]  # drafts 2..4 of step 2 lie past the cut
+    assert out.stats.mean_acceptance_length == pytest.approx(1 + 5 / 2)
+
+
+def test_generation_stats_sum_the_rows(engine_factory):
+    engine: Engine = engine_factory("self")
+    dec = SpeculativeDecoder(engine, DraftModelProposer(engine), num_speculative_tokens=2, eos_token_id=[])
+    out = dec.generate([[5, 6, 7], [3, 4]], max_new_tokens=6)
+    rows = out.stats.rows
+    assert out.stats.acceptance_rate == pytest.approx(sum(r.accepted for r in rows) / sum(r.proposed for r in rows))
+    assert out.stats.total.draft_lengths == rows[0].draft_lengths + rows[1].draft_lengths
