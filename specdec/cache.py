@@ -6,20 +6,34 @@ position: a forward pass of T tokens writes row b at positions [len_b, len_b + T
 just moves len_b back. Rejected entries are never deleted; they sit beyond the valid length,
 masked out, until the next write overwrites them (gpt-fast's static cache, nanochat's row lengths).
 
+A ragged pass feeds every row T tokens, of which row b may need only its first `count_b` (the rest
+is padding). Capacity is checked per row, len_b + count_b <= max_len; padding that would fall past
+the end goes to one scratch position after it, which is never valid.
+
 `RowCache` plugs into any `transformers` model through the `Cache` interface: each layer calls
-`update(key, value)` and gets back a *view* of its buffers up to the longest row, never a copy.
+`update(key, value)` and gets back a *view* of its buffers covering every row's writes, never a copy.
 The attention mask that hides the invalid entries is built by the caller (`engine.py`), because
 only the caller knows which positions are real tokens.
+
+Each cache carries a `stamp`, a number no other cache state has had: new for every cache and every
+time a generation takes it over. A generation records the stamps it leaves behind, and a later
+turn reuses a cache only while its stamp is still one of those (`decoding.py`), so another
+generation on the same cache in between, or a cache of another engine, is never mistaken for it.
 """
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+_STAMPS = itertools.count(1)  # next() is atomic under the GIL: stamps are unique across threads too
+
 
 class _RowLayer(CacheLayerMixin):
-    """One attention layer's buffers: keys/values `[B, H, max_len, D]`, allocated on first write."""
+    """One attention layer's buffers: keys/values `[B, H, max_len + 1, D]` (the last position is
+    scratch), allocated on first write."""
 
     def __init__(self, owner: RowCache):
         super().__init__()
@@ -27,8 +41,8 @@ class _RowLayer(CacheLayerMixin):
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         b, h, _, _ = key_states.shape
-        shape_k = (b, h, self.owner.max_len, key_states.shape[-1])
-        shape_v = (b, h, self.owner.max_len, value_states.shape[-1])
+        shape_k = (b, h, self.owner.max_len + 1, key_states.shape[-1])
+        shape_v = (b, h, self.owner.max_len + 1, value_states.shape[-1])
         self.keys = torch.zeros(shape_k, dtype=key_states.dtype, device=key_states.device)
         self.values = torch.zeros(shape_v, dtype=value_states.dtype, device=value_states.device)
         self.is_initialized = True
@@ -62,8 +76,9 @@ class RowCache(Cache):
     """KV cache with a valid length per row. `lengths` lives on the host: it drives Python-side
     slicing every step, and keeping it there avoids a device sync per layer.
 
-    Protocol per forward pass: `begin_write(T)` (sets write positions), the model runs and each
-    layer calls `update`, then `advance(n)` moves the valid lengths forward by `n` per row.
+    Protocol per forward pass: `begin_write(T, counts)` (checks capacity, sets write positions),
+    the model runs and each layer calls `update`, then `advance(n)` moves the valid lengths forward
+    by `n` per row.
     """
 
     def __init__(self, num_layers: int, batch_size: int, max_len: int, device: torch.device | str):
@@ -74,6 +89,7 @@ class RowCache(Cache):
         self.kv_len = 0
         self.uniform_start: int | None = 0
         self.write_index: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.stamp = next(_STAMPS)
         super().__init__(layers=[_RowLayer(self) for _ in range(num_layers)])
 
     @property
@@ -84,23 +100,35 @@ class RowCache(Cache):
     def max_row_len(self) -> int:
         return max(self.lengths)
 
-    def begin_write(self, step_len: int) -> None:
-        """Prepare a forward pass that writes `step_len` positions per row after its valid length."""
-        end = self.max_row_len + step_len
-        if end > self.max_len:
+    def claim(self) -> int:
+        """A generation takes this cache over: a new stamp, so that earlier holders see it changed."""
+        self.stamp = next(_STAMPS)
+        return self.stamp
+
+    def begin_write(self, step_len: int, counts: list[int] | None = None) -> None:
+        """Prepare a forward pass that writes `step_len` positions per row after its valid length.
+
+        counts: per row, how many of the positions must be kept (default all `step_len`); the rest
+                is padding, written wherever it fits (past the end: the scratch position).
+        """
+        counts = counts if counts is not None else [step_len] * self.batch_size
+        need = [n + c for n, c in zip(self.lengths, counts)]
+        if max(need) > self.max_len:
+            row = need.index(max(need))
             raise ValueError(
-                f"KV cache overflow: a row would reach {end} positions but the cache holds {self.max_len}; "
-                "raise the cache length (max_len) or lower max_new_tokens."
+                f"KV cache overflow: row {row} would reach {need[row]} positions but the cache holds "
+                f"{self.max_len}; raise the cache length (max_len) or lower max_new_tokens."
             )
         self.step_len = step_len
-        self.kv_len = end
+        # The view returned to attention covers every row's writes (scratch included).
+        self.kv_len = min(self.max_row_len + step_len, self.max_len + 1)
         first = self.lengths[0]
-        if all(n == first for n in self.lengths):
+        if all(n == first for n in self.lengths) and first + step_len <= self.max_len + 1:
             self.uniform_start, self.write_index = first, None
         else:
             self.uniform_start = None
             starts = torch.tensor(self.lengths, device=self.device)
-            pos = starts[:, None] + torch.arange(step_len, device=self.device)
+            pos = (starts[:, None] + torch.arange(step_len, device=self.device)).clamp(max=self.max_len)
             rows = torch.arange(self.batch_size, device=self.device)[:, None].expand_as(pos)
             self.write_index = (rows, pos)
 

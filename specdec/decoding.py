@@ -6,14 +6,20 @@ so a measured speedup compares the drafting and nothing else.
 
 Cache invariant: after every commit the target's cache holds `seq_len - 1` tokens per row; the last
 emitted token is fed at the start of the next scoring pass, followed by the drafts.
+
+A generation holds its engine for its whole run (`Engine.exclusive`), and a continuation (`past=`)
+reuses a cache only while it is exactly as that past generation left it (`DecodeState.attach`):
+anything else is prefilled again, never silently reused.
 """
 
 from __future__ import annotations
 
+import numbers
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from specdec.data import common_prefix_len
@@ -36,6 +42,8 @@ class DecodeState:
     tokens:    [B, max_len] token buffer; row b holds `seq_lens[b]` real tokens (prompt + output).
     reuse:     per row, how many leading tokens of a previous generation's caches are still valid
                (multi-turn continuation), or None for a fresh start.
+    past_stamps: the cache stamps the previous generation (`past=`) left; empty for a fresh start.
+    stamps:    the stamps of the caches this generation holds (see `attach`).
     """
 
     tokens: torch.Tensor
@@ -48,10 +56,27 @@ class DecodeState:
     generator: torch.Generator
     reuse: list[int] | None = None
     schedule: ConstantSchedule | None = None
+    past_stamps: frozenset[int] = frozenset()
+    stamps: list[int] = field(default_factory=list)
 
     @property
     def batch_size(self) -> int:
         return len(self.seq_lens)
+
+    def attach(self, model) -> None:
+        """Give `model` (a `CachedModel`: the target, a draft) its cache for this generation.
+
+        The cache it holds is kept, rolled back to the first `reuse[b]` tokens of each row, only if
+        it is exactly as the previous turn left it: its stamp is one that `past` recorded, so no
+        other generation has written it since and it belongs to this engine. Otherwise it starts
+        fresh, and the first pass feeds the whole prompt."""
+        cache = model.cache
+        if self.reuse is not None and cache is not None and cache.stamp in self.past_stamps:
+            model.rollback([min(n, r) for n, r in zip(model.lengths, self.reuse)])
+            cache.claim()
+        else:
+            model.reset(self.batch_size, self.max_len)
+        self.stamps.append(model.cache.stamp)
 
     def output_ids(self, row: int) -> list[int]:
         return self.tokens[row, self.prompt_lens[row] : self.seq_lens[row]].tolist()
@@ -130,17 +155,21 @@ class SpeculativeDecoder:
     # ---------------------------------------------------------------- input checks
 
     def encode(self, prompts: Sequence[str] | Sequence[Sequence[int]]) -> list[list[int]]:
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        """Prompts as lists of token ids, checked: each a text or a sequence of integer ids (ints,
+        numpy integers, integer tensors; not bools or floats) within the vocabulary of every model."""
+        if isinstance(prompts, (str, bytes)) or (isinstance(prompts, (torch.Tensor, np.ndarray)) and prompts.ndim != 2) \
+                or (len(prompts) > 0 and isinstance(prompts[0], numbers.Integral)):
             raise TypeError("generate() takes a list of prompts: a list of strings or a list of token-id lists")
+        vocab = min(m.vocab_size for m in self._models())
         ids = []
         for i, p in enumerate(prompts):
             if isinstance(p, str):
                 if self.tokenizer is None:
                     raise ValueError("text prompts need a tokenizer; pass tokenizer= or give token ids")
                 p = self.tokenizer.encode(p)
-            if len(p) == 0:
+            ids.append(_token_ids(p, i, vocab))
+            if len(ids[-1]) == 0:
                 raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
-            ids.append([int(t) for t in p])
         if not ids:
             raise ValueError("no prompts given")
         return ids
@@ -149,14 +178,15 @@ class SpeculativeDecoder:
         """Cache length needed; raises before any model work if a prompt cannot fit."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        # +k+1: a step writes the last token and k drafts past the committed length.
-        need = max(len(p) for p in ids) + max_new_tokens + self.k + 1
+        # A row's cache holds seq_len - 1 tokens and a step writes the last token and k drafts after
+        # them. A row finished at len(p) + max_new_tokens still takes part in scoring passes.
+        need = max(len(p) for p in ids) + max_new_tokens + self.k
         for model in (self.engine.target, self.engine.draft):
             ctx = model.context_length if model is not None else None
             if ctx is not None and need > ctx:
                 longest = max(len(p) for p in ids)
                 raise ValueError(
-                    f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) + k+1 ({self.k + 1}) "
+                    f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) + k ({self.k}) "
                     f"= {need} exceeds the {model.name}'s context of {ctx} tokens; "
                     "shorten the prompt or lower max_new_tokens."
                 )
@@ -170,21 +200,27 @@ class SpeculativeDecoder:
     def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_tokens: int = 128,
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
                  on_tokens: TokenCallback | None = None, past: Generation | None = None) -> Generation:
-        """Decode a batch of prompts (text or token ids). `past`: a previous Generation of the same
-        batch size whose caches are reused for the shared prefix (the next turn of a conversation)."""
+        """Decode a batch of prompts (text or token ids). `past`: the previous turn's Generation; its
+        caches are reused for the shared prefix (the next turn of a conversation) when it has this
+        batch size and nothing else has run on them since, else the prompts are prefilled again
+        (`state.reuse` is None). Raises `EngineBusyError` while another generation runs on the engine."""
         max_new_tokens = check_number("max_new_tokens", max_new_tokens, integer=True)
         seed = check_number("seed", seed, integer=True)
         sampling = SamplingParams(temperature, top_k, top_p)
         verifier = make_verifier(self.verifier_name, sampling, **self.verifier_args)
         ids = self.encode(prompts)
         max_len = self._check_lengths(ids, max_new_tokens)
-        device = self.engine.device
-        state = self._new_state(ids, max_new_tokens, max_len, sampling, seed, past)
-        target = self.engine.target
-        if state.reuse is None:
-            target.reset(state.batch_size, state.max_len)
-        else:
-            target.rollback([min(n, r) for n, r in zip(target.lengths, state.reuse)])
+        if past is not None and not isinstance(past, Generation):
+            raise TypeError(f"past= takes the Generation returned by the previous turn's generate(), "
+                            f"got {type(past).__name__}")
+        with self.engine.exclusive():
+            state = self._new_state(ids, max_new_tokens, max_len, sampling, seed, past)
+            return self._decode(state, ids, verifier, on_tokens)
+
+    def _decode(self, state: DecodeState, ids: list[list[int]], verifier, on_tokens) -> Generation:
+        """Prefill, then the speculative steps until every row is done; the engine is held."""
+        sampling, device, target = state.sampling, self.engine.device, self.engine.target
+        state.attach(target)
         self.proposer.reset(state)
         self.schedule.reset()
         stats = GenerationStats(rows=[RowStats() for _ in ids])
@@ -227,19 +263,22 @@ class SpeculativeDecoder:
 
     def _new_state(self, ids, max_new_tokens, max_len, sampling, seed, past) -> DecodeState:
         b = len(ids)
-        reuse = None
-        if past is not None and past.state.batch_size == b and past.state.max_len >= max_len:
-            old = past.state
+        reuse, past_stamps = None, frozenset()
+        old = past.state if past is not None else None
+        cache = self.engine.target.cache
+        # Reusable: the past's target cache is this engine's, untouched since, big enough, same batch.
+        if isinstance(old, DecodeState) and cache is not None and cache.stamp in old.stamps \
+                and old.batch_size == b and old.max_len >= max_len:
             reuse = [min(common_prefix_len(p, old.tokens[i, : old.seq_lens[i]].tolist()), len(p) - 1)
                      for i, p in enumerate(ids)]
-            max_len = old.max_len
+            max_len, past_stamps = old.max_len, frozenset(old.stamps)
         tokens = torch.zeros(b, max_len, dtype=torch.long)
         for i, p in enumerate(ids):
             tokens[i, : len(p)] = torch.tensor(p)
         gen = torch.Generator(device=self.engine.device).manual_seed(seed)
         lens = [len(p) for p in ids]
         return DecodeState(tokens.to(self.engine.device), list(lens), lens, [True] * b, max_new_tokens,
-                           max_len, sampling, gen, reuse, self.schedule)
+                           max_len, sampling, gen, reuse, self.schedule, past_stamps)
 
     def _score(self, state: DecodeState, proposal: Proposal) -> torch.Tensor:
         """One target pass over each row's last token and its drafts: logits [B, T, V], T = 1 + max drafts."""
@@ -292,6 +331,37 @@ def _report(part) -> dict | None:
     """A proposer's optional `report()`: what it chose or learned in the last generation."""
     report = getattr(part, "report", None)
     return report() if report is not None else None
+
+
+def _token_ids(prompt, index: int, vocab: int) -> list[int]:
+    """One prompt's token ids as Python ints; TypeError for anything but integers (bools and floats
+    included), ValueError for an id outside [0, vocab). Messages name the prompt and the token."""
+    if isinstance(prompt, (torch.Tensor, np.ndarray)):
+        dtype = prompt.dtype
+        integer = dtype.kind in "iu" if isinstance(prompt, np.ndarray) else \
+            not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+        if prompt.ndim != 1 or not integer:
+            raise TypeError(f"prompt {index} is a {prompt.ndim}-D {type(prompt).__name__} of {dtype}; a prompt "
+                            "is a text or a 1-D sequence of integer token ids")
+        ids = prompt.tolist()
+    elif isinstance(prompt, Sequence):
+        ids = []
+        for j, t in enumerate(prompt):
+            is_int = isinstance(t, numbers.Integral) and not isinstance(t, bool) or \
+                isinstance(t, torch.Tensor) and t.ndim == 0 and not (t.is_floating_point() or t.is_complex()
+                                                                     or t.dtype == torch.bool)
+            if not is_int:
+                raise TypeError(f"prompt {index}, token {j}: {t!r} is a {type(t).__name__}; token ids must be "
+                                "integers (int, a numpy integer or an integer tensor)")
+            ids.append(int(t))
+    else:
+        raise TypeError(f"prompt {index} is a {type(prompt).__name__}; a prompt is a text or a sequence of "
+                        "token ids")
+    bad = next((j for j, t in enumerate(ids) if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise ValueError(f"prompt {index}, token {bad}: {ids[bad]} is outside the vocabulary [0, {vocab}) of "
+                         "the models; were these ids made by another model's tokenizer?")
+    return ids
 
 
 class TextStreamer:

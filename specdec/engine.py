@@ -9,7 +9,10 @@ they share a device and dtype.
 
 from __future__ import annotations
 
+import threading
 import time
+import weakref
+from contextlib import contextmanager
 
 import torch
 
@@ -121,7 +124,7 @@ class CachedModel:
         """
         b, t = tokens.shape
         cache = self.cache
-        cache.begin_write(t)
+        cache.begin_write(t, advance)
         starts = torch.tensor(cache.lengths, device=tokens.device)
         positions = starts[:, None] + torch.arange(t, device=tokens.device)[None, :]
         # Rows at equal lengths need no custom mask: the model builds the usual causal one from the
@@ -161,13 +164,36 @@ class CachedModel:
         return self.cache.nbytes() if self.cache is not None else 0
 
 
+class EngineBusyError(RuntimeError):
+    """A second generation was started on an Engine that is decoding."""
+
+
+# The live Engines holding each model object: `nn.Module.to` converts in place, so an Engine in
+# another device or dtype would silently change the numbers of every engine already running it.
+_HOLDERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
+
+
 class Engine:
-    """Target and optional draft on one device with one dtype (moved there on construction)."""
+    """Target and optional draft on one device with one dtype (moved there on construction).
+
+    Engines may share model objects only in the same device and dtype: building one that would
+    convert a model another live Engine runs is refused. One Engine decodes one batch at a time,
+    because its caches hold that batch: `exclusive()` refuses a second concurrent generation
+    (another thread, or generate() called from a streaming callback) instead of letting both write
+    the same caches.
+    """
 
     def __init__(self, target: torch.nn.Module, draft: torch.nn.Module | None = None,
                  device: str | torch.device = "cpu", dtype: str | torch.dtype = "auto"):
         self.device = device if isinstance(device, torch.device) else resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
+        models = [(m, role) for m, role in ((target, "target"), (draft, "draft")) if m is not None]
+        for model, role in models:
+            self._refuse_converting(model, role)
         self.target = CachedModel(target.to(self.device, self.dtype).eval(), "target")
         self.draft = CachedModel(draft.to(self.device, self.dtype).eval(), "draft") if draft is not None else None
         if self.draft is not None and self.draft.vocab_size != self.target.vocab_size:
@@ -175,6 +201,46 @@ class Engine:
                 f"draft vocabulary ({self.draft.vocab_size} logits) does not match the target's "
                 f"({self.target.vocab_size}); speculative decoding needs a draft with the target's tokenizer."
             )
+        for model, _ in models:
+            _HOLDERS.setdefault(model, weakref.WeakSet()).add(self)
+        self._busy = threading.Lock()
+
+    def _refuse_converting(self, model: torch.nn.Module, role: str) -> None:
+        for other in list(_HOLDERS.get(model, ())):
+            if other.dtype != self.dtype or not _same_device(other.device, self.device):
+                raise ValueError(
+                    f"the {role} model is in use by another Engine ({str(other.dtype).removeprefix('torch.')} "
+                    f"on {other.device}); an Engine in {str(self.dtype).removeprefix('torch.')} on {self.device} "
+                    "would convert it in place (nn.Module.to) under that engine. Use the same device and "
+                    "dtype, give this Engine a copy (copy.deepcopy(model)), or drop the other Engine first."
+                )
+
+    def check_models(self) -> None:
+        """Raise if a model no longer sits in this engine's device and dtype (converted behind its back)."""
+        for m in (self.target, self.draft):
+            if m is not None and (m.dtype != self.dtype or not _same_device(m.device, self.device)):
+                raise RuntimeError(
+                    f"the {m.name} model is now {str(m.dtype).removeprefix('torch.')} on {m.device}, but this "
+                    f"Engine runs {str(self.dtype).removeprefix('torch.')} on {self.device}: it was converted "
+                    "after the Engine was built (model.to(), .half(), ...). Build a new Engine, or give the "
+                    "other user a copy of the model."
+                )
+
+    @contextmanager
+    def exclusive(self):
+        """Hold the engine (its caches) for one generation; raise `EngineBusyError` if another holds it."""
+        if not self._busy.acquire(blocking=False):
+            raise EngineBusyError(
+                "this Engine is already decoding: generate() was called from another thread, or from inside "
+                "a streaming callback, while a generation runs on it. One Engine decodes one batch at a time "
+                "(its KV caches hold that batch): give each thread its own Engine (engines in the same device "
+                "and dtype may share the model objects), or wait for the running call to return."
+            )
+        try:
+            self.check_models()
+            yield
+        finally:
+            self._busy.release()
 
     def cache_bytes(self) -> dict[str, int]:
         """Bytes each model's KV cache holds now."""

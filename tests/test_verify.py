@@ -1,5 +1,6 @@
 """Verifier rules on constructed distributions: greedy prefix rule, and the losslessness of
-speculative sampling checked statistically, with a deliberately broken verifier failing the check."""
+speculative sampling checked statistically (first token, second token, the bonus token after the
+last accepted draft), with a deliberately broken verifier failing the check."""
 
 import torch
 
@@ -67,6 +68,24 @@ def test_speculative_sampling_second_token_follows_p_given_first_accepted():
     _, out = _first_emitted_counts(SpeculativeSamplingVerifier(), p, q, n=60_000, seed=4)
     second = out.tokens[out.accepted >= 1, 1]  # accepted or recovered/bonus after an accepted first
     assert chi_square_pvalue(torch.bincount(second, minlength=5), p[1]) > 1e-3
+
+
+def test_bonus_token_follows_p_at_the_slot_after_the_last_draft():
+    """q == p: every draft is accepted, so every row draws the bonus, which must follow p[k]
+    (drawing it from p[k-1], the last draft's slot, fails here)."""
+    p, _ = _random_dists(v=6, k=2, seed=7)
+    _, out = _first_emitted_counts(SpeculativeSamplingVerifier(), p, p[:2].clone(), n=40_000, seed=8)
+    assert (out.accepted == 2).all()
+    assert chi_square_pvalue(torch.bincount(out.tokens[:, 2], minlength=6), p[2]) > 1e-3
+
+
+def test_bonus_token_follows_p_given_all_drafts_accepted():
+    """The same with q != p: among the rows that accepted both drafts, the bonus follows p[k]."""
+    p, q = _random_dists(v=5, k=2, seed=9)
+    _, out = _first_emitted_counts(SpeculativeSamplingVerifier(), p, q, n=60_000, seed=10)
+    full = out.accepted == 2
+    assert full.sum() > 5_000
+    assert chi_square_pvalue(torch.bincount(out.tokens[full, 2], minlength=5), p[2]) > 1e-3
 
 
 def test_deterministic_draft_is_lossless_with_one_hot_q():

@@ -24,18 +24,20 @@ class DraftModelProposer:
         if engine.draft is None:
             raise ValueError("method=draft needs a draft model: set draft=self, draft=tiny_random or draft.path=...")
         self.draft: CachedModel = engine.draft
+        # Drafts fed to the draft model by the last propose, after the committed tokens (None: it
+        # did not run the draft at all).
+        self.fed: int | None = None
 
     def reset(self, state) -> None:
-        if state.reuse is None or self.draft.cache is None:
-            self.draft.reset(state.batch_size, state.max_len)
-        else:
-            self.draft.rollback([min(n, r) for n, r in zip(self.draft.lengths, state.reuse)])
+        state.attach(self.draft)  # the previous turn's cache if nothing touched it since, else a fresh one
 
     @torch.inference_mode()
     def propose(self, state, k: int) -> Proposal:
+        self.fed = None
         if k == 0:
             return Proposal.empty(state.batch_size, state.tokens.device)
         logits = self.draft.catch_up(state.tokens, state.seq_lens)  # [B, V]
+        self.fed = 0
         tokens, probs = [], []
         lengths = torch.zeros(state.batch_size, dtype=torch.long, device=logits.device)
         drafting = torch.ones(state.batch_size, dtype=torch.bool, device=logits.device)
@@ -52,6 +54,7 @@ class DraftModelProposer:
             if i == k - 1 or not drafting.any():
                 break
             logits = self.draft.forward(t[:, None])[:, 0]
+            self.fed += 1
         return Proposal(
             tokens=torch.stack(tokens, dim=1),
             lengths=lengths.tolist(),
@@ -59,12 +62,15 @@ class DraftModelProposer:
         )
 
     def observe(self, state, outcome) -> None:
-        # The draft fed the last token and drafts 1..k-1 (k = tokens drafted this step); of those,
-        # the accepted ones stay valid.
-        k = outcome.proposal.k
-        if k == 0:
+        # The draft was fed every committed token before `prev`, then `fed` drafts at prev, prev+1, ...
+        # (counted here, not read from the proposal, which a schedule may have shortened since); the
+        # accepted ones among those stay valid. The cap n - 1 leaves the last committed token to be
+        # fed next step: it bites for a row that finished (cut at EOS or max_new_tokens, or done
+        # after a fully accepted step, whose last draft was never fed) and for rows that sat this
+        # step out (prev == n).
+        if self.fed is None:
             return  # not fed this step; catch_up feeds what it missed
         self.draft.rollback([
-            prev + min(a, k - 1) if on else n - 1  # finished rows idle: re-feed their last token
-            for prev, a, on, n in zip(outcome.prev_seq_lens, outcome.accepted, state.active, state.seq_lens)
+            min(prev + min(a, self.fed), n - 1)
+            for prev, a, n in zip(outcome.prev_seq_lens, outcome.accepted, state.seq_lens)
         ])
