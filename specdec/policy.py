@@ -431,7 +431,7 @@ class StepClock:
 
     def __init__(self):
         self.start: float | None = None
-        self.pending: tuple[int, int, list[tuple[str, int, float]]] | None = None
+        self.pending: tuple[int, int, float, list[tuple[str, int, float]]] | None = None
 
     def reset(self) -> None:
         self.start, self.pending = None, None
@@ -440,11 +440,19 @@ class StepClock:
         """A step starts: close the previous one."""
         now = time.perf_counter()
         if self.start is not None and self.pending is not None:
-            b, t, drafts = self.pending
-            costs.add_step(b, t, now - self.start - sum(s for _, _, s in drafts), drafts)
+            b, t, draft_s, samples = self.pending
+            costs.add_step(b, t, now - self.start - draft_s, samples)
         self.start, self.pending = now, None
 
-    def done(self, b: int, t: int, drafts: list[tuple[str, int, float]]) -> None:
-        """The step that started at the last tick scored t tokens per row for b rows, after
-        drafting (source, k, seconds) for each entry."""
-        self.pending = (b, t, list(drafts))
+    def done(self, b: int, t: int, draft_s: float, samples: list[tuple[str, int, float]]) -> None:
+        """The step that started at the last tick scored t tokens per row for b rows after
+        `draft_s` seconds of drafting; `samples` (source, k, seconds) are the drafting timings that
+        tell what drafting costs (see `drafting_samples`)."""
+        self.pending = (b, t, draft_s, list(samples))
+
+
+def drafting_samples(drafts: list[tuple[str, int, float]], drafted_before: set[str]) -> list[tuple[str, int, float]]:
+    """The drafting timings that measure drafting itself: a source that did not draft in the step
+    before also caught up on the tokens it missed (a draft model feeds them, a lookup indexes a new
+    prompt), a cost of switching that steady drafting does not pay."""
+    return [(src, k, s) for src, k, s in drafts if src in drafted_before]

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.policy import Planner, StepClock, verified
+from specdec.policy import Planner, StepClock, drafting_samples, verified
 from specdec.proposers.base import Proposal
 
 
@@ -153,10 +153,12 @@ class CostAwareSchedule(ConstantSchedule):
         self._asked = 0
         self._offered: list[int] = []
         self._trimmable = True  # the last proposal had no q (a lookup, or a draft model decoding greedily)
+        self._drafted_before = False  # the proposer drafted in the previous step of this generation
 
     def reset(self) -> None:
         self.clock.reset()
         self.planner.new_generation()
+        self._drafted_before = False
 
     @staticmethod
     def _rows(state) -> list[int]:
@@ -180,7 +182,9 @@ class CostAwareSchedule(ConstantSchedule):
 
     def observe(self, outcome, draft_s: float, verify_s: float) -> None:
         b, p = len(outcome.active), outcome.proposal
-        self.clock.done(b, 1 + p.max_length, [(self.source, self._asked, draft_s)])
+        drafted = {self.source} if self._drafted_before else set()
+        self.clock.done(b, 1 + p.max_length, draft_s, drafting_samples([(self.source, self._asked, draft_s)], drafted))
+        self._drafted_before = self._asked > 0
         if self._asked > 0:
             offered = self._offered if len(self._offered) == b else list(p.lengths)
             self.planner.model(self.source).observe_offers(

@@ -12,7 +12,7 @@ import torch
 from specdec.decoding import SpeculativeDecoder
 from specdec.engine import Engine
 from specdec.models import tiny_random_model
-from specdec.policy import AcceptanceModel, CostModel, Plan, Planner, Timings
+from specdec.policy import AcceptanceModel, CostModel, Plan, Planner, Timings, drafting_samples
 from specdec.proposers.base import Proposal
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.ngram import NgramProposer
@@ -139,6 +139,8 @@ def test_width_costs_are_ratios_that_survive_a_change_of_machine_speed():
     costs.new_generation()
     costs.add_step(4, 9, 1.0)  # not paired with the last step of the previous generation
     assert 9 not in costs.table()["width_cost"][4]
+    # a draft model's first step after plain steps also catches up on what it missed: not a sample
+    assert drafting_samples([("draft", 2, 0.5), ("ngram", 8, 0.001)], {"ngram"}) == [("ngram", 8, 0.001)]
 
 
 def test_acceptance_counts_censored_drafts_as_unjudged():

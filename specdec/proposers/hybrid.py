@@ -37,7 +37,7 @@ from dataclasses import replace
 
 import torch
 
-from specdec.policy import Plan, Planner, StepClock, verified
+from specdec.policy import Plan, Planner, StepClock, drafting_samples, verified
 from specdec.proposers.base import Proposal
 from specdec.schedules import cut
 
@@ -62,6 +62,7 @@ class HybridProposer:
                      "decay": decay, "window": window, "cheap": cheap}
         self.planner: Planner | None = None  # made at the first step, when k_max is known
         self.clock = StepClock()
+        self._drafted_before: set[str] = set()
         self._step: dict = {}
         self.choices: list[str] = []
         self.hindsight: dict[str, list[float]] = {}  # option -> [tokens, plain steps of time] this generation
@@ -73,6 +74,7 @@ class HybridProposer:
         if self.planner is not None:
             self.planner.new_generation()
         self._step, self.choices, self.hindsight = {}, [], {}
+        self._drafted_before: set[str] = set()  # parts that drafted in the previous step
 
     # ---------------------------------------------------------------- choosing
 
@@ -142,7 +144,9 @@ class HybridProposer:
         if planner is None:
             return
         b, p = len(outcome.active), outcome.proposal
-        self.clock.done(b, 1 + p.max_length, step.get("drafts", []))
+        drafts = step.get("drafts", [])
+        self.clock.done(b, 1 + p.max_length, sum(d[2] for d in drafts), drafting_samples(drafts, self._drafted_before))
+        self._drafted_before = {d[0] for d in drafts if d[1] > 0}
         self.choices.append(name)
         if name != "plain":
             rows = [r for r, on in enumerate(outcome.active) if on]
