@@ -54,7 +54,7 @@ class MethodConfig:
               plain autoregressive decoding.
     schedule: a name for `specdec.schedules.make_schedule(schedule, num_speculative_tokens, **schedule_args)`.
     verifier: auto (greedy at temperature 0, else speculative sampling) | greedy | speculative_sampling |
-              typical, with `verifier_args` for verifiers that take parameters.
+              block | typical | forced, with `verifier_args` for verifiers that take parameters.
     decoder:  instead of a proposer, `{_target_: ...}` of a whole decoder with SpeculativeDecoder's
               `generate` (the `transformers` anchors in `specdec.anchors`), instantiated with
               `engine`, `num_speculative_tokens` and `tokenizer`.
@@ -281,7 +281,9 @@ def _validate_method(key: str, m: DictConfig, cfg: DictConfig, params: Any) -> N
     from specdec.verify import make_verifier
 
     try:
-        make_verifier(m.verifier, params, **m.verifier_args)  # raises on a name, args or temperature it cannot serve
+        verifier = make_verifier(m.verifier, params, **m.verifier_args)  # raises on a name, args or temperature it cannot serve
+        if hasattr(verifier, "check_k"):  # a verifier whose arguments depend on k (forced: one a_i per draft)
+            verifier.check_k(m.num_speculative_tokens)
     except (ValueError, TypeError) as err:
         _fail(f"{key}.verifier", str(err))
     if m.needs_draft and cfg.draft.path is None:

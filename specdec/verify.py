@@ -1,5 +1,8 @@
 """Verifiers: given the target's logits over the drafted positions, decide what to keep.
 
+greedy and speculative sampling (token by token) and block verification (the block judged jointly)
+are lossless; typical acceptance and forced acceptance (a benchmark tool) are not, and say so.
+
 Every verifier returns a `Verification`: row b emits `tokens[b, :accepted[b] + 1]`, i.e. its
 accepted drafts followed by one target token, which is *recovered* (at the first rejection) or a
 *bonus* (after the last draft). `lossless` says whether the output distribution is exactly the
@@ -8,6 +11,7 @@ target's; it is carried into every result so that a lossy method can never pass 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -146,16 +150,175 @@ class TypicalVerifier:
         return Verification(tokens=tokens, accepted=accepted)
 
 
-VERIFIERS = ("auto", "greedy", "speculative_sampling", "typical")
+class BlockVerifier:
+    """Block verification (Sun et al. 2024, "Block verification accelerates speculative decoding",
+    arXiv 2403.10444, Algorithm 2): the drafted block is judged jointly instead of token by token.
+
+    With p the target's and q the draft's shaped distributions after the first i drafts X^i:
+
+        w_0 = 1,  w_i = min(1, w_{i-1} p(X_i | X^{i-1}) / q(X_i | X^{i-1}))      (a weight per prefix)
+        r_i = sum_x max(w_i p(x | X^i) - q(x | X^i), 0)                          (its residual mass)
+        h_i = r_i / (r_i + 1 - w_i) for i < gamma,  h_gamma = w_gamma             (keep-X^i probability)
+
+    Draw eta_i ~ U(0, 1) and keep the longest prefix X^tau with eta_tau <= h_tau (tau = 0 if none),
+    not the first failure as token-level verification does: a draft may fail alone yet be kept with
+    the drafts after it. Then emit one target token: from p(. | X^gamma) if tau = gamma (the bonus),
+    else from the residual norm(max(w_tau p(. | X^tau) - q(. | X^tau), 0)) (recovered; tau = 0 gives
+    the token-level residual). The output is distributed exactly as sampling from p, and the
+    expected number of accepted drafts is at least token-level verification's on the same drafts
+    (the paper's Theorems 1 and 2; tests/test_block_forced.py checks both exactly and by sampling).
+    A row with gamma_b < k drafts is a block of gamma_b.
+    """
+
+    name = "block"
+    lossless = True
+
+    def __call__(self, logits: torch.Tensor, proposal: Proposal, params: SamplingParams,
+                 generator: torch.Generator | None = None) -> Verification:
+        """logits: [B, k+1, V] target logits; proposal.probs: [B, k, V] or None (one-hot q)."""
+        return self.verify_probs(probabilities(logits, params), proposal, generator)
+
+    @staticmethod
+    def draft_probs(p: torch.Tensor, proposal: Proposal) -> torch.Tensor:
+        """q: [B, k, V], one-hot at the drafts for a deterministic proposer."""
+        if proposal.probs is not None:
+            return proposal.probs.to(p.dtype)
+        return torch.nn.functional.one_hot(proposal.tokens, p.shape[-1]).to(p.dtype)
+
+    @staticmethod
+    def weights(p: torch.Tensor, q: torch.Tensor, proposal: Proposal) -> torch.Tensor:
+        """w: [B, k+1], w[:, i] = w_i for the prefix of i drafts (w_0 = 1); 0 past a row's drafts."""
+        x = proposal.tokens
+        k = proposal.k
+        mask = _draft_mask(proposal)
+        p_x = p[:, :k].gather(-1, x[..., None]).squeeze(-1)  # [B, k]
+        q_x = q.gather(-1, x[..., None]).squeeze(-1)  # > 0 wherever a real draft was sampled from q
+        ratio = torch.where(mask, p_x / q_x.clamp(min=1e-30), torch.zeros_like(p_x))
+        w = [torch.ones(p.shape[0], dtype=p.dtype, device=p.device)]
+        for i in range(k):
+            w.append(torch.clamp(w[-1] * ratio[:, i], max=1.0))
+        return torch.stack(w, dim=1)
+
+    @staticmethod
+    def residual_mass(p: torch.Tensor, q: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """r: [B, k], r[:, i] = sum_x max(w_i p(x | X^i) - q(x | X^i), 0) for i = 0..k-1."""
+        k = q.shape[1]
+        return (w[:, :k, None] * p[:, :k] - q).clamp(min=0).sum(-1)
+
+    @staticmethod
+    def keep_probability(r: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """h_i = r_i / (r_i + 1 - w_i), for prefixes shorter than the block."""
+        stop = r + 1 - w
+        # r_i + 1 - w_i = 0 means w_i = 1 and p = q after X^i: then w_{i+1} = 1 and a later h is 1,
+        # so h_i is never the one that decides; 0 keeps the arithmetic finite.
+        return torch.where(stop > 0, r / stop.clamp(min=1e-30), torch.zeros_like(r))
+
+    def keep_probabilities(self, p: torch.Tensor, q: torch.Tensor, proposal: Proposal,
+                           w: torch.Tensor) -> torch.Tensor:
+        """h: [B, k], h[:, i-1] = h_i, the probability of keeping X^i when no longer prefix is kept."""
+        k = proposal.k
+        h = self.keep_probability(self.residual_mass(p, q, w)[:, 1:], w[:, 1:k])  # h_1 .. h_{k-1}
+        h = torch.cat([h, torch.zeros_like(w[:, :1])], dim=1)  # [B, k], a slot for h_k
+        lengths = torch.tensor(proposal.lengths, device=p.device)
+        last = (lengths - 1).clamp(min=0)
+        rows = torch.arange(p.shape[0], device=p.device)
+        h[rows, last] = w[rows, lengths]  # h_gamma = w_gamma at each row's own block length
+        return h * _draft_mask(proposal)
+
+    def residual(self, p_t: torch.Tensor, q_t: torch.Tensor, w_t: torch.Tensor) -> torch.Tensor:
+        """p_t, q_t: [B, V] at the kept prefix X^tau, w_t: [B] -> norm(max(w_tau p - q, 0)) [B, V]."""
+        res = (w_t[:, None] * p_t - q_t).clamp(min=0)
+        mass = res.sum(-1, keepdim=True)
+        # mass 0 happens only with probability 0 (the prefix is kept only if its h > 0, i.e. r > 0).
+        return torch.where(mass > 0, res / mass.clamp(min=1e-30), p_t)
+
+    def verify_probs(self, p: torch.Tensor, proposal: Proposal,
+                     generator: torch.Generator | None = None) -> Verification:
+        """p: [B, k+1, V] shaped target probabilities."""
+        b, k = p.shape[0], proposal.k
+        x = proposal.tokens
+        rows = torch.arange(b, device=p.device)
+        q = self.draft_probs(p, proposal)
+        w = self.weights(p, q, proposal)
+        h = self.keep_probabilities(p, q, proposal, w)  # [B, k]
+        eta = torch.rand(b, k, generator=generator, device=p.device)
+        kept = (eta <= h) & (h > 0)
+        positions = torch.arange(1, k + 1, device=p.device)
+        tau = (kept * positions).amax(dim=1) if k else torch.zeros(b, dtype=torch.long, device=p.device)
+        lengths = torch.tensor(proposal.lengths, device=p.device)
+        p_t = p[rows, tau]
+        if k:
+            q_t = q[rows, tau.clamp(max=k - 1)]
+            dist = torch.where((tau < lengths)[:, None], self.residual(p_t, q_t, w[rows, tau]), p_t)
+        else:
+            dist = p_t
+        tokens = torch.cat([x, x.new_zeros(b, 1)], dim=1)
+        tokens[rows, tau] = sample(dist, generator)
+        return Verification(tokens=tokens, accepted=tau)
+
+
+class ForcedVerifier:
+    """Forced acceptance, for benchmarks only: draft i is accepted with probability a_i given drafts
+    1..i-1 were, whatever it is, and the first slot not accepted gets the target's own token (its
+    argmax at temperature 0, a sample from its shaped p otherwise). The accepted drafts are kept even
+    when the target would never have produced them: the point is to set the acceptance curve apart
+    from draft quality, to check the cost model (speed as a function of acceptance and k).
+
+    LOSSY, by construction: `lossless` is False, results carry it and tables mark the method lossy.
+
+    acceptance: [a_1, ..., a_k], one probability per draft position (at least k of them), or one
+                number for the same a at every position.
+    """
+
+    name = "forced"
+    lossless = False
+
+    def __init__(self, acceptance: float | Sequence[float]):
+        values = [acceptance] if isinstance(acceptance, (int, float)) else list(acceptance)
+        if not values or not all(isinstance(a, (int, float)) and 0.0 <= a <= 1.0 for a in values):
+            raise ValueError("verifier_args.acceptance must be a probability in [0, 1] or a list of them, "
+                             f"one per draft position, e.g. [0.9, 0.8, 0.7, 0.6]; got {acceptance!r}")
+        self.constant = isinstance(acceptance, (int, float))
+        self.acceptance = [float(a) for a in values]
+
+    def check_k(self, k: int) -> None:
+        """Raise unless the curve covers k draft positions."""
+        if not self.constant and k > len(self.acceptance):
+            raise ValueError(f"verifier_args.acceptance has {len(self.acceptance)} values but k = {k} drafts "
+                             "are proposed per step; give one probability per position (or one number "
+                             "for all of them)")
+
+    def curve(self, k: int) -> torch.Tensor:
+        """[k] a_1 .. a_k."""
+        self.check_k(k)
+        return torch.tensor(self.acceptance * k if self.constant else self.acceptance[:k])
+
+    def __call__(self, logits: torch.Tensor, proposal: Proposal, params: SamplingParams,
+                 generator: torch.Generator | None = None) -> Verification:
+        """logits: [B, k+1, V] target logits at the last committed token and each draft."""
+        b, k = logits.shape[0], proposal.k
+        u = torch.rand(b, k, generator=generator, device=logits.device)
+        ok = (u < self.curve(k).to(logits.device)) & _draft_mask(proposal)
+        accepted = _accepted_prefix(ok)
+        rows = torch.arange(b, device=logits.device)
+        at = logits[rows, accepted]  # [B, V] the target at the first slot not accepted
+        last = greedy_tokens(at) if params.greedy else sample(probabilities(at, params), generator)
+        tokens = torch.cat([proposal.tokens, proposal.tokens.new_zeros(b, 1)], dim=1)
+        tokens[rows, accepted] = last
+        return Verification(tokens=tokens, accepted=accepted)
+
+
+VERIFIERS = ("auto", "greedy", "speculative_sampling", "block", "typical", "forced")
 
 
 def make_verifier(name, params: SamplingParams, **args):
-    """`auto` picks greedy at temperature 0 and speculative sampling otherwise; `typical` takes
-    `epsilon` and `delta`. A verifier object (anything with `name`, `lossless` and the call
-    signature) is returned as it is."""
+    """`auto` picks greedy at temperature 0 and speculative sampling otherwise; `block` is the
+    lossless block rule (greedy at temperature 0, where both rules are the greedy one); `typical`
+    takes `epsilon` and `delta`, `forced` takes `acceptance`. A verifier object (anything with
+    `name`, `lossless` and the call signature) is returned as it is."""
     if not isinstance(name, str):
         return name
-    if name != "typical" and args:
+    if name not in ("typical", "forced") and args:
         raise ValueError(f"verifier={name} takes no verifier_args, got {sorted(args)}")
     if name == "auto":
         name = "greedy" if params.greedy else "speculative_sampling"
@@ -167,6 +330,13 @@ def make_verifier(name, params: SamplingParams, **args):
         if params.greedy:
             return GreedyVerifier()  # temperature 0: p is a one-hot, greedy is the same rule
         return SpeculativeSamplingVerifier()
+    if name == "block":
+        return GreedyVerifier() if params.greedy else BlockVerifier()
     if name == "typical":
         return TypicalVerifier(**args)
+    if name == "forced":
+        if set(args) != {"acceptance"}:
+            raise ValueError("verifier=forced takes verifier_args.acceptance=[a_1, ..., a_k] (the probability "
+                             f"that draft i is accepted given drafts 1..i-1 were), got {sorted(args)}")
+        return ForcedVerifier(**args)
     raise ValueError(f"unknown verifier {name!r}; choose one of: {', '.join(VERIFIERS)}")
