@@ -21,8 +21,9 @@ were accepted (`AcceptanceModel`). The plan with the highest sum_b E_b / cost wi
 when drafting cannot pay the step is a plain one.
 
 Learning without losing:
-- Costs: the first step at a new batch size is a plain step (no loss); widths never measured are
-  read off the measured ones (interpolated, extrapolated with a non-negative slope, flat where
+- Costs: the first step at a new batch size is a plain step (no loss), and so is one in every
+  `probe` steps (32), since costs are ratios to the plain steps around them; widths never measured
+  are read off the measured ones (interpolated, extrapolated with a non-negative slope, flat where
   nothing else is known), so an untried width looks no more expensive than its neighbours, is
   tried once and then measured. Every estimate is a median over the last `window` observations.
 - Acceptance: decayed counts per draft position, shrunk to a prior; a per-row factor for the rows
@@ -297,22 +298,23 @@ class Planner:
 
     def __init__(self, k_max: int, min_k: int = 0, start: int = 1, margin: float = 0.02, explore: float = 0.01,
                  prior: float = 0.5, prior_weight: float = 2.0, decay: float = 0.98, window: int = 16,
-                 cheap: float = 0.01):
+                 cheap: float = 0.01, probe: int = 32):
         if not 0 <= min_k <= k_max:
             raise ValueError(f"min_k must be in [0, {k_max}], got {min_k}")
         if not 1 <= start <= k_max:
             raise ValueError(f"start must be in [1, {k_max}], got {start}")
         if margin < 0 or not 0 <= explore < 1 or not 0 < prior < 1 or prior_weight <= 0 or not 0 < decay <= 1 \
-                or window < 1 or cheap < 0:
+                or window < 1 or cheap < 0 or probe < 0:
             raise ValueError("need margin >= 0, 0 <= explore < 1, 0 < prior < 1, prior_weight > 0, "
-                             "0 < decay <= 1, window >= 1, cheap >= 0")
+                             "0 < decay <= 1, window >= 1, cheap >= 0, probe >= 0")
         self.k_max, self.min_k, self.start = k_max, min_k, start
-        self.margin, self.explore, self.cheap = margin, explore, cheap
+        self.margin, self.explore, self.cheap, self.probe = margin, explore, cheap, probe
         self.model_args = {"prior": prior, "prior_weight": prior_weight, "decay": decay}
         self.costs = CostModel(window)
         self.models: dict[str, AcceptanceModel] = {}
         self.steps = 0
         self.last_scored: dict[str, int] = {}  # source -> step at which its drafts were last judged
+        self.last_plain: dict[int, int] = {}  # batch size -> step of its last plain (width 1) step
 
     def model(self, source: str) -> AcceptanceModel:
         if source not in self.models:
@@ -328,6 +330,17 @@ class Planner:
     def ready(self, b: int) -> bool:
         """A step at batch size b was measured (before that, every step is plain)."""
         return self.costs.ready(b)
+
+    def stepped(self, b: int, t: int) -> None:
+        """This step scored t tokens per row at batch size b."""
+        if t == 1:
+            self.last_plain[b] = self.steps
+
+    def probing(self, b: int) -> bool:
+        """Time for a plain step: costs are ratios to a plain step, measured against the plain
+        steps around them, so a policy that always drafts takes one every `probe` steps (it costs
+        at most a step's speculative gain in `probe`, and nothing against plain decoding)."""
+        return self.min_k == 0 and self.probe > 0 and self.steps - self.last_plain.get(b, self.steps) >= self.probe
 
     def is_cheap(self, source: str, b: int) -> bool:
         """Drafting k_max tokens costs under `cheap` of a plain step: asking for more is free."""
@@ -394,7 +407,7 @@ class Planner:
     def ask(self, source: str, b: int, rows: list[int], trimmable: bool) -> Plan:
         """How many drafts to ask `source` for, 0 for a plain step. A cheap proposer is asked for
         k_max (the cut after proposing decides); a costly one for its best k if that beats plain."""
-        if not rows or not self.ready(b):  # a first step at this batch size: plain measures it
+        if not rows or not self.ready(b) or self.probing(b):  # plain: a first step at this batch size, or a probe
             return Plan(self.min_k, 0.0, 0.0)
         if not self.costs.draft_known(source, b):
             return Plan(max(self.start, self.min_k), 0.0, 0.0)

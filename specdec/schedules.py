@@ -132,7 +132,8 @@ class CostAwareSchedule(ConstantSchedule):
     batch size), `margin` (a speculative plan must beat plain by this fraction), `explore` (time
     budget for exploring when drafting looks unprofitable), `prior`, `prior_weight`, `decay`
     (acceptance estimates), `window` (timings kept per measured key), `cheap` (drafting under this
-    fraction of a plain step counts as free).
+    fraction of a plain step counts as free), `probe` (a plain step at least every `probe` steps, to
+    keep measuring what the costs are ratios to).
     """
 
     name = "cost_aware"
@@ -140,11 +141,11 @@ class CostAwareSchedule(ConstantSchedule):
 
     def __init__(self, num_speculative_tokens: int = 8, min_k: int = 0, start: int = 1, margin: float = 0.02,
                  explore: float = 0.01, prior: float = 0.5, prior_weight: float = 2.0, decay: float = 0.98,
-                 window: int = 16, cheap: float = 0.01):
+                 window: int = 16, cheap: float = 0.01, probe: int = 32):
         super().__init__(num_speculative_tokens)
         try:
             self.planner = Planner(self.k_max, min_k, start, margin, explore, prior, prior_weight, decay, window,
-                                   cheap)
+                                   cheap, probe)
         except ValueError as err:
             raise ValueError(f"schedule_args: {err}") from None
         self.min_k = min_k
@@ -185,6 +186,7 @@ class CostAwareSchedule(ConstantSchedule):
         drafted = {self.source} if self._drafted_before else set()
         self.clock.done(b, 1 + p.max_length, draft_s, drafting_samples([(self.source, self._asked, draft_s)], drafted))
         self._drafted_before = self._asked > 0
+        self.planner.stepped(b, 1 + p.max_length)
         if self._asked > 0:
             offered = self._offered if len(self._offered) == b else list(p.lengths)
             self.planner.model(self.source).observe_offers(
@@ -202,18 +204,10 @@ def cut(proposal: Proposal, k: int) -> Proposal:
     return Proposal(proposal.tokens[:, :k], [min(n, k) for n in proposal.lengths], probs)
 
 
-SCHEDULES = {
-    "constant": ConstantSchedule,
-    "heuristic": HeuristicSchedule,
-    "confidence": ConfidenceSchedule,
-    "cost_aware": CostAwareSchedule,
-}
+def make_schedule(spec, num_speculative_tokens: int, **args):
+    """`method.schedule` + `method.schedule_args` -> a schedule object. `spec`: a name (a file in
+    conf/method/schedule/, see `specdec.registry`), a `_target_` node, or a schedule object, returned
+    as it is. The target is called with `num_speculative_tokens` and the args."""
+    from specdec.registry import build
 
-
-def make_schedule(name: str, num_speculative_tokens: int, **args):
-    """`method.schedule` + `method.schedule_args` -> a schedule object (objects pass through)."""
-    if not isinstance(name, str):
-        return name
-    if name not in SCHEDULES:
-        raise ValueError(f"unknown schedule {name!r}; choose one of: {', '.join(SCHEDULES)}")
-    return SCHEDULES[name](num_speculative_tokens, **args)
+    return build("method/schedule", spec, "schedule", args, num_speculative_tokens=num_speculative_tokens)

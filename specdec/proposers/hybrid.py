@@ -50,7 +50,7 @@ class HybridProposer:
 
     def __init__(self, engine=None, parts: Mapping | None = None, margin: float = 0.02, explore: float = 0.01,
                  prior: float = 0.5, prior_weight: float = 2.0, decay: float = 0.98, window: int = 16,
-                 cheap: float = 0.01):
+                 cheap: float = 0.01, probe: int = 32):
         if not parts:
             raise ValueError("method.proposer.parts: the hybrid needs at least one proposer, e.g. "
                              "{suffix: {_target_: specdec.proposers.suffix.SuffixProposer, _partial_: true}}")
@@ -59,7 +59,7 @@ class HybridProposer:
         if "plain" in self.parts:
             raise ValueError("method.proposer.parts: 'plain' names plain decoding; call the part something else")
         self.args = {"margin": margin, "explore": explore, "prior": prior, "prior_weight": prior_weight,
-                     "decay": decay, "window": window, "cheap": cheap}
+                     "decay": decay, "window": window, "cheap": cheap, "probe": probe}
         self.planner: Planner | None = None  # made at the first step, when k_max is known
         self.clock = StepClock()
         self._drafted_before: set[str] = set()
@@ -98,7 +98,7 @@ class HybridProposer:
         b, rows = state.batch_size, [r for r, on in enumerate(state.active) if on]
         k = min(k, planner.k_max) if planner is not None else 0
         self._step = {"name": "plain", "asked": 0, "drafts": [], "lookups": {}, "options": {}}
-        if k == 0 or not rows or not planner.ready(b):  # the first step at a batch size is plain: it measures R(B, 1)
+        if k == 0 or not rows or not planner.ready(b) or planner.probing(b):  # plain: a first step here, or a probe
             return Proposal.empty(b, state.tokens.device)
         untimed = [n for n in self.parts if not planner.costs.draft_known(n, b)]
         if untimed:
@@ -147,6 +147,7 @@ class HybridProposer:
         drafts = step.get("drafts", [])
         self.clock.done(b, 1 + p.max_length, sum(d[2] for d in drafts), drafting_samples(drafts, self._drafted_before))
         self._drafted_before = {d[0] for d in drafts if d[1] > 0}
+        planner.stepped(b, 1 + p.max_length)
         self.choices.append(name)
         if name != "plain":
             rows = [r for r, on in enumerate(outcome.active) if on]
