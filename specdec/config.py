@@ -13,7 +13,6 @@ A method is one YAML in `conf/method/` (see `MethodConfig`): its `proposer` is i
 with the engine (`_target_` plus any arguments), so a new method needs a module and that file only.
 """
 
-import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,9 +51,11 @@ class MethodConfig:
 
     proposer: `{_target_: module.Class, ...args}` instantiated with `engine=<Engine>`, or null for
               plain autoregressive decoding.
-    schedule: a name for `specdec.schedules.make_schedule(schedule, num_speculative_tokens, **schedule_args)`.
-    verifier: auto (greedy at temperature 0, else speculative sampling) | greedy | speculative_sampling |
-              block | typical | forced, with `verifier_args` for verifiers that take parameters.
+    schedule: the name of a file in `conf/method/schedule/` (constant, heuristic, confidence, cost_aware,
+              ...) or a `{_target_: ...}` node, built with `num_speculative_tokens` and `schedule_args`.
+    verifier: the name of a file in `conf/method/verifier/` (auto: greedy at temperature 0, else
+              speculative sampling; greedy, speculative_sampling, block, typical, forced, ...) or a
+              `{_target_: ...}` node, built with `verifier_args` (see `specdec.registry`).
     decoder:  instead of a proposer, `{_target_: ...}` of a whole decoder with SpeculativeDecoder's
               `generate` (the `transformers` anchors in `specdec.anchors`), instantiated with
               `engine`, `num_speculative_tokens` and `tokenizer`.
@@ -64,9 +65,9 @@ class MethodConfig:
     proposer: Any = None
     decoder: Any = None
     num_speculative_tokens: int = 4
-    schedule: str = "constant"
+    schedule: Any = "constant"  # a name (conf/method/schedule/<name>.yaml) or a `_target_` node
     schedule_args: dict[str, Any] = field(default_factory=dict)
-    verifier: str = "auto"
+    verifier: Any = "auto"  # a name (conf/method/verifier/<name>.yaml) or a `_target_` node
     verifier_args: dict[str, Any] = field(default_factory=dict)
     needs_draft: bool = False
 
@@ -178,15 +179,12 @@ def _check_type(key: str, value: Any, kind: type, optional: bool = False) -> Non
 
 def _check_target(key: str, target: Any) -> None:
     """`_target_` must name an importable attribute (checked without instantiating anything)."""
-    if not isinstance(target, str) or "." not in target:
-        _fail(key, f"must be a dotted path such as specdec.proposers.draft_model.DraftModelProposer, got {target!r}")
-    module, _, attr = target.rpartition(".")
+    from specdec.registry import target_of
+
     try:
-        found = hasattr(importlib.import_module(module), attr)
-    except ImportError as err:
-        _fail(key, f"cannot import {module!r} ({err})")
-    if not found:
-        _fail(key, f"module {module!r} has no {attr!r}")
+        target_of(target, key.removesuffix("._target_"))
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 def validate(cfg: DictConfig) -> None:

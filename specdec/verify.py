@@ -308,35 +308,29 @@ class ForcedVerifier:
         return Verification(tokens=tokens, accepted=accepted)
 
 
-VERIFIERS = ("auto", "greedy", "speculative_sampling", "block", "typical", "forced")
+class ByTemperature:
+    """A rule that depends on the temperature: `greedy` serves temperature 0, `sampling` the rest;
+    either may be None (not served). At temperature 0 every lossless rule is the greedy one, since p
+    is one-hot, so lossless sampling verifiers name GreedyVerifier for it (conf/method/verifier/)."""
+
+    def __init__(self, greedy=None, sampling=None):
+        self.greedy, self.sampling = greedy, sampling
+
+    def pick(self, params: SamplingParams, label: str):
+        chosen = self.greedy if params.greedy else self.sampling
+        if chosen is None:
+            need = "generation.temperature > 0" if params.greedy else "generation.temperature=0"
+            raise ValueError(f"{label} needs {need}; use verifier=auto")
+        return chosen
 
 
-def make_verifier(name, params: SamplingParams, **args):
-    """`auto` picks greedy at temperature 0 and speculative sampling otherwise; `block` is the
-    lossless block rule (greedy at temperature 0, where both rules are the greedy one); `typical`
-    takes `epsilon` and `delta`, `forced` takes `acceptance`. A verifier object (anything with
-    `name`, `lossless` and the call signature) is returned as it is."""
-    if not isinstance(name, str):
-        return name
-    if name not in ("typical", "forced") and args:
-        raise ValueError(f"verifier={name} takes no verifier_args, got {sorted(args)}")
-    if name == "auto":
-        name = "greedy" if params.greedy else "speculative_sampling"
-    if name == "greedy":
-        if not params.greedy:
-            raise ValueError("verifier=greedy needs generation.temperature=0; use verifier=auto")
-        return GreedyVerifier()
-    if name == "speculative_sampling":
-        if params.greedy:
-            return GreedyVerifier()  # temperature 0: p is a one-hot, greedy is the same rule
-        return SpeculativeSamplingVerifier()
-    if name == "block":
-        return GreedyVerifier() if params.greedy else BlockVerifier()
-    if name == "typical":
-        return TypicalVerifier(**args)
-    if name == "forced":
-        if set(args) != {"acceptance"}:
-            raise ValueError("verifier=forced takes verifier_args.acceptance=[a_1, ..., a_k] (the probability "
-                             f"that draft i is accepted given drafts 1..i-1 were), got {sorted(args)}")
-        return ForcedVerifier(**args)
-    raise ValueError(f"unknown verifier {name!r}; choose one of: {', '.join(VERIFIERS)}")
+def make_verifier(spec, params: SamplingParams, **args):
+    """`spec`: a name (a file in conf/method/verifier/, see `specdec.registry`), a `_target_` node, or a
+    verifier object (anything with `name`, `lossless` and the call signature), returned as it is.
+    `args` are `verifier_args`; a `ByTemperature` rule is resolved for `params`."""
+    from specdec.registry import build
+
+    verifier = build("method/verifier", spec, "verifier", args)
+    if isinstance(verifier, ByTemperature):
+        verifier = verifier.pick(params, f"verifier={spec}" if isinstance(spec, str) else "verifier")
+    return verifier

@@ -1,0 +1,145 @@
+"""One way to name an implementation: a `_target_` node, or the short name of a file that holds one.
+
+Every pluggable part is built by `hydra.utils.instantiate` from a node `{_target_: module.Attr, **args}`.
+Where a config key takes a short name instead (`method.verifier=typical`, `method.schedule=cost_aware`,
+`data.source=spec_bench`, `logger.kind=wandb`), the name is a file: the option `X` of key `a.b` is
+`conf/a/b/X.yaml`, holding the node, just as the option `X` of Hydra's group `a` is `conf/a/X.yaml`.
+So a new verifier or schedule is one module and one YAML file; a folder of your own on
+`hydra.searchpath` adds options the same way it adds configs, and the valid names are always the
+files found, never a list kept beside them.
+
+Files are looked up along Hydra's config search path when a Hydra job is running (the package's
+`conf/` plus every `hydra.searchpath` entry, first match wins, as for configs), else in the package's
+`conf/` alone. A name that is not there fails with the options that are.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+from collections.abc import Iterable, Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+PACKAGE_CONF = "specdec.conf"
+
+
+def _package_conf() -> Any:
+    """The package's configs: `specdec.conf` when installed, a clone's `conf/` otherwise (as the app)."""
+    if importlib.util.find_spec(PACKAGE_CONF) is not None:
+        return resources.files(PACKAGE_CONF)
+    return Path(__file__).resolve().parents[1] / "conf"
+
+
+def config_roots() -> list[Any]:
+    """The folders configs are read from, in Hydra's order (paths or importlib Traversables)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return [_package_conf()]
+    roots: list[Any] = []
+    for source in HydraConfig.get().runtime.config_sources:
+        if source.schema == "file":
+            roots.append(Path(source.path))
+        elif source.schema == "pkg":
+            try:
+                roots.append(resources.files(source.path))
+            except ModuleNotFoundError:  # Hydra warns about an unavailable source itself
+                continue
+    return roots
+
+
+def _folder(root: Any, folder: str) -> Any:
+    for part in folder.split("/"):
+        root = root / part
+    return root
+
+
+def options(folder: str) -> list[str]:
+    """The names available under `folder` (e.g. "method/verifier"): its YAML files, sorted."""
+    names = set()
+    for root in config_roots():
+        where = _folder(root, folder)
+        if where.is_dir():
+            names.update(f.name[: -len(".yaml")] for f in where.iterdir() if f.name.endswith(".yaml"))
+    return sorted(names)
+
+
+def node(folder: str, spec: Any, key: str) -> DictConfig:
+    """The `_target_` node of `spec`: a name looked up as `<folder>/<name>.yaml`, or a node as it is."""
+    if isinstance(spec, str):
+        for root in config_roots():
+            file = _folder(root, folder) / f"{spec}.yaml"
+            if file.is_file():
+                loaded = OmegaConf.create(file.read_text(encoding="utf-8"))
+                if not isinstance(loaded, DictConfig) or "_target_" not in loaded:
+                    raise ValueError(f"{key}={spec}: {file} must be a mapping with a `_target_`")
+                return loaded
+        names = options(folder)
+        raise ValueError(f"unknown {key.rsplit('.', 1)[-1]} {spec!r}; choose one of: {', '.join(names) or '(none)'} "
+                         f"(files in conf/{folder}/; add <name>.yaml there or in a folder on hydra.searchpath)")
+    if isinstance(spec, Mapping) and "_target_" in spec:
+        return OmegaConf.create(OmegaConf.to_container(spec) if isinstance(spec, DictConfig) else dict(spec))
+    raise ValueError(f"{key}: must be a name or a mapping with a `_target_`, got {spec!r}")
+
+
+def target_of(path: Any, key: str) -> Any:
+    """The attribute a `_target_` names, imported (nothing is instantiated)."""
+    if not isinstance(path, str) or "." not in path:
+        raise ValueError(f"{key}._target_: must be a dotted path such as specdec.verify.GreedyVerifier, got {path!r}")
+    module, _, attr = path.rpartition(".")
+    try:
+        found = importlib.import_module(module)
+    except ImportError as err:
+        raise ValueError(f"{key}._target_: cannot import {module!r} ({err})") from None
+    if not hasattr(found, attr):
+        raise ValueError(f"{key}._target_: module {module!r} has no {attr!r}")
+    return getattr(found, attr)
+
+
+def check_args(target: Any, label: str, args_key: str, given: Iterable[str], passed: Iterable[str] = (),
+               fixed: Iterable[str] = (), structure: Iterable[str] = ()) -> None:
+    """The user's arguments (`given`, from `args_key`) must be ones `target` takes, other than those the
+    caller `passed` and the file's `structure` (nested nodes); with the file's `fixed` values, every
+    required argument must be set. Messages name what the target takes."""
+    params = inspect.signature(target).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    given, reserved = set(given), set(passed) | set(structure)
+    takes = [n for n, p in params.items() if n not in reserved and p.kind is not inspect.Parameter.VAR_POSITIONAL]
+    unknown = sorted(given - set(takes))
+    if unknown:
+        offer = f"; it takes: {', '.join(takes)}" if takes else ""
+        raise ValueError(f"{label} takes no {args_key} {unknown}{offer}")
+    missing = [n for n, p in params.items() if p.default is inspect.Parameter.empty
+               and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+               and n not in given | reserved | set(fixed)]
+    if missing:
+        raise ValueError(f"{label} needs {', '.join(f'{args_key}.{n}' for n in missing)}")
+
+
+def build(folder: str, spec: Any, key: str, args: Mapping | None = None, **passed: Any) -> Any:
+    """The object `spec` names: `instantiate(node, **passed, **args)`; an object that is neither a
+    name nor a node is returned as it is. `args` are the user's (`<key>_args`), `passed` the caller's."""
+    if not isinstance(spec, (str, Mapping)):
+        return spec
+    spec_node = node(folder, spec, key)
+    label = f"{key}={spec}" if isinstance(spec, str) else key
+    target = target_of(spec_node._target_, key)
+    args = dict(OmegaConf.to_container(args) if isinstance(args, DictConfig) else (args or {}))
+    fixed = [k for k in spec_node if not str(k).startswith("_")]
+    nested = [k for k in fixed if isinstance(spec_node[k], DictConfig) and "_target_" in spec_node[k]]
+    check_args(target, label, f"{key}_args", args, passed, fixed, nested)
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    try:
+        return instantiate(spec_node, **passed, **args, _convert_="all")
+    except InstantiationException as err:  # Hydra wraps the target's own error: raise that, which names the value
+        if isinstance(err.__cause__, (ValueError, TypeError)):
+            raise err.__cause__ from None
+        raise
