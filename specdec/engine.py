@@ -1,10 +1,11 @@
 """One device and dtype for target and draft; forward passes with explicit positions and masks.
 
 `CachedModel` pairs a Hugging Face causal LM with its own `RowCache`. Every forward pass names the
-position of each token and passes a 4-D attention mask built from the per-row valid lengths, so a
-batch whose rows hold different numbers of tokens (ragged prompts, different acceptance) gives the
-same logits as each row run alone. `Engine` holds the target and the optional draft and makes sure
-they share a device and dtype.
+position of each token; a batch whose rows hold different numbers of tokens (ragged prompts,
+different acceptance) also gets 4-D attention masks built from the per-row valid lengths, one per
+kind of attention layer (full, sliding window), so it gives the same logits as each row run alone.
+The layout check, the masks and the call into transformers live in `attention.py`. `Engine` holds
+the target and the optional draft and makes sure they share a device and dtype.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from contextlib import contextmanager
 
 import torch
 
+from specdec.attention import AttentionLayout
 from specdec.cache import RowCache
 
 
@@ -70,11 +72,16 @@ class Timer:
 
 
 class CachedModel:
-    """A causal LM plus its KV cache. Call `reset` before a new batch."""
+    """A causal LM plus its KV cache. Call `reset` before a new batch.
+
+    Raises `UnsupportedModelError` (a ValueError naming the model type) for an attention layout it
+    cannot run exactly, before any work is done.
+    """
 
     def __init__(self, model: torch.nn.Module, name: str = "model"):
         self.model = model
         self.name = name
+        self.layout = AttentionLayout.of(model)
         self.cache: RowCache | None = None
         cfg = model.config
         self.num_layers = cfg.num_hidden_layers
@@ -105,13 +112,6 @@ class CachedModel:
     def rollback(self, lengths: list[int]) -> None:
         self.cache.rollback(lengths)
 
-    def _mask(self, positions: torch.Tensor, kv_len: int) -> torch.Tensor:
-        """positions: [B, T] -> additive mask [B, 1, T, kv_len]: row b, query t sees keys <= its position."""
-        keys = torch.arange(kv_len, device=positions.device)
-        allowed = keys[None, None, :] <= positions[:, :, None]
-        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=positions.device)
-        return mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)[:, None]
-
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, advance: list[int] | None = None,
                 keep: torch.Tensor | None = None) -> torch.Tensor:
@@ -127,20 +127,14 @@ class CachedModel:
         cache.begin_write(t, advance)
         starts = torch.tensor(cache.lengths, device=tokens.device)
         positions = starts[:, None] + torch.arange(t, device=tokens.device)[None, :]
-        # Rows at equal lengths need no custom mask: the model builds the usual causal one from the
-        # positions and the cache's sizes, and SDPA takes the same kernels as in plain `generate`.
-        # Ragged rows get an explicit per-row mask.
+        # Rows at equal lengths need no custom mask: the model builds its usual causal (and sliding
+        # window) masks from the positions and the cache's sizes, and SDPA takes the same kernels as
+        # in plain `generate`. Ragged rows get explicit per-row masks, one per layer type.
         uniform = cache.uniform_start is not None
-        out = self.model(
-            input_ids=tokens,
-            position_ids=positions,
-            attention_mask=None if uniform else self._mask(positions, cache.kv_len),
-            cache=cache,
-            use_cache=True,
-            logits_to_keep=keep if keep is not None else 0,
-        )
+        mask = None if uniform else self.layout.masks(positions, cache.kv_len, self.dtype)
+        logits = self.layout.call(self.model, tokens, positions, cache, mask, keep)
         cache.advance(advance if advance is not None else [t] * b)
-        return out.logits
+        return logits
 
     def catch_up(self, tokens: torch.Tensor, upto: list[int]) -> torch.Tensor:
         """Feed each row's tokens it has not seen, `tokens[b, len_b : upto[b]]`, in one ragged pass.

@@ -42,6 +42,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from specdec.attention import AttentionLayout, eager_attention_needed
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -92,7 +94,8 @@ def cache_dir() -> Path:
 def load_model(
     spec: ModelSpec, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load `spec` as (model, tokenizer): model in eval mode, no grads, sdpa attention, on device in dtype."""
+    """Load `spec` as (model, tokenizer): model in eval mode, no grads, on device in dtype; attention is
+    sdpa, or eager for models that soft-cap attention logits (Gemma-2), which only eager computes."""
     if spec.path == "tiny_random":
         model = tiny_random_model(seed=spec.seed, vocab_size=spec.vocab_size, num_layers=spec.num_layers)
         tokenizer = tiny_random_tokenizer(spec.vocab_size)
@@ -134,10 +137,16 @@ def _looks_local(path: str) -> bool:
 
 
 def _from_pretrained(source: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, attn_implementation="sdpa")
+        config = AutoConfig.from_pretrained(source)
+        # Refuse a layout the engine cannot run before reading any weights: a skeleton on the meta
+        # device has the model's forward and config but allocates nothing (eager: every model has it).
+        with torch.device("meta"):
+            AttentionLayout.of(AutoModelForCausalLM.from_config(config, attn_implementation="eager"))
+        attention = "eager" if eager_attention_needed(config.get_text_config()) else "sdpa"
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, attn_implementation=attention)
         tokenizer = AutoTokenizer.from_pretrained(source)
     except OSError as err:
         if _looks_local(source):
@@ -335,6 +344,13 @@ def _load_gguf(gguf: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
             f"{gguf} is not a readable GGUF model: its header may be valid, but its metadata or tensors are "
             "not (a file cut short, or not a model). Check the file or download it again."
         ) from err
+    # transformers 5.17's GGUF tokenizer conversion names the bos token as eos (SmolLM2: <|im_start|>,
+    # id 1, where the file says <|im_end|>, id 2); the model config holds the file's own
+    # tokenizer.ggml.{bos,eos}_token_id, so the tokenizer takes its special tokens from there.
+    for special in ("bos", "eos"):
+        token_id = getattr(model.config, f"{special}_token_id", None)
+        if isinstance(token_id, int) and getattr(tokenizer, f"{special}_token_id", None) != token_id:
+            setattr(tokenizer, f"{special}_token", tokenizer.convert_ids_to_tokens(token_id))
     # `save_pretrained` refuses a model that still carries a quantizer that is not serializable, as
     # the GGUF one is. Its own `remove_quantization_config` drops model.hf_quantizer,
     # config.quantization_config, model.quantization_method and model._weight_conversions, and sets

@@ -1,0 +1,159 @@
+"""How specdec's ragged rows meet a transformers model: which layouts work, their masks, the call.
+
+specdec's KV cache (`cache.py`) keeps one valid length per batch row and writes row b's new tokens at
+cache index `len_b`, so a key's cache index *is* its position. No transformers mask helper can
+describe that (they assume every row's queries sit at the same offset), so for a ragged batch the
+engine builds the 4-D masks itself, one per kind of attention layer the model has:
+
+- `full_attention`: query at position p sees keys 0..p;
+- `sliding_attention`: query at position p sees keys p-w+1..p (w = `config.sliding_window`; the
+  same rule as transformers' `sliding_window_overlay`, `kv_idx > q_idx - w`).
+
+`AttentionLayout.of(model)` reads that layout from the config and refuses up front, naming the
+model type, what the engine cannot serve exactly: position schemes that ignore `position_ids`
+(ALiBi: Bloom, MPT, Falcon with `alibi=True`; recurrent models), attention kinds other than the two
+above (chunked, linear, hybrid state-space layers), non-causal models, attention implementations
+that take no 4-D mask (flash, flex), and soft-capped attention logits under an implementation that
+drops the cap (only `eager` computes it).
+
+Everything that depends on transformers' calling convention is in `AttentionLayout.call`, because
+it changed within 5.x and is what breaks first on another version:
+
+- the cache argument was renamed from `past_key_values` to `cache` in 5.x; an unknown keyword is
+  swallowed by `**kwargs`, so passing the wrong name silently runs *without* the cache (under 5.17
+  that showed as an SDPA broadcast error on ragged rows and as wrong tokens on uniform ones). The
+  name is read from the model's `forward` signature;
+- a 4-D tensor mask is returned as-is by every mask helper, so one tensor serves a model whose
+  layers are all of one kind; a model that mixes kinds (Gemma-2/3, Qwen2 with sliding layers) takes
+  a dict keyed by layer type instead, which its forward uses as its per-type mask mapping;
+- `attention_mask=None` (rows at equal lengths) lets the model build its own masks from positions
+  and the cache's `get_mask_sizes`, exactly as in `generate()`, with the same SDPA kernels.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+
+FULL, SLIDING = "full_attention", "sliding_attention"
+
+# Attention implementations that apply an arbitrary additive 4-D mask.
+MASKED_IMPLEMENTATIONS = ("eager", "sdpa")
+
+# Model types whose attention adds ALiBi biases instead of reading `position_ids`. Most also lack a
+# `position_ids` argument (caught generically); Falcon has one but ignores it when `alibi=True`.
+_ALIBI_MODEL_TYPES = ("bloom", "mpt", "jais")
+
+
+class UnsupportedModelError(ValueError):
+    """The model's attention layout cannot be run exactly by specdec's engine."""
+
+
+def eager_attention_needed(config) -> bool:
+    """True when the model soft-caps attention logits, which only the eager implementation computes
+    (SDPA raises on it in newer transformers and silently skips the cap in older ones)."""
+    return getattr(config, "attn_logit_softcapping", None) is not None
+
+
+@dataclass(frozen=True)
+class AttentionLayout:
+    """What the engine needs to know to mask and call one model.
+
+    model_type:     `config.model_type`, for messages.
+    layer_types:    per decoder layer, `full_attention` or `sliding_attention`.
+    sliding_window: w of the sliding layers (None when there are none).
+    cache_kwarg:    the name under which this transformers version's `forward` takes the cache.
+    keeps_logits:   whether `forward` takes `logits_to_keep` (else the logits are sliced after the head).
+    """
+
+    model_type: str
+    layer_types: tuple[str, ...]
+    sliding_window: int | None
+    cache_kwarg: str
+    keeps_logits: bool = True
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> AttentionLayout:
+        """Read the layout of `model`; raise `UnsupportedModelError` (naming the model type and why) if
+        the engine cannot run it exactly."""
+        config = model.config
+        model_type = getattr(config, "model_type", type(model).__name__)
+
+        def refuse(why: str, fix: str = "use a model with rotary or learned positions and full or sliding-window "
+                                         "attention (Llama, Qwen2/3, Mistral, Gemma-2/3, Phi-3, GPT-NeoX, ...)"):
+            return UnsupportedModelError(f"specdec cannot run model type {model_type!r} ({type(model).__name__}): "
+                                         f"{why}; {fix}.")
+
+        if getattr(config, "is_encoder_decoder", False):
+            raise refuse("it is an encoder-decoder model; specdec serves decoder-only causal LMs")
+        params = inspect.signature(model.forward).parameters
+        if model_type in _ALIBI_MODEL_TYPES or getattr(config, "alibi", False):
+            raise refuse("its attention adds ALiBi position biases, which do not follow the per-row positions "
+                         "that ragged batches need")
+        if "position_ids" not in params:
+            raise refuse("its forward takes no position_ids, and ragged batches need a position per token")
+        cache_kwarg = next((name for name in ("cache", "past_key_values") if name in params), None)
+        if cache_kwarg is None:
+            raise refuse("its forward takes no `cache`/`past_key_values` key-value cache (a recurrent "
+                         "or otherwise cache-less model)")
+        if not getattr(config, "is_causal", True) or getattr(config, "use_bidirectional_attention", False):
+            raise refuse("its attention is not causal")
+
+        num_layers = config.num_hidden_layers
+        window = getattr(config, "sliding_window", None)
+        declared = getattr(config, "layer_types", None)
+        if declared is not None:
+            layer_types = tuple(declared[:num_layers])
+        elif window is not None and getattr(config, "use_sliding_window", True):
+            layer_types = (SLIDING,) * num_layers  # Mistral, Mixtral, Phi-3, Starcoder2: one window for all
+        else:
+            layer_types = (FULL,) * num_layers
+        other = sorted(set(layer_types) - {FULL, SLIDING})
+        if other:
+            raise refuse(f"it has {', '.join(other)} layers; the engine masks only full and sliding-window attention")
+        if getattr(config, "attention_chunk_size", None) is not None:
+            raise refuse("it uses chunked attention")
+        if SLIDING in layer_types and not window:
+            raise refuse("it has sliding-window layers but no config.sliding_window")
+
+        implementation = getattr(config, "_attn_implementation", None) or "eager"
+        if implementation not in MASKED_IMPLEMENTATIONS:
+            raise refuse(f"attn_implementation={implementation!r} does not take the per-row 4-D masks of "
+                         "ragged batches", "load it with attn_implementation='sdpa' or 'eager'")
+        if eager_attention_needed(config) and implementation != "eager":
+            raise refuse(f"it soft-caps attention logits (attn_logit_softcapping={config.attn_logit_softcapping}), "
+                         f"which attn_implementation={implementation!r} does not compute",
+                         "load it with attn_implementation='eager' (specdec's loader does)")
+        return cls(model_type, layer_types, window if SLIDING in layer_types else None, cache_kwarg,
+                   keeps_logits="logits_to_keep" in params)
+
+    def masks(self, positions: torch.Tensor, kv_len: int, dtype: torch.dtype) -> torch.Tensor | dict[str, torch.Tensor]:
+        """Additive masks `[B, 1, T, kv_len]` for queries at `positions: [B, T]` over cache indices 0..kv_len-1.
+
+        One tensor when all layers are of one kind, else a dict keyed by layer type. Indices past a
+        row's queries (other rows' longer history, scratch from rejected drafts) are always hidden.
+        """
+        keys = torch.arange(kv_len, device=positions.device)[None, None, :]
+        query = positions[:, :, None]
+        causal = keys <= query
+        out = {}
+        for kind in set(self.layer_types):
+            allowed = causal if kind == FULL else causal & (keys > query - self.sliding_window)
+            mask = torch.zeros(allowed.shape, dtype=dtype, device=positions.device)
+            out[kind] = mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
+        return next(iter(out.values())) if len(out) == 1 else out
+
+    def call(self, model: torch.nn.Module, tokens: torch.Tensor, positions: torch.Tensor, cache,
+             attention_mask: torch.Tensor | dict[str, torch.Tensor] | None,
+             keep: torch.Tensor | None) -> torch.Tensor:
+        """One forward pass of `tokens: [B, T]` at `positions: [B, T]` through `cache`; returns logits
+        `[B, T or len(keep), V]`. `attention_mask=None` lets the model build its own causal masks
+        (rows at equal lengths)."""
+        kwargs = {self.cache_kwarg: cache}
+        if self.keeps_logits and keep is not None:
+            kwargs["logits_to_keep"] = keep
+        logits = model(input_ids=tokens, position_ids=positions, attention_mask=attention_mask,
+                       use_cache=True, **kwargs).logits
+        return logits[:, keep] if keep is not None and not self.keeps_logits else logits

@@ -1,0 +1,192 @@
+"""Other architectures: specdec's greedy decoding equals transformers' `generate()` for each layout.
+
+Each tiny random model is built in-process from its config (float32, 3 layers, vocabulary 128) and
+covers one attention layout: rotary Llama; Qwen2 with full and sliding-window layers mixed; Mistral
+with one sliding window for all layers; Gemma-2 and Gemma-3 with alternating sliding and full layers
+and soft-capped logits (eager attention); Phi-3 with fused projections; GPT-NeoX with partial rotary
+and parallel residuals. The windows (4) are far shorter than the prompts, so a mask that ignores
+them changes the logits from the first ragged step on. A layout the engine cannot serve (ALiBi,
+attention kinds it does not mask, implementations that take no 4-D mask, soft-capping under SDPA)
+is refused when the engine is built, naming the model type.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers as tf
+
+from specdec.attention import AttentionLayout, UnsupportedModelError
+from specdec.decoding import SpeculativeDecoder
+from specdec.engine import CachedModel, Engine
+from specdec.models import ModelSpec, load_model, tiny_random_model, tiny_random_tokenizer
+from specdec.proposers.draft_model import DraftModelProposer
+
+VOCAB = 128
+WINDOW = 4
+NEW_TOKENS = 12
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17], [3, 4], [20, 21, 22, 23, 24, 25, 26]]
+
+_COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+               num_attention_heads=4, max_position_embeddings=256, initializer_range=0.1,
+               bos_token_id=None, eos_token_id=None, pad_token_id=0, tie_word_embeddings=False)
+_GQA = dict(num_key_value_heads=2)
+_GEMMA = dict(_GQA, head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=16,
+              attn_logit_softcapping=5.0, final_logit_softcapping=10.0)
+
+# name -> (config class, arguments on top of _COMMON, attention implementation)
+ARCHITECTURES = {
+    "llama": (tf.LlamaConfig, _GQA, "sdpa"),
+    "qwen2_sliding": (tf.Qwen2Config, dict(_GQA, use_sliding_window=True, sliding_window=WINDOW,
+                                           max_window_layers=1), "sdpa"),
+    "mistral_sliding": (tf.MistralConfig, dict(_GQA, sliding_window=WINDOW), "sdpa"),
+    "gemma2": (tf.Gemma2Config, _GEMMA, "eager"),
+    "gemma3": (tf.Gemma3TextConfig, dict(_GEMMA, layer_types=["sliding_attention", "full_attention",
+                                                               "sliding_attention"]), "eager"),
+    "phi3": (tf.Phi3Config, _GQA, "sdpa"),
+    "gpt_neox": (tf.GPTNeoXConfig, dict(rotary_pct=0.5), "sdpa"),
+}
+EXPECTED_LAYERS = {
+    "qwen2_sliding": ("full_attention", "sliding_attention", "sliding_attention"),
+    "mistral_sliding": ("sliding_attention",) * 3,
+    "gemma2": ("sliding_attention", "full_attention", "sliding_attention"),
+    "gemma3": ("sliding_attention", "full_attention", "sliding_attention"),
+}
+
+
+def build(name: str, seed: int = 0) -> torch.nn.Module:
+    """A tiny random model of architecture `name`, logits with std ~3 (clear greedy argmaxes)."""
+    config_class, extra, attention = ARCHITECTURES[name]
+    config = config_class(**_COMMON, **extra)
+    config._attn_implementation = attention
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = tf.AutoModelForCausalLM.from_config(config).eval().requires_grad_(False)
+        head = model.get_output_embeddings()
+        head.weight.normal_(0.0, 3.0 / config.hidden_size**0.5)
+    return model.float()
+
+
+@pytest.fixture(scope="module", params=list(ARCHITECTURES))
+def arch(request):
+    """(name, model, per-prompt greedy continuations from transformers' generate())."""
+    model = build(request.param)
+    reference = []
+    for prompt in PROMPTS:
+        ids = torch.tensor([prompt])
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                             max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, pad_token_id=0)
+        reference.append(out[0, len(prompt):].tolist())
+    return request.param, model, reference
+
+
+@pytest.fixture(scope="module")
+def unrelated_draft():
+    return tiny_random_model(seed=7, vocab_size=VOCAB, num_layers=1, eos_token_id=None)
+
+
+def test_layer_types_read_from_the_config(arch):
+    name, model, _ = arch
+    layout = AttentionLayout.of(model)
+    assert layout.layer_types == EXPECTED_LAYERS.get(name, ("full_attention",) * 3)
+    assert layout.sliding_window == (WINDOW if name in EXPECTED_LAYERS else None)
+
+
+@pytest.mark.parametrize("drafter", ["plain", "self", "unrelated"])
+def test_greedy_equals_generate_at_batch_one_and_ragged(arch, drafter, unrelated_draft):
+    """Plain decoding and speculative decoding (the model drafting for itself, an unrelated tiny
+    Llama drafting) give transformers' greedy tokens, one prompt at a time and in a ragged batch."""
+    name, model, reference = arch
+    draft = {"plain": None, "self": model, "unrelated": unrelated_draft}[drafter]
+    engine = Engine(model, draft, dtype="float32")
+    if draft is None:
+        decoder = SpeculativeDecoder(engine)
+    else:
+        decoder = SpeculativeDecoder(engine, DraftModelProposer(engine), num_speculative_tokens=3)
+    single = [decoder.generate([p], max_new_tokens=NEW_TOKENS).output_ids[0] for p in PROMPTS]
+    assert single == reference, f"{name} batch 1"
+    ragged = decoder.generate(PROMPTS, max_new_tokens=NEW_TOKENS).output_ids
+    assert ragged == reference, f"{name} ragged batch"
+
+
+@torch.inference_mode()
+def test_ragged_step_logits_equal_each_row_alone(arch):
+    """One ragged step (rows at lengths 13, 2, 7) gives each row the logits of transformers' own
+    forward pass over that row's tokens: the per-row, per-layer-type masks are exact."""
+    name, model, _ = arch
+    width = max(map(len, PROMPTS))
+    buffer = torch.tensor([p + [0] * (width - len(p)) for p in PROMPTS])
+    step = torch.tensor([[30, 31], [32, 33], [34, 35]])
+    cached = CachedModel(model)
+    cached.reset(len(PROMPTS), 64)
+    cached.catch_up(buffer, [len(p) for p in PROMPTS])
+    ragged = cached.forward(step)
+    for row, prompt in enumerate(PROMPTS):
+        alone = model(torch.tensor([prompt + step[row].tolist()])).logits[0, -2:]
+        torch.testing.assert_close(ragged[row], alone, atol=1e-4, rtol=0, msg=f"{name} row {row}")
+
+
+def _bloom():
+    config = tf.BloomConfig(vocab_size=VOCAB, hidden_size=64, n_layer=2, n_head=4)
+    return tf.AutoModelForCausalLM.from_config(config)
+
+
+def _falcon_alibi():
+    config = tf.FalconConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                             alibi=True)
+    return tf.AutoModelForCausalLM.from_config(config)
+
+
+def _gemma2_under_sdpa():
+    model = build("gemma2")
+    model.config._attn_implementation = "sdpa"  # what older transformers pick by default; drops the cap
+    return model
+
+
+def _llama_flash():
+    model = build("llama")
+    model.config._attn_implementation = "flash_attention_2"
+    return model
+
+
+def _linear_attention_layers():
+    model = build("qwen2_sliding")
+    model.config.layer_types = ["full_attention", "linear_attention", "full_attention"]
+    return model
+
+
+@pytest.mark.parametrize("make, model_type, reason", [
+    (_bloom, "bloom", "ALiBi"),
+    (_falcon_alibi, "falcon", "ALiBi"),
+    (_gemma2_under_sdpa, "gemma2", "attn_implementation='eager'"),
+    (_llama_flash, "llama", "attn_implementation='sdpa' or 'eager'"),
+    (_linear_attention_layers, "qwen2", "linear_attention"),
+], ids=["bloom", "falcon_alibi", "gemma2_sdpa", "flash", "linear_layers"])
+def test_unsupported_layout_refused_when_the_engine_is_built(make, model_type, reason):
+    model = make()
+    with pytest.raises(UnsupportedModelError, match=rf"model type '{model_type}'.*") as err:
+        Engine(model, dtype="float32")
+    assert reason in str(err.value)
+
+
+def test_loader_picks_eager_attention_for_soft_capped_models(tmp_path):
+    """A Gemma-2 checkpoint on disk loads with eager attention (SDPA cannot soft-cap) and decodes
+    like the in-memory model it was saved from."""
+    model = build("gemma2")
+    model.save_pretrained(tmp_path)
+    tiny_random_tokenizer(VOCAB).save_pretrained(tmp_path)
+    loaded, _ = load_model(ModelSpec(path=str(tmp_path)))
+    assert loaded.config._attn_implementation == "eager"
+    engine = Engine(loaded, dtype="float32")
+    ids = torch.tensor([PROMPTS[0]])
+    expected = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                              max_new_tokens=6, pad_token_id=0)[0, len(PROMPTS[0]):].tolist()
+    assert SpeculativeDecoder(engine).generate([PROMPTS[0]], max_new_tokens=6).output_ids[0] == expected
+
+
+def test_loader_refuses_unsupported_checkpoint_before_reading_weights(tmp_path):
+    _bloom().save_pretrained(tmp_path)
+    tiny_random_tokenizer(VOCAB).save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"not read")  # a refusal must not get this far
+    with pytest.raises(UnsupportedModelError, match="'bloom'"):
+        load_model(ModelSpec(path=str(tmp_path)))
