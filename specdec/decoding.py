@@ -225,7 +225,7 @@ class SpeculativeDecoder:
         self.schedule.reset()
         stats = GenerationStats(rows=[RowStats() for _ in ids])
         draft_t, verify_t = Timer(device), Timer(device)
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
 
         # prefill: the first token of each row comes from the prompt's last logits (TTFT ends here)
         logits = target.catch_up(state.tokens, state.seq_lens)
@@ -251,6 +251,7 @@ class SpeculativeDecoder:
             stats.draft_lengths.append(proposal.max_length)
 
         stats.wall_s = time.perf_counter() - start
+        stats.cpu_s = time.process_time() - cpu_start
         stats.draft_s, stats.verify_s = draft_t.total, verify_t.total
         out = [state.output_ids(b) for b in range(state.batch_size)]
         texts = None

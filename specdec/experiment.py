@@ -228,7 +228,7 @@ def run_batch(decoder: SpeculativeDecoder, role: str, batch: list[Prompt], cfg: 
             for key, value in (("new_tokens", r.new_tokens), ("steps", r.steps), ("proposed", r.proposed),
                                ("accepted", r.accepted), ("emitted", r.emitted), ("latency_s", r.wall_s),
                                ("wall_s", s.wall_s / n), ("ttft_s", s.ttft_s),
-                               ("draft_s", s.draft_s / n), ("verify_s", s.verify_s / n),
+                               ("draft_s", s.draft_s / n), ("verify_s", s.verify_s / n), ("cpu_s", s.cpu_s / n),
                                ("reused_cache_tokens", reused[j])):
                 row[key] += value
             row["accepted_per_position"] = sum_lists([row["accepted_per_position"], r.accepted_at])
@@ -252,7 +252,7 @@ def _empty_row(prompt: Prompt, role: str) -> dict:
            "prompt_token_ids": [], "output_token_ids": [], "output_text": "", "turn_outputs": []}
     for key in ("new_tokens", "steps", "proposed", "accepted", "emitted", "reused_cache_tokens"):
         row[key] = 0
-    for key in ("wall_s", "latency_s", "ttft_s", "draft_s", "verify_s"):
+    for key in ("wall_s", "latency_s", "ttft_s", "draft_s", "verify_s", "cpu_s"):
         row[key] = 0.0
     row["accepted_per_position"], row["reached_per_position"], row["proposed_per_position"] = [], [], []
     row["accepted_lengths"] = []

@@ -229,6 +229,9 @@ class GenerationStats:
     draft_s: float = 0.0  # time in proposer.propose
     verify_s: float = 0.0  # time in the target's scoring pass and the verifier
     wall_s: float = 0.0
+    # CPU seconds of this process over the same span: on a CPU shared with other work it moves far
+    # less than wall_s with their load (a CPU-bound, single-threaded run; not a GPU measure)
+    cpu_s: float = 0.0
     steps: int = 0
     draft_lengths: list[int] = field(default_factory=list)  # k of each step (adaptive schedules vary it)
 
