@@ -22,8 +22,6 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-DATA_SOURCES = ("builtin", "spec_bench", "hf")
-LOGGERS = ("none", "wandb")
 
 
 class ConfigError(ValueError):
@@ -74,12 +72,16 @@ class MethodConfig:
 
 @dataclass
 class DataConfig:
-    """A prompt set (`specdec.data.load_prompts`). Relative paths resolve against the directory the
+    """A prompt set (`specdec.data.load_prompts`). `source`: a name, the file `conf/data/source/<name>.yaml`
+    that names its reader with `_target_`, or such a node; the reader takes the settings below that it
+    names and `source_args`, its own. Relative paths resolve against the directory the
+   
     command was started from. `limit` keeps the first `limit` prompts of each category (or overall when
     `per_category` is false); `category_map` renames categories before selection (Spec-Bench reports
     its eight MT-bench categories as one, `multi_turn`)."""
 
-    source: str = "builtin"
+    source: Any = "builtin"
+    source_args: dict[str, Any] = field(default_factory=dict)
     path: str | None = None
     limit: int | None = None
     categories: list[str] | None = None
@@ -106,10 +108,11 @@ class GenerationConfig:
 
 @dataclass
 class LoggerConfig:
-    """`kind`: none | wandb. W&B runs offline unless WANDB_MODE (or `mode`) says otherwise; `group`
-    defaults to the sweep's name in a multirun."""
+    """`kind`: a name, the file `conf/logger/kind/<name>.yaml` that names the tracker with `_target_`
+    (none, wandb), or such a node; the tracker takes the settings below that it names. W&B runs offline
+    unless WANDB_MODE (or `mode`) says otherwise; `group` defaults to the sweep's name in a multirun."""
 
-    kind: str = "none"
+    kind: Any = "none"
     project: str = "specdec"
     entity: str | None = None
     mode: str | None = None
@@ -189,8 +192,9 @@ def _check_target(key: str, target: Any) -> None:
 
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError, naming the key, for any value that cannot work. Loads no model."""
-    from specdec.data import HF_FILE_TYPES
+    from specdec.data import HF_FILE_TYPES, READER_SETTINGS
     from specdec.sampling import SamplingParams
+    from specdec.tracking import TRACKER_SETTINGS
 
     g = cfg.generation
     for key, kind, optional in (
@@ -221,8 +225,7 @@ def validate(cfg: DictConfig) -> None:
         _fail("target.path", "`self` is for drafts only")
 
     d = cfg.data
-    if d.source not in DATA_SOURCES:
-        _fail("data.source", f"unknown source {d.source!r}; choose one of: {', '.join(DATA_SOURCES)}")
+    _check_part("data.source", "data/source", d.source, d.source_args, {k: d[k] for k in READER_SETTINGS})
     if d.limit is not None and d.limit < 1:
         _fail("data.limit", f"must be >= 1 (or null for all prompts), got {d.limit}")
     if d.source == "hf" and not (d.path or d.hf_name):
@@ -248,8 +251,18 @@ def validate(cfg: DictConfig) -> None:
         _fail("dtype", f"must be one of {', '.join(DTYPES)}, got {cfg.dtype!r}")
     if cfg.threads is not None and cfg.threads < 1:
         _fail("threads", f"must be >= 1 or null, got {cfg.threads}")
-    if cfg.logger.kind not in LOGGERS:
-        _fail("logger.kind", f"must be one of {', '.join(LOGGERS)}, got {cfg.logger.kind!r}")
+    _check_part("logger.kind", "logger/kind", cfg.logger.kind, offered={k: cfg.logger[k] for k in TRACKER_SETTINGS})
+
+
+def _check_part(key: str, folder: str, spec: Any, args: Any = None, offered: Any = None) -> None:
+    """A part named by `key` (see `specdec.registry`) must exist and take the arguments given; nothing is built."""
+    from specdec.registry import resolve
+
+    try:
+        resolve(folder, spec, key, args, offered=offered)
+    except ValueError as err:
+        _fail(key, str(err))
+
 
 
 def method_configs(cfg: DictConfig) -> list[tuple[str, DictConfig]]:

@@ -1,6 +1,8 @@
 """Prompt sets and chat inputs: what the decoding loop is asked to answer.
 
-Three sources, one entry point (`load_prompts`, fed by the `data` config group):
+Three sources, one entry point (`load_prompts`, fed by the `data` config group; a source is the
+file `conf/data/source/<name>.yaml` naming its reader with `_target_`, so a new one is a function
+returning prompts and one such file):
 
 - `builtin`: a small prompt set written for this project and shipped with the package
   (`specdec/data/builtin.jsonl`), so every run has a workload without downloads.
@@ -33,7 +35,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-SOURCES = ("builtin", "spec_bench", "hf")
+# The `data.*` settings a source's reader is given when it names them (besides data.source_args).
+READER_SETTINGS = ("path", "hf_name", "split", "text_field", "category_field", "id_field")
 SPEC_BENCH_FIELDS = ("question_id", "category", "turns")
 SPEC_BENCH_RESOURCE = "data/spec_bench/question.jsonl"  # inside the package, with its README and LICENSE
 # Local files `datasets` reads with a packaged builder, by extension; .txt is read here, a line a prompt.
@@ -237,7 +240,7 @@ def select_prompts(
 
 
 def load_prompts(
-    source: str,
+    source: Any,
     path: str | None = None,
     limit: int | None = None,
     categories: list[str] | None = None,
@@ -247,23 +250,23 @@ def load_prompts(
     text_field: str = "text",
     category_field: str | None = None,
     id_field: str | None = None,
+    source_args: dict | None = None,
 ) -> list[Prompt]:
-    """Load a prompt set (`source`: builtin, spec_bench or hf) and select from it. `path` None with
-    spec_bench: the Spec-Bench questions shipped with the package.
+    """Load a prompt set and select from it. `source`: a name, the file `conf/data/source/<name>.yaml`
+    holding its `_target_` (builtin, spec_bench, hf, ... see `specdec.registry`), or such a node. The
+    target returns the prompts; it is called with the settings here that it names (`path`, `hf_name`,
+    `split`, ...; None is not passed) and with `source_args`, its own. `path` None with spec_bench: the
+    Spec-Bench questions shipped with the package.
 
     `limit` keeps the first `limit` prompts of each category when `per_category` (Spec-Bench studies
     use a fixed number per category), else the first `limit` overall. File order is preserved.
     """
+    from specdec.registry import build
+
     if limit is not None and limit < 1:
         raise ValueError(f"data.limit must be >= 1 (or null for all prompts), got {limit}")
-    if source == "builtin":
-        prompts = load_builtin()
-    elif source == "spec_bench":
-        prompts = load_spec_bench(path)
-    elif source == "hf":
-        prompts = load_hf(path, hf_name, split, text_field, category_field, id_field)
-    else:
-        raise ValueError(f"unknown data.source {source!r}; valid sources: {list(SOURCES)}")
+    settings = dict(zip(READER_SETTINGS, (path, hf_name, split, text_field, category_field, id_field)))
+    prompts = list(build("data/source", source, "data.source", source_args, offered=settings))
 
     seen: set[str] = set()
     for p in prompts:

@@ -107,7 +107,7 @@ def load_data(cfg: DictConfig) -> list[Prompt]:
     d = cfg.data
     path = str(resolve_path(d.path)) if d.path else None
     prompts = load_prompts(d.source, path, hf_name=d.hf_name, split=d.split, text_field=d.text_field,
-                           category_field=d.category_field, id_field=d.id_field)
+                           category_field=d.category_field, id_field=d.id_field, source_args=d.source_args)
     mapping = dict(d.category_map or {})
     if mapping:
         prompts = [Prompt(p.prompt_id, mapping.get(p.category, p.category), p.turns) for p in prompts]
@@ -429,9 +429,8 @@ def run(cfg: DictConfig, out_dir: str | Path) -> ExperimentResult:
     greedy = cfg.generation.temperature == 0
     job_name, sweep_group = job_identity(method_name)
     lg = cfg.logger
-    tracker = make_tracker(lg.kind) if lg.kind == "none" else make_tracker(
-        lg.kind, project=lg.project, entity=lg.entity, mode=lg.mode, tags=[*lg.tags, method_name],
-        init_timeout=lg.init_timeout)
+    tracker = make_tracker(lg.kind, project=lg.project, entity=lg.entity, mode=lg.mode, tags=[*lg.tags, method_name],
+                           init_timeout=lg.init_timeout)
     config = OmegaConf.to_container(cfg, resolve=True)
     info = run_info(cfg)
     saved: list[dict] = []  # the rows of the last save: what a failure leaves behind

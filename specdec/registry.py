@@ -80,7 +80,7 @@ def node(folder: str, spec: Any, key: str) -> DictConfig:
                     raise ValueError(f"{key}={spec}: {file} must be a mapping with a `_target_`")
                 return loaded
         names = options(folder)
-        raise ValueError(f"unknown {key.rsplit('.', 1)[-1]} {spec!r}; choose one of: {', '.join(names) or '(none)'} "
+        raise ValueError(f"unknown {key} {spec!r}; choose one of: {', '.join(names) or '(none)'} "
                          f"(files in conf/{folder}/; add <name>.yaml there or in a folder on hydra.searchpath)")
     if isinstance(spec, Mapping) and "_target_" in spec:
         return OmegaConf.create(OmegaConf.to_container(spec) if isinstance(spec, DictConfig) else dict(spec))
@@ -122,24 +122,43 @@ def check_args(target: Any, label: str, args_key: str, given: Iterable[str], pas
         raise ValueError(f"{label} needs {', '.join(f'{args_key}.{n}' for n in missing)}")
 
 
-def build(folder: str, spec: Any, key: str, args: Mapping | None = None, **passed: Any) -> Any:
-    """The object `spec` names: `instantiate(node, **passed, **args)`; an object that is neither a
-    name nor a node is returned as it is. `args` are the user's (`<key>_args`), `passed` the caller's."""
-    if not isinstance(spec, (str, Mapping)):
-        return spec
+def takes(target: Any, name: str) -> bool:
+    """Whether `target` accepts a keyword argument `name`."""
+    params = inspect.signature(target).parameters
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def resolve(folder: str, spec: Any, key: str, args: Mapping | None = None, passed: Iterable[str] = (),
+            offered: Mapping | None = None) -> tuple[DictConfig, Any, dict, dict]:
+    """Everything `build` checks, without building: (node, target, the user's args, the offered
+    settings the target takes). Raises ValueError naming `key` for a name, target or argument that
+    cannot work."""
     spec_node = node(folder, spec, key)
     label = f"{key}={spec}" if isinstance(spec, str) else key
     target = target_of(spec_node._target_, key)
     args = dict(OmegaConf.to_container(args) if isinstance(args, DictConfig) else (args or {}))
+    offered = {k: v for k, v in (offered or {}).items() if takes(target, k)}  # settings have one name each
     fixed = [k for k in spec_node if not str(k).startswith("_")]
     nested = [k for k in fixed if isinstance(spec_node[k], DictConfig) and "_target_" in spec_node[k]]
-    check_args(target, label, f"{key}_args", args, passed, fixed, nested)
+    check_args(target, label, f"{key}_args", args, [*passed, *offered], fixed, nested)
+    return spec_node, target, args, {k: v for k, v in offered.items() if v is not None}
+
+
+def build(folder: str, spec: Any, key: str, args: Mapping | None = None, offered: Mapping | None = None,
+          **passed: Any) -> Any:
+    """The object `spec` names: `instantiate(node, **offered, **passed, **args)`; an object that is
+    neither a name nor a node is returned as it is. `passed` are the caller's arguments (always given),
+    `offered` settings given only if the target takes them and they are not None (a data source's
+    `path`, a tracker's `project`), `args` the user's own (`<key>_args`)."""
+    if not isinstance(spec, (str, Mapping)):
+        return spec
+    spec_node, _, args, offered = resolve(folder, spec, key, args, passed, offered)
     from hydra.errors import InstantiationException
     from hydra.utils import instantiate
 
     try:
-        return instantiate(spec_node, **passed, **args, _convert_="all")
+        return instantiate(spec_node, **offered, **passed, **args, _convert_="all")
     except InstantiationException as err:  # Hydra wraps the target's own error: raise that, which names the value
-        if isinstance(err.__cause__, (ValueError, TypeError)):
+        if isinstance(err.__cause__, (ValueError, TypeError, OSError)):
             raise err.__cause__ from None
         raise

@@ -36,8 +36,9 @@ from typing import Any
 
 log = logging.getLogger("specdec")
 
-TRACKERS = ("none", "wandb")
 SCALAR = (bool, int, float, str)
+# The `logger.*` settings a tracker is given when it names them.
+TRACKER_SETTINGS = ("project", "entity", "mode", "tags", "init_timeout")
 
 
 def _jsonable(obj: Any) -> Any:
@@ -275,13 +276,13 @@ def _table(wandb: Any, rows: list[dict]) -> Any:
     return wandb.Table(columns=columns, data=_jsonable(data))
 
 
-def make_tracker(kind: str, **kwargs: Any) -> Tracker:
-    """The tracker for `logger=<kind>`: "none" -> the no-op Tracker, "wandb" -> WandbTracker(**kwargs)."""
-    if kind == "none":
-        return Tracker()
-    if kind == "wandb":
-        return WandbTracker(**kwargs)
-    raise ValueError(f"unknown tracker {kind!r}; valid kinds: {', '.join(TRACKERS)}")
+def make_tracker(kind: Any, **settings: Any) -> Tracker:
+    """The tracker for `logger.kind`: a name, the file `conf/logger/kind/<name>.yaml` holding its
+    `_target_` (none: the no-op Tracker, wandb: WandbTracker; see `specdec.registry`), or such a node.
+    It is built with the `settings` (project, entity, mode, tags, init_timeout) that it takes."""
+    from specdec.registry import build
+
+    return build("logger/kind", kind, "logger.kind", offered=settings)
 
 
 def inspect_offline_run(run_dir: Path) -> dict:

@@ -1,7 +1,7 @@
-"""One way to name an implementation (specdec.registry): a verifier or schedule is a `_target_` node or
-the name of a file holding one, the valid names are the files found (the package's and those of any
-folder on hydra.searchpath), and a new one added from a folder of its own (a module on sys.path plus
-one YAML) runs in the checks, the app and a sweep with no other edit."""
+"""One way to name an implementation (specdec.registry): a verifier, schedule, data source or tracker is
+a `_target_` node or the name of a file holding one, the valid names are the files found (the package's
+and those of any folder on hydra.searchpath), and a new one added from a folder of its own (a module on
+sys.path plus one YAML) runs in the checks, the app and a sweep with no other edit."""
 
 from __future__ import annotations
 
@@ -16,10 +16,11 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
-from specdec import registry
+from specdec import experiment, registry
 from specdec.config import ConfigError, validate
 from specdec.sampling import SamplingParams
 from specdec.schedules import CostAwareSchedule, make_schedule
+from specdec.tracking import make_tracker
 from specdec.verify import BlockVerifier, GreedyVerifier, TypicalVerifier, make_verifier
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,6 +28,7 @@ CONF = ROOT / "conf"
 
 PARTS = '''
 from specdec.schedules import ConstantSchedule
+from specdec.tracking import Tracker
 from specdec.verify import GreedyVerifier
 
 
@@ -49,6 +51,17 @@ class Halving(ConstantSchedule):
 
     def report(self):
         return {"name": self.name, "divisor": self.divisor}
+
+
+def questions(path=None, n: int = 2):
+    from specdec.data import Prompt
+
+    return [Prompt(f"q{i}", "made_up", (f"What is {i} + {i}?",)) for i in range(n)]
+
+
+class Notebook(Tracker):
+    def __init__(self, project: str = "x", tags=()):
+        self.project, self.tags = project, list(tags)
 '''
 
 
@@ -57,9 +70,11 @@ def own_folder(tmp_path, monkeypatch):
     """A folder of one's own: `my_parts.py` (a verifier and a schedule) and their two YAML files."""
     (tmp_path / "mods").mkdir()
     (tmp_path / "mods" / "my_parts.py").write_text(PARTS)
-    for group, name, text in (("verifier", "strict", "_target_: my_parts.StrictGreedy\nmargin: 0.5\n"),
-                              ("schedule", "halving", "_target_: my_parts.Halving\n")):
-        folder = tmp_path / "conf" / "method" / group
+    for group, name, text in (("method/verifier", "strict", "_target_: my_parts.StrictGreedy\nmargin: 0.5\n"),
+                              ("method/schedule", "halving", "_target_: my_parts.Halving\n"),
+                              ("data/source", "made_up", "_target_: my_parts.questions\n"),
+                              ("logger/kind", "notebook", "_target_: my_parts.Notebook\n")):
+        folder = tmp_path / "conf" / group
         folder.mkdir(parents=True)
         (folder / f"{name}.yaml").write_text(text)
     monkeypatch.syspath_prepend(str(tmp_path / "mods"))
@@ -80,7 +95,7 @@ def in_job():
 
 
 def test_the_options_are_the_files():
-    for folder in ("method/verifier", "method/schedule"):
+    for folder in ("method/verifier", "method/schedule", "data/source", "logger/kind"):
         assert registry.options(folder) == sorted(p.stem for p in (CONF / folder).glob("*.yaml"))
     assert {"auto", "greedy", "speculative_sampling", "block", "typical", "forced"} <= set(
         registry.options("method/verifier"))
@@ -129,6 +144,27 @@ def test_a_new_verifier_and_schedule_from_a_folder_of_ones_own(own_folder, in_jo
         validate(cfg)
     cfg.method.schedule = "halfing"
     with pytest.raises(ConfigError, match="method.schedule: unknown schedule 'halfing'; choose one of: .*halving"):
+        validate(cfg)
+
+
+def test_a_new_data_source_and_tracker_from_a_folder_of_ones_own(own_folder, in_job):
+    search = f"hydra.searchpath=[file://{own_folder / 'conf'}]"
+    cfg = in_job(["experiment=tiny_smoke", search, "data.source=made_up", "+data.source_args.n=3",
+                  "logger.kind=notebook", "logger.project=p"])
+    validate(cfg)
+    prompts = experiment.load_data(cfg)  # data.limit=1 per category of tiny_smoke
+    assert [(p.prompt_id, p.category) for p in prompts] == [("q0", "made_up")]
+    cfg.data.limit = None
+    assert len(experiment.load_data(cfg)) == 3
+    tracker = make_tracker(cfg.logger.kind, project=cfg.logger.project, entity=None, tags=["a"], init_timeout=1.0)
+    assert (type(tracker).__name__, tracker.project, tracker.tags) == ("Notebook", "p", ["a"])
+    cfg.data.source_args = {"m": 3}
+    with pytest.raises(ConfigError, match=r"data.source: data.source=made_up takes no data.source_args \['m'\]; "
+                                          "it takes: n"):
+        validate(cfg)
+    cfg.data.source_args, cfg.logger.kind = {}, "tensorboard"
+    with pytest.raises(ConfigError, match="logger.kind: unknown logger.kind 'tensorboard'; choose one of: none, "
+                                          "notebook, wandb"):
         validate(cfg)
 
 
