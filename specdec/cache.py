@@ -90,6 +90,7 @@ class RowCache(Cache):
         self.uniform_start: int | None = 0
         self.write_index: tuple[torch.Tensor, torch.Tensor] | None = None
         self.stamp = next(_STAMPS)
+        self.hidden: torch.Tensor | None = None  # [B, max_len + 1, H] when the model's owner keeps them
         super().__init__(layers=[_RowLayer(self) for _ in range(num_layers)])
 
     @property
@@ -141,6 +142,48 @@ class RowCache(Cache):
         if any(n < 0 or n > self.max_len for n in lengths):
             raise ValueError(f"rollback lengths {lengths} outside [0, {self.max_len}]")
         self.lengths = list(lengths)
+
+    def compact(self, starts: list[int], sources: list[list[int]]) -> None:
+        """Row b keeps its entries before `starts[b]`, then the entries at cache indices `sources[b]`
+        moved, in that order, to starts[b], starts[b] + 1, ...; its valid length becomes
+        starts[b] + len(sources[b]). After a tree step this keeps exactly the accepted path.
+
+        One gather and one scatter per layer for the whole batch; entries already in place are not
+        copied (a path along the first nodes of each level moves nothing)."""
+        if len(starts) != self.batch_size or len(sources) != self.batch_size:
+            raise ValueError(f"compact needs one start and one source list per row ({self.batch_size} rows)")
+        rows, dst, src = [], [], []
+        for b, (start, slots) in enumerate(zip(starts, sources)):
+            if slots and not (start >= 0 and 0 <= min(slots) and max(slots) < self.max_len):
+                raise ValueError(f"compact: row {b} sources {slots} or start {start} outside [0, {self.max_len})")
+            for j, slot in enumerate(slots):
+                if slot != start + j:
+                    rows.append(b)
+                    dst.append(start + j)
+                    src.append(slot)
+        if rows:
+            rows_t, dst_t, src_t = (torch.tensor(x, device=self.device) for x in (rows, dst, src))
+            for layer in self.layers:
+                if layer.is_initialized:
+                    # The right-hand side is gathered before the write, so overlapping moves are safe.
+                    layer.keys[rows_t, :, dst_t] = layer.keys[rows_t, :, src_t]
+                    layer.values[rows_t, :, dst_t] = layer.values[rows_t, :, src_t]
+            if self.hidden is not None:
+                self.hidden[rows_t, dst_t] = self.hidden[rows_t, src_t]
+        self.rollback([s + len(x) for s, x in zip(starts, sources)])
+
+    def store_hidden(self, states: torch.Tensor) -> None:
+        """Keep the model's last hidden states of this pass, `states: [B, T, H]`, at the positions its
+        keys and values go to, so that they roll back and compact with them: drafters that read the
+        target's hidden states (Medusa heads, an EAGLE-style drafter) find row b's at `hidden[b, :len_b]`."""
+        if self.hidden is None:
+            self.hidden = torch.zeros(self.batch_size, self.max_len + 1, states.shape[-1],
+                                      dtype=states.dtype, device=states.device)
+        if self.uniform_start is not None:
+            self.hidden[:, self.uniform_start : self.uniform_start + self.step_len] = states
+        else:
+            rows, pos = self.write_index
+            self.hidden[rows, pos] = states
 
     def nbytes(self) -> int:
         """Bytes held by the preallocated key and value buffers."""

@@ -29,6 +29,8 @@ from specdec.proposers.autoregressive import NoDraftProposer
 from specdec.proposers.base import Proposal, Proposer
 from specdec.sampling import SamplingParams, check_number
 from specdec.schedules import ConstantSchedule
+from specdec.tree import TreeProposal
+from specdec.tree_verify import TreeVerifier
 from specdec.verify import Verification, make_verifier
 
 # on_tokens(row, new_token_ids): called as soon as tokens are committed, for streaming.
@@ -137,6 +139,8 @@ class SpeculativeDecoder:
         self.k = num_speculative_tokens if self.speculative else 0
         self.schedule = schedule or ConstantSchedule(max(self.k, 1))
         self.k = self.schedule.k_max if self.speculative else 0
+        # A proposer that drafts trees scores up to `num_nodes` nodes per step: caches make room for them.
+        self.k = max(self.k, getattr(self.proposer, "num_nodes", 0))
         self.verifier_name = verifier
         self.verifier_args = dict(verifier_args or {})
         self.tokenizer = tokenizer
@@ -208,6 +212,8 @@ class SpeculativeDecoder:
         seed = check_number("seed", seed, integer=True)
         sampling = SamplingParams(temperature, top_k, top_p)
         verifier = make_verifier(self.verifier_name, sampling, **self.verifier_args)
+        if getattr(self.proposer, "num_nodes", 0) and not isinstance(verifier, TreeVerifier):
+            verifier = TreeVerifier(verifier)
         ids = self.encode(prompts)
         max_len = self._check_lengths(ids, max_new_tokens)
         if past is not None and not isinstance(past, Generation):
@@ -282,11 +288,16 @@ class SpeculativeDecoder:
                            max_len, sampling, gen, reuse, self.schedule, past_stamps)
 
     def _score(self, state: DecodeState, proposal: Proposal) -> torch.Tensor:
-        """One target pass over each row's last token and its drafts: logits [B, T, V], T = 1 + max drafts."""
-        t = proposal.max_length
+        """One target pass over each row's last token and its drafts: logits [B, T, V], T = 1 + max drafts
+        (1 + the node budget for a tree)."""
         rows = torch.arange(state.batch_size, device=state.tokens.device)
-        last = state.tokens[rows, torch.tensor(state.seq_lens, device=rows.device) - 1]
-        chunk = torch.cat([last[:, None], proposal.tokens[:, :t]], dim=1)
+        roots = torch.tensor(state.seq_lens, device=rows.device) - 1
+        last = state.tokens[rows, roots]
+        if isinstance(proposal, TreeProposal):  # every node, at its depth, seeing only its ancestors
+            chunk = torch.cat([last[:, None], proposal.tokens], dim=1)
+            tree = proposal.tree
+            return self.engine.target.forward(chunk, positions=tree.positions(roots), block_mask=tree.mask)
+        chunk = torch.cat([last[:, None], proposal.tokens[:, :proposal.max_length]], dim=1)
         return self.engine.target.forward(chunk)
 
     def _commit_step(self, state, proposal, result, accepted, tokens, stats, start, on_tokens) -> StepOutcome:
@@ -295,9 +306,13 @@ class SpeculativeDecoder:
         accepted = [a if on else 0 for a, on in zip(accepted, active)]
         counts = [a + 1 if on else 0 for a, on in zip(accepted, active)]
         emitted = self._commit(state, tokens, counts, stats, start, on_tokens)
+        # A tree counts its depth as drafted, so alpha and per-position acceptance are per depth.
+        drafted = proposal.depths if isinstance(proposal, TreeProposal) else proposal.lengths
         for b, on in enumerate(active):
             if on:
-                stats.rows[b].record(proposal.lengths[b], accepted[b], emitted[b])
+                stats.rows[b].record(drafted[b], accepted[b], emitted[b])
+        if isinstance(proposal, TreeProposal):  # keep exactly the accepted path's entries, in order
+            self.engine.target.keep_path([n - 1 for n in prev], result.path)
         self.engine.target.rollback([n - 1 for n in state.seq_lens])
         return StepOutcome(proposal, result, prev, accepted, emitted, active)
 

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 
 import torch
 
-from specdec.attention import AttentionLayout
+from specdec.attention import SLIDING, AttentionLayout
 from specdec.cache import RowCache
 
 
@@ -71,6 +71,22 @@ class Timer:
         self.total += time.perf_counter() - self._t0
 
 
+def overlay_columns(layout: AttentionLayout, masks, columns: torch.Tensor, visible: torch.Tensor,
+                    query_positions: torch.Tensor, column_positions: torch.Tensor) -> None:
+    """Set, in place, which of the cache indices `columns: [B, W]` each query sees: `visible: [B, T, W]`
+    (restricted to the window on sliding-window layers). `masks` are the layout's additive masks
+    `[B, 1, T, kv_len]` (one tensor, or a dict by layer type); positions `[B, T]` and `[B, W]`."""
+    by_kind = masks if isinstance(masks, dict) else {layout.layer_types[0]: masks}
+    b, t, w = visible.shape
+    index = columns[:, None, :].expand(b, t, w)
+    for kind, mask in by_kind.items():
+        seen = visible
+        if kind == SLIDING:
+            seen = seen & (query_positions[:, :, None] - column_positions[:, None, :] < layout.sliding_window)
+        block = torch.zeros(seen.shape, dtype=mask.dtype, device=mask.device)
+        mask[:, 0].scatter_(2, index, block.masked_fill_(~seen, torch.finfo(mask.dtype).min))
+
+
 class CachedModel:
     """A causal LM plus its KV cache. Call `reset` before a new batch.
 
@@ -82,6 +98,7 @@ class CachedModel:
         self.model = model
         self.name = name
         self.layout = AttentionLayout.of(model)
+        self._hidden_source: torch.nn.Module | None = None  # set by keep_hidden_states
         self.cache: RowCache | None = None
         cfg = model.config
         self.num_layers = cfg.num_hidden_layers
@@ -114,27 +131,72 @@ class CachedModel:
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, advance: list[int] | None = None,
-                keep: torch.Tensor | None = None) -> torch.Tensor:
+                keep: torch.Tensor | None = None, positions: torch.Tensor | None = None,
+                block_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Feed `tokens: [B, T]` after each row's valid length; return logits `[B, T or len(keep), V]`.
 
-        advance: how many of the T tokens become valid per row (default all T). Positions written
-                 beyond that are scratch: masked from now on and overwritten by the next write.
-        keep:    optional 1-D indices of the T positions whose logits are needed (saves the
-                 [B, T, V] head output on long prefills).
+        advance:    how many of the T tokens become valid per row (default all T). Positions written
+                    beyond that are scratch: masked from now on and overwritten by the next write.
+        keep:       optional 1-D indices of the T positions whose logits are needed (saves the
+                    [B, T, V] head output on long prefills).
+        positions:  optional `[B, T]` position ids (default: each row's valid length + 0..T-1); a tree
+                    block gives each node its root's position plus its depth.
+        block_mask: optional `[B, T, T]` bool, which tokens of this block each token sees (default
+                    causal); every token also sees its row's valid entries before the block.
         """
         b, t = tokens.shape
         cache = self.cache
         cache.begin_write(t, advance)
         starts = torch.tensor(cache.lengths, device=tokens.device)
-        positions = starts[:, None] + torch.arange(t, device=tokens.device)[None, :]
+        slots = starts[:, None] + torch.arange(t, device=tokens.device)[None, :]
+        positions = slots if positions is None else positions
         # Rows at equal lengths need no custom mask: the model builds its usual causal (and sliding
         # window) masks from the positions and the cache's sizes, and SDPA takes the same kernels as
-        # in plain `generate`. Ragged rows get explicit per-row masks, one per layer type.
-        uniform = cache.uniform_start is not None
+        # in plain `generate`. Ragged rows get explicit per-row masks, one per layer type, and so
+        # does a block with its own visibility (a token tree).
+        uniform = cache.uniform_start is not None and block_mask is None
         mask = None if uniform else self.layout.masks(positions, cache.kv_len, self.dtype)
-        logits = self.layout.call(self.model, tokens, positions, cache, mask, keep)
+        if block_mask is not None:
+            self._overlay_block(mask, slots, positions, block_mask)
+        logits = self._call(tokens, positions, mask, keep)
         cache.advance(advance if advance is not None else [t] * b)
         return logits
+
+    def _overlay_block(self, masks, slots: torch.Tensor, positions: torch.Tensor, block_mask: torch.Tensor) -> None:
+        """For a block with its own visibility (a token tree): the layout's masks, built from the true
+        positions, are right for the entries before the block (there a cache index is the position);
+        the block's own columns, `slots: [B, T]`, are replaced by `block_mask: [B, T, T]`."""
+        overlay_columns(self.layout, masks, slots, block_mask, positions, positions)
+
+    def keep_hidden_states(self) -> None:
+        """From now on every pass also stores the model's last hidden states (the output head's
+        input, at every position fed, whatever `keep` says) in the cache, beside the keys and
+        values: drafters that read the target's features get them from the scoring pass itself,
+        with no second pass."""
+        decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else None
+        if decoder is None or decoder is self.model:
+            raise ValueError(f"{self.name}: {type(self.model).__name__} exposes no decoder (get_decoder()) whose "
+                             "output is the output head's input; drafters that read hidden states cannot use it")
+        self._hidden_source = decoder
+
+    def _call(self, tokens, positions, mask, keep) -> torch.Tensor:
+        """The model call; with `keep_hidden_states`, a hook on the decoder stores its output for the
+        duration of this call only (the model object may be shared with other callers)."""
+        if self._hidden_source is None:
+            return self.layout.call(self.model, tokens, positions, self.cache, mask, keep)
+        hook = self._hidden_source.register_forward_hook(lambda module, args, out: self.cache.store_hidden(out[0]))
+        try:
+            return self.layout.call(self.model, tokens, positions, self.cache, mask, keep)
+        finally:
+            hook.remove()
+
+    @torch.inference_mode()
+    def keep_path(self, roots: list[int], path: torch.Tensor) -> None:
+        """After a tree pass whose root sat at cache index `roots[b]` (node i at roots[b] + 1 + i),
+        keep each row's entries up to its root and then its accepted path, in order, and nothing
+        else. path: [B, D] node indices from depth 1 down, -1 after the path."""
+        nodes = path.tolist()
+        self.cache.compact([r + 1 for r in roots], [[r + 1 + i for i in p if i >= 0] for r, p in zip(roots, nodes)])
 
     def catch_up(self, tokens: torch.Tensor, upto: list[int]) -> torch.Tensor:
         """Feed each row's tokens it has not seen, `tokens[b, len_b : upto[b]]`, in one ragged pass.
