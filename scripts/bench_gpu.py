@@ -1,20 +1,27 @@
-"""Device benchmark with random models of realistic shapes: what a step costs on this accelerator.
+"""Device benchmark with random models of realistic shapes: the judge of the engine's speed.
 
-No weights are needed: a Llama-3.2-1B-shaped target and a small draft are built in-process with
-random weights (speed does not depend on the values). It reports
+No weights are needed: a Llama-3.2-1B-shaped target and a ~80 M draft are built in-process with
+random weights (speed does not depend on the values). Every variant runs the same models; variants
+compared with each other run interleaved (the order rotates each repeat) after a warm-up that also
+compiles every graph the timed runs need, and medians of the repeats are reported. It measures
 
-- the target's cost of one forward pass over T = 1 .. k_max+1 new tokens at a given context,
-  and the ratio to T = 1 (how much verifying k+1 tokens costs beyond plain decoding);
-- the draft's cost per token, and c = draft token cost / target step cost;
-- plain decoding tokens/s through specdec's engine, against the memory-bandwidth limit
-  (weight bytes / bandwidth: every decoding step reads every weight once);
-- the speedup the measured costs predict for a range of acceptance rates and k (Leviathan et al.,
-  with the measured verification cost instead of assuming it equals one step).
+- the target's cost of one forward pass over T = 1 .. k_max+1 new tokens, eager and compiled
+  (`compile=on`), and the ratio to T = 1 (how much verifying k+1 tokens costs beyond one token);
+- the draft's cost per token, and c = draft token cost / target one-token cost, both ways;
+- plain decoding tokens/s at batch sizes 1, 8 and 32: specdec eager and compiled, and at batch 1
+  transformers' `generate()` with its dynamic cache and with `cache_implementation="static"`
+  (which transformers compiles itself on a GPU), against the memory-bandwidth limit (weight bytes /
+  bandwidth: every decoding step reads every weight once; bandwidth measured by a device copy and
+  from the device's name);
+- speculative decoding with forced acceptance (draft i accepted with probability a given drafts
+  1..i-1 were: `verifier=forced`, not lossless, marked so), k = 4, eager and compiled, against
+  compiled plain decoding;
+- the speedup the measured costs predict (Leviathan et al., with the measured verification cost).
 
-Timings synchronize the device before reading the clock; medians of repeated runs after warm-up.
+It imports torch, transformers and specdec's core only (a GPU box may lack hydra, wandb, gguf).
 
-    python scripts/bench_gpu.py --device cuda --out gpu.json        # on a GPU
-    python scripts/bench_gpu.py --device cpu --shape tiny            # plumbing check anywhere
+    python scripts/bench_gpu.py --out gpu.json                           # on a GPU: <= 8 minutes
+    python scripts/bench_gpu.py --device cpu --tiny --dtype float32       # plumbing check anywhere
 """
 
 from __future__ import annotations
@@ -27,15 +34,18 @@ import time
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+import specdec.verify as verify
+from specdec.compiled import CompiledForward
 from specdec.decoding import SpeculativeDecoder
 from specdec.engine import Engine, synchronize
+from specdec.proposers.draft_model import DraftModelProposer
 
 SHAPES = {
     # Llama-3.2-1B: 1.24 B parameters (embeddings tied)
     "1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
                num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True),
-    # a draft of about 90 M parameters with the same vocabulary
-    "draft": dict(hidden_size=512, intermediate_size=2048, num_hidden_layers=4, num_attention_heads=8,
+    # a draft of about 80 M parameters with the same vocabulary (66 M of them the tied embeddings)
+    "draft": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=8,
                   num_key_value_heads=2, vocab_size=128256, tie_word_embeddings=True),
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=512, tie_word_embeddings=False),
@@ -75,69 +85,221 @@ def predicted_speedup(alpha: float, k: int, c: float, verify_ratio: float) -> fl
     return tokens / (k * c + verify_ratio)
 
 
+def measure_bandwidth(device: torch.device, gib: float = 1.0, repeats: int = 5) -> float | None:
+    """GB/s of a device-to-device copy of `gib` GiB (read + write), median of repeats; None on a CPU,
+    where the name-based table has no entry and a copy measures caches as much as memory."""
+    if device.type != "cuda":
+        return None
+    x = torch.empty(int(gib * 2**30), dtype=torch.uint8, device=device)
+    y = torch.empty_like(x)
+    times = []
+    for _ in range(repeats + 1):
+        synchronize(device)
+        t = time.perf_counter()
+        y.copy_(x)
+        synchronize(device)
+        times.append(time.perf_counter() - t)
+    del x, y
+    return 2 * gib * 2**30 / statistics.median(times[1:]) / 1e9
+
+
+def interleaved(variants: dict, repeats: int) -> dict[str, list[float]]:
+    """Run every variant (a callable returning a number) `repeats` times, the order rotating each
+    repeat; returns each variant's numbers."""
+    names = list(variants)
+    out = {n: [] for n in names}
+    for r in range(repeats):
+        for n in names[r % len(names):] + names[: r % len(names)]:
+            out[n].append(variants[n]())
+    return out
+
+
+def decode_rate(decoder: SpeculativeDecoder, prompts: list[list[int]], new_tokens: int) -> float:
+    """Tokens per second of the decoding phase (prefill excluded), all rows together."""
+    s = decoder.generate(prompts, max_new_tokens=new_tokens).stats
+    return (s.new_tokens - len(prompts)) / (s.wall_s - s.ttft_s)
+
+
+def hf_rate(model, prompt: torch.Tensor, new_tokens: int, **kwargs) -> float:
+    """Decoding-phase tokens/s of transformers' generate(): (N - 1) tokens over the time of generating
+    N minus the time of generating 1 (the prefill), EOS ignored."""
+    def run(n):
+        synchronize(prompt.device)
+        t = time.perf_counter()
+        model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=n, min_new_tokens=n,
+                       do_sample=False, **kwargs)
+        synchronize(prompt.device)
+        return time.perf_counter() - t
+    return (new_tokens - 1) / max(run(new_tokens) - run(1), 1e-9)
+
+
+def make_engine(target, draft, device, dtype, compiled: bool, backend: str) -> Engine:
+    engine = Engine(target, draft, device=device, dtype=dtype, compile="on" if compiled else "off")
+    if compiled and backend != "inductor":  # the tests' quick graphs (dynamo's eager backend)
+        for m in (engine.target, engine.draft):
+            m.compiled = CompiledForward(m, backend=backend)
+    return engine
+
+
+def plain(engine: Engine) -> SpeculativeDecoder:
+    """Plain decoding one token wide (the fastest plain decoding; exact greedy's fixed width is a
+    numerics choice, not a speed one)."""
+    decoder = SpeculativeDecoder(engine, eos_token_id=[])
+    decoder.exact_greedy = False
+    return decoder
+
+
+def forced(engine: Engine, k: int, acceptance: float) -> SpeculativeDecoder | None:
+    """Speculative decoding with forced acceptance, or None where this specdec has no forced verifier."""
+    if not hasattr(verify, "ForcedVerifier"):
+        return None
+    decoder = SpeculativeDecoder(engine, DraftModelProposer(engine), num_speculative_tokens=k, eos_token_id=[],
+                                 verifier=verify.ForcedVerifier(acceptance))
+    decoder.exact_greedy = False
+    return decoder
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--shape", default="1b", choices=["1b", "tiny"])
-    ap.add_argument("--context", type=int, default=512, help="cached positions before the timed pass")
-    ap.add_argument("--k-max", type=int, default=8)
-    ap.add_argument("--new-tokens", type=int, default=128, help="tokens for the plain-decoding run")
-    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--tiny", action="store_true", help="tiny shapes (same as --shape tiny): a plumbing check")
+    ap.add_argument("--context", type=int, default=256, help="prompt tokens (and cached positions for the costs)")
+    ap.add_argument("--k-max", type=int, default=8, help="scoring costs for T = 1 .. k_max + 1")
+    ap.add_argument("--new-tokens", type=int, default=128, help="tokens per decoding run")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--batch-sizes", default="1,8,32")
+    ap.add_argument("--k", type=int, default=4, help="drafts per step for forced acceptance")
+    ap.add_argument("--acceptance", type=float, default=0.8, help="forced acceptance per position")
+    ap.add_argument("--skip-hf", action="store_true", help="leave out transformers' generate()")
+    ap.add_argument("--compile-backend", default="inductor", help=argparse.SUPPRESS)
     ap.add_argument("--bandwidth", type=float, default=None, help="peak memory bandwidth, GB/s")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    shape = "tiny" if args.tiny else args.shape
+    began = time.perf_counter()
+
+    def log(msg: str) -> None:
+        print(f"[{time.perf_counter() - began:6.1f} s] {msg}", flush=True)
 
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    target = build(args.shape, device, dtype)
-    draft = build("draft" if args.shape == "1b" else "tiny", device, dtype)
-    engine = Engine(target, draft, device=device, dtype=dtype)
+    target = build(shape, device, dtype)
+    draft = build("draft" if shape == "1b" else "tiny", device, dtype)
+    engines = {"eager": make_engine(target, draft, device, dtype, False, args.compile_backend),
+               "compiled": make_engine(target, draft, device, dtype, True, args.compile_backend)}
     vocab = target.config.vocab_size
     gen = torch.Generator().manual_seed(0)
     context_ids = torch.randint(0, vocab, (1, args.context), generator=gen).to(device)
+    log(f"models built: target {weight_bytes(target) / 1e9:.2f} GB, draft {weight_bytes(draft) / 1e9:.2f} GB")
 
-    costs = {}
-    for model in (engine.target, engine.draft):
-        model.reset(1, args.context + args.k_max + args.new_tokens + 8)
-        model.forward(context_ids)
-    for t in range(1, args.k_max + 2):
-        costs[t] = time_forward(engine.target, context_ids[:, :t], args.context, args.repeats)
-    draft_cost = time_forward(engine.draft, context_ids[:, :1], args.context, args.repeats)
+    # 1. scoring costs T = 1 .. k_max+1 and the draft's token cost, eager and compiled
+    costs, draft_cost = {}, {}
+    for name, engine in engines.items():
+        for model in (engine.target, engine.draft):
+            model.reset(1, args.context + args.k_max + args.new_tokens + 16)
+            model.forward(context_ids)  # the prefill (eager: wider than a compiled pass)
+        costs[name] = {t: time_forward(engine.target, context_ids[:, :t], args.context, args.repeats)
+                       for t in range(1, args.k_max + 2)}
+        draft_cost[name] = time_forward(engine.draft, context_ids[:, :1], args.context, args.repeats)
+        log(f"scoring costs, {name}")
 
-    decoder = SpeculativeDecoder(engine, eos_token_id=[])
-    prompt = [context_ids[0].tolist()]
-    decoder.generate(prompt, max_new_tokens=8)  # warm-up
-    runs = [decoder.generate(prompt, max_new_tokens=args.new_tokens).stats for _ in range(3)]
-    decode_s = statistics.median((s.wall_s - s.ttft_s) / max(s.new_tokens - 1, 1) for s in runs)
+    # 2. plain decoding, eager and compiled, per batch size; transformers at batch 1
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    prompt = context_ids[0].tolist()
+    plain_rates: dict[int, dict[str, list[float]]] = {}
+    for b in batch_sizes:
+        prompts = [prompt] * b
+        decoders = {name: plain(engine) for name, engine in engines.items()}
+        variants = {f"specdec {name}": (lambda d=d, p=prompts: decode_rate(d, p, args.new_tokens))
+                    for name, d in decoders.items()}
+        if b == 1 and not args.skip_hf:
+            hf = engines["eager"].target.model
+            variants["transformers dynamic"] = lambda hf=hf: hf_rate(hf, context_ids, args.new_tokens)
+            variants["transformers static"] = lambda hf=hf: hf_rate(hf, context_ids, args.new_tokens,
+                                                                    cache_implementation="static")
+        for run in variants.values():  # warm-up: compiles every graph the timed runs reach
+            run()
+        plain_rates[b] = interleaved(variants, args.repeats)
+        log(f"plain decoding, batch {b}")
+
+    # 3. speculative decoding with forced acceptance, batch 1, against compiled plain decoding
+    spec_rates, spec_note = None, None
+    if forced(engines["eager"], args.k, args.acceptance) is None:
+        spec_note = "skipped: this specdec has no verifier=forced (specdec/verify.py)"
+        log(spec_note)
+    else:
+        base = plain(engines["compiled"])
+        variants = {"plain compiled": lambda: decode_rate(base, [prompt], args.new_tokens)}
+        for name, engine in engines.items():
+            d = forced(engine, args.k, args.acceptance)
+            variants[f"forced {name}"] = lambda d=d: decode_rate(d, [prompt], args.new_tokens)
+        for run in variants.values():
+            run()
+        spec_rates = interleaved(variants, args.repeats)
+        log("forced acceptance")
 
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    bandwidth = args.bandwidth or next((v for k, v in BANDWIDTH_GBS.items() if k in name), None)
+    measured_bw = measure_bandwidth(device)
+    nominal_bw = next((v for k, v in BANDWIDTH_GBS.items() if k in name), None)
+    bandwidth = args.bandwidth or measured_bw or nominal_bw
     wbytes = weight_bytes(target)
     limit = bandwidth * 1e9 / wbytes if bandwidth else None
-    c = draft_cost / costs[1]
+    med = statistics.median
+    c = {n: draft_cost[n] / costs[n][1] for n in engines}
+    plain_med = {b: {v: med(x) for v, x in rates.items()} for b, rates in plain_rates.items()}
     result = {
-        "device": name, "dtype": args.dtype, "shape": args.shape, "context": args.context,
+        "device": name, "dtype": args.dtype, "shape": shape, "context": args.context, "new_tokens": args.new_tokens,
+        "repeats": args.repeats, "torch": torch.__version__, "transformers": __import__("transformers").__version__,
         "target_params": sum(p.numel() for p in target.parameters()), "target_weight_bytes": wbytes,
         "draft_params": sum(p.numel() for p in draft.parameters()),
-        "target_forward_ms": {t: v * 1e3 for t, v in costs.items()},
-        "verify_ratio": {t: v / costs[1] for t, v in costs.items()},
-        "draft_token_ms": draft_cost * 1e3, "c": c,
-        "decode_tokens_per_s": 1 / decode_s, "bandwidth_gbs": bandwidth,
+        "target_forward_ms": {t: v * 1e3 for t, v in costs["eager"].items()},
+        "verify_ratio": {t: v / costs["eager"][1] for t, v in costs["eager"].items()},
+        "compiled_target_forward_ms": {t: v * 1e3 for t, v in costs["compiled"].items()},
+        "compiled_verify_ratio": {t: v / costs["compiled"][1] for t, v in costs["compiled"].items()},
+        "draft_token_ms": draft_cost["eager"] * 1e3, "c": c["eager"],
+        "compiled_draft_token_ms": draft_cost["compiled"] * 1e3, "compiled_c": c["compiled"],
+        "decode_tokens_per_s": plain_med[batch_sizes[0]]["specdec eager"],
+        "plain_tokens_per_s": plain_med, "plain_runs": plain_rates,
+        "bandwidth_gbs": bandwidth, "bandwidth_measured_gbs": measured_bw, "bandwidth_nominal_gbs": nominal_bw,
         "bandwidth_limit_tokens_per_s": limit,
-        "fraction_of_bandwidth_limit": (1 / decode_s) / limit if limit else None,
+        "fraction_of_bandwidth_limit": {v: r / limit for v, r in plain_med[batch_sizes[0]].items()} if limit else None,
+        "forced": None if spec_rates is None else {
+            "k": args.k, "acceptance": args.acceptance, "lossless": False,
+            "tokens_per_s": {v: med(x) for v, x in spec_rates.items()}, "runs": spec_rates,
+            "speedup_over_compiled_plain": {v: med(x) / med(spec_rates["plain compiled"])
+                                            for v, x in spec_rates.items() if v != "plain compiled"}},
+        "forced_note": spec_note,
+        "compile_report": engines["compiled"].compile_report(),
         "predicted_speedup": {
-            f"alpha={a},k={k}": predicted_speedup(a, k, c, costs[k + 1] / costs[1])
+            f"alpha={a},k={k}": predicted_speedup(a, k, c["compiled"], costs["compiled"][k + 1] / costs["compiled"][1])
             for a in (0.6, 0.8, 0.9) for k in (2, 4, 8) if k <= args.k_max
         },
+        "seconds": time.perf_counter() - began,
     }
-    print(f"device {name}, {args.dtype}, target {result['target_params'] / 1e9:.2f} B params, "
-          f"context {args.context}")
-    print("| new tokens T | target forward (ms) | cost vs T=1 |\n|---|---|---|")
-    for t in costs:
-        print(f"| {t} | {costs[t] * 1e3:.2f} | {costs[t] / costs[1]:.2f} |")
-    print(f"draft token {draft_cost * 1e3:.2f} ms, c = {c:.3f}")
-    lim = f"{limit:.0f}" if limit else "unknown (pass --bandwidth)"
-    print(f"plain decoding {1 / decode_s:.1f} tokens/s; bandwidth limit {lim} tokens/s")
+    print(f"\ndevice {name}, {args.dtype}, torch {torch.__version__}, target {result['target_params'] / 1e9:.2f} B "
+          f"params, draft {result['draft_params'] / 1e6:.0f} M, context {args.context}, {args.new_tokens} new tokens, "
+          f"medians of {args.repeats}")
+    print("\n| new tokens T | eager ms | eager vs T=1 | compiled ms | compiled vs T=1 |\n|---:|---:|---:|---:|---:|")
+    for t in costs["eager"]:
+        e, k = costs["eager"], costs["compiled"]
+        print(f"| {t} | {e[t] * 1e3:.2f} | {e[t] / e[1]:.2f} | {k[t] * 1e3:.2f} | {k[t] / k[1]:.2f} |")
+    print(f"\ndraft token: eager {draft_cost['eager'] * 1e3:.2f} ms (c = {c['eager']:.3f}), "
+          f"compiled {draft_cost['compiled'] * 1e3:.2f} ms (c = {c['compiled']:.3f})")
+    lim = f"{limit:.0f} tokens/s ({bandwidth:.0f} GB/s)" if limit else "unknown (pass --bandwidth)"
+    print(f"bandwidth limit at batch 1: {lim}")
+    print("\n| batch | decoding | tokens/s | vs specdec eager | share of bandwidth limit x batch |\n|---:|---|---:|---:|---:|")
+    for b, rates in plain_med.items():
+        for v, r in rates.items():
+            share = f"{r / (limit * b):.1%}" if limit else "-"
+            print(f"| {b} | {v} | {r:.1f} | {r / rates['specdec eager']:.2f}x | {share} |")
+    if spec_rates is not None:
+        print(f"\nforced acceptance {args.acceptance} per position, k = {args.k} (NOT lossless), batch 1:")
+        for v, x in spec_rates.items():
+            print(f"| {v} | {med(x):.1f} tokens/s | {med(x) / med(spec_rates['plain compiled']):.2f}x |")
+    else:
+        print(f"\nforced acceptance: {spec_note}")
+    print(f"\ncompiled graphs: {result['compile_report']}; {result['seconds']:.0f} s in all")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)

@@ -22,6 +22,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+COMPILE_MODES = ("off", "on", "auto")  # specdec.compiled.COMPILE_MODES, without importing torch here
 
 
 class ConfigError(ValueError):
@@ -134,6 +135,7 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto (bfloat16 on a GPU or a CPU with bfloat16 units) | float32 | bfloat16 | float16
+    compile: str = "auto"  # off | on | auto (on for CUDA, off on a CPU): torch.compile at static shapes
     seed: int = 0
     threads: int | None = 1  # torch CPU threads per job; null keeps torch's default (all cores)
     warmup: bool = True  # one short untimed generation per method before measuring
@@ -249,6 +251,8 @@ def validate(cfg: DictConfig) -> None:
             _fail("device", f"{device} requested but CUDA is not available here; use device=auto or cpu")
     if cfg.dtype not in DTYPES:
         _fail("dtype", f"must be one of {', '.join(DTYPES)}, got {cfg.dtype!r}")
+    if cfg.compile not in COMPILE_MODES:
+        _fail("compile", f"must be one of {', '.join(COMPILE_MODES)}, got {cfg.compile!r}")
     if cfg.threads is not None and cfg.threads < 1:
         _fail("threads", f"must be >= 1 or null, got {cfg.threads}")
     _check_part("logger.kind", "logger/kind", cfg.logger.kind, offered={k: cfg.logger[k] for k in TRACKER_SETTINGS})

@@ -263,8 +263,8 @@ class SpeculativeDecoder:
         texts = None
         if self.tokenizer is not None:
             texts = [self.tokenizer.decode(o, skip_special_tokens=True) for o in out]
-        reports = {name: r for name, r in (("proposer", _report(self.proposer)), ("schedule", self.schedule.report()))
-                   if r is not None}
+        reports = {name: r for name, r in (("proposer", _report(self.proposer)), ("schedule", self.schedule.report()),
+                                           ("compile", self.engine.compile_report())) if r is not None}
         return Generation(out, ids, stats, state, texts, lossless=verifier.lossless, verifier=verifier.name,
                           reports=reports)
 

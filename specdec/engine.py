@@ -19,6 +19,7 @@ import torch
 
 from specdec.attention import SLIDING, AttentionLayout
 from specdec.cache import RowCache
+from specdec.compiled import CompiledForward, resolve_compile
 
 
 def resolve_device(device: str) -> torch.device:
@@ -100,6 +101,7 @@ class CachedModel:
         self.layout = AttentionLayout.of(model)
         self._hidden_source: torch.nn.Module | None = None  # set by keep_hidden_states
         self.cache: RowCache | None = None
+        self.compiled: CompiledForward | None = None  # set by Engine(compile=on)
         cfg = model.config
         self.num_layers = cfg.num_hidden_layers
         self.vocab_size = model.get_output_embeddings().out_features
@@ -144,6 +146,10 @@ class CachedModel:
         block_mask: optional `[B, T, T]` bool, which tokens of this block each token sees (default
                     causal); every token also sees its row's valid entries before the block.
         """
+        if self.compiled is not None:  # static shapes through torch.compile; None: this pass runs eagerly
+            logits = self.compiled.forward(tokens, advance, keep, positions, block_mask)
+            if logits is not None:
+                return logits
         b, t = tokens.shape
         cache = self.cache
         cache.begin_write(t, advance)
@@ -241,12 +247,18 @@ class Engine:
     because its caches hold that batch: `exclusive()` refuses a second concurrent generation
     (another thread, or generate() called from a streaming callback) instead of letting both write
     the same caches.
+
+    compile: `off` (eager passes), `on` (target and draft passes of up to 16 tokens through
+    `torch.compile` at bucketed static shapes, `specdec.compiled`), or `auto` (on for CUDA, off on
+    a CPU, where it measured no faster). Greedy outputs are the same either way in float32.
     """
 
     def __init__(self, target: torch.nn.Module, draft: torch.nn.Module | None = None,
-                 device: str | torch.device = "cpu", dtype: str | torch.dtype = "auto"):
+                 device: str | torch.device = "cpu", dtype: str | torch.dtype = "auto",
+                 compile: str | bool = "off"):
         self.device = device if isinstance(device, torch.device) else resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
+        self.compile = resolve_compile(compile, self.device)
         models = [(m, role) for m, role in ((target, "target"), (draft, "draft")) if m is not None]
         for model, role in models:
             self._refuse_converting(model, role)
@@ -259,7 +271,17 @@ class Engine:
             )
         for model, _ in models:
             _HOLDERS.setdefault(model, weakref.WeakSet()).add(self)
+        if self.compile:
+            for m in (self.target, self.draft):
+                if m is not None:
+                    m.compiled = CompiledForward(m)
         self._busy = threading.Lock()
+
+    def compile_report(self) -> dict | None:
+        """Per model: graphs compiled so far, passes run compiled and eagerly (`compile=on`); else None."""
+        if not self.compile:
+            return None
+        return {m.name: m.compiled.report() for m in (self.target, self.draft) if m is not None}
 
     def _refuse_converting(self, model: torch.nn.Module, role: str) -> None:
         for other in list(_HOLDERS.get(model, ())):

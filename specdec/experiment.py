@@ -144,7 +144,7 @@ def build(cfg: DictConfig) -> Setup:
             draft, draft_tokenizer = load_model(draft_spec)
             check_tokenizers_compatible(tokenizer, draft_tokenizer, target, draft)
             models["draft"] = describe_model(draft_spec, draft)
-    engine = Engine(target, draft, device=cfg.device, dtype=cfg.dtype)
+    engine = Engine(target, draft, device=cfg.device, dtype=cfg.dtype, compile=cfg.compile)
     for described in models.values():
         described["dtype"] = str(engine.dtype).removeprefix("torch.")
     log.info("target %s, draft %s on %s (%s)", models["target"]["label"],

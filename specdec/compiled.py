@@ -1,0 +1,236 @@
+"""Compiled forward passes at a small set of fixed shapes: the engine's `compile=on`.
+
+Eager decoding is launch-bound on a GPU: every step runs the model's Python and hundreds of small
+kernels. `torch.compile` removes both (on CUDA with `mode="reduce-overhead"`, CUDA graphs), but
+only if the shapes it sees repeat: a graph is specialised to its shapes, and the eager path's
+shapes change every step (the key length grows by the tokens accepted, the width by k).
+
+So a compiled pass runs at *bucketed* shapes:
+
+- width: the T tokens of a pass are padded to the next power of two (1, 2, 4, 8, 16) with copies
+  of the last token. The padding is written after every row's real tokens, is never made valid
+  (`advance` counts only the real ones) and its logits are dropped, exactly like the padding of a
+  ragged pass. Wider passes (prefill, long catch-ups) run eagerly: they happen once per turn.
+- key length: attention reads the preallocated cache up to the next power of two >= the longest
+  row's end (at least `MIN_KV`), with every row's valid length in an explicit 4-D mask, so the
+  key length changes about log2(context) times a generation instead of every step.
+- the cache's buffers: pooled per (batch size, buffer length rounded to a power of two) and reused
+  by the next generation, so that a CUDA graph captured on them stays valid (it records addresses).
+
+A change of k or of the batch's raggedness therefore reuses graphs; a new batch size, width or
+key bucket compiles one more. `CompiledForward.report()` counts the graphs compiled, the passes
+run compiled and eagerly, and the seconds spent in the passes that compiled.
+
+Passes that keep hidden states for a drafter, and token-tree passes, run eagerly.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+COMPILE_MODES = ("off", "on", "auto")
+MAX_WIDTH = 16  # passes wider than this run eagerly (prefill): compiling every prompt length never pays
+MIN_KV = 64  # the smallest key bucket
+RECOMPILE_LIMIT = 64  # torch's default (8) is below widths x key buckets x batch sizes x models
+
+
+def resolve_compile(compile: str | bool, device: torch.device) -> bool:
+    """`on`/`off` as given; `auto` compiles on CUDA only. On this project's 2-core CPU, compiled
+    plain decoding was not faster than eager (experiments/gpu/README.md), so `auto` keeps the CPU
+    eager; on CUDA, eager decoding is launch-bound (the H200 numbers in issue 8)."""
+    if compile is True or compile == "on":
+        return True
+    if compile is False or compile == "off":
+        return False
+    if compile == "auto":
+        return device.type == "cuda"
+    raise ValueError(f"compile={compile!r} is not one of: {', '.join(COMPILE_MODES)}")
+
+
+def bucket(n: int, least: int = 1) -> int:
+    """The smallest power of two >= max(n, least)."""
+    n = max(n, least)
+    return 1 << (n - 1).bit_length()
+
+
+class _BucketLayer(CacheLayerMixin):
+    """One layer of a `_BucketView`: writes each row at its own positions, returns the bucketed view."""
+
+    def __init__(self, view: _BucketView, index: int):
+        super().__init__()
+        self.view, self.index = view, index
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Never called: the buffers are the row cache's, allocated by its first (eager) pass."""
+        raise RuntimeError("a compiled pass ran before the row cache allocated its buffers")
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Write `key_states, value_states: [B, H, W, D]` at `view.write_pos: [B, W]`; return the first
+        `view.kv_len` positions of the buffers."""
+        layer = self.view.cache.layers[self.index]
+        rows, pos, n = self.view.rows, self.view.write_pos, self.view.kv_len
+        layer.keys[rows, :, pos] = key_states.transpose(1, 2)
+        layer.values[rows, :, pos] = value_states.transpose(1, 2)
+        return layer.keys[:, :, :n], layer.values[:, :, :n]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.view.kv_len, 0
+
+    def get_seq_length(self) -> int:
+        return self.view.kv_len
+
+    def get_max_length(self) -> int:
+        return self.view.cache.max_len
+
+
+class _BucketView(Cache):
+    """What the compiled model sees instead of the `RowCache`: the same buffers, written at tensor
+    positions (no Python branch on the rows' lengths, which would specialise the graph to them) and
+    read at a bucketed key length. `rows`, `write_pos` and `kv_len` are set before every pass."""
+
+    def __init__(self, cache):
+        self.cache = cache
+        self.rows: torch.Tensor | None = None  # [B, W]
+        self.write_pos: torch.Tensor | None = None  # [B, W]
+        self.kv_len = 0
+        super().__init__(layers=[_BucketLayer(self, i) for i in range(len(cache.layers))])
+
+
+def _forward(model: torch.nn.Module, layout, view: _BucketView, tokens: torch.Tensor, positions: torch.Tensor,
+             dtype: torch.dtype) -> torch.Tensor:
+    """The compiled region: masks from `positions: [B, W]` over the bucketed keys, then the model.
+    Returns logits [B, W, V]."""
+    mask = layout.masks(positions, view.kv_len, dtype)
+    return layout.call(model, tokens, positions, view, mask, None)
+
+
+_COMPILED: dict[str, object] = {}
+
+
+def _compiled(device: torch.device, backend: str):
+    """One compiled `_forward` per device type and backend (dynamo keeps one cache per code object;
+    graphs for the target and the draft, and for each shape, are entries of it)."""
+    key = (device.type, backend)
+    if key not in _COMPILED:
+        config = torch._dynamo.config
+        config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
+        mode = "reduce-overhead" if device.type == "cuda" and backend == "inductor" else None
+        _COMPILED[key] = torch.compile(_forward, backend=backend, mode=mode, dynamic=False)
+    return _COMPILED[key]
+
+
+def _graphs_compiled() -> int:
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+class CompiledForward:
+    """The compiled path of one `CachedModel` (`engine.py` calls `forward` first and runs its eager
+    path when it returns None).
+
+    backend: torch.compile's backend; `inductor` (generated kernels, CUDA graphs on a GPU) is what
+             `compile=on` runs. `eager` captures the same graphs at the same shapes without
+             generating code: the tests use it to check the shapes and the recompilations quickly.
+    """
+
+    def __init__(self, model, backend: str = "inductor"):
+        self.model = model
+        self.backend = backend
+        self.device = model.device
+        self._view: _BucketView | None = None
+        self._pool: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._pooled_cache = None
+        self.graphs = 0
+        self.compiled_calls = 0
+        self.eager_calls = 0
+        self.compile_s = 0.0
+        self.shapes: set[tuple[int, int, int]] = set()
+
+    def report(self) -> dict:
+        """Graphs compiled (recompilations included), passes run compiled / eagerly, seconds spent in
+        the passes that compiled, and the distinct (batch, width, key bucket) shapes run."""
+        return {"graphs": self.graphs, "compiled_calls": self.compiled_calls, "eager_calls": self.eager_calls,
+                "compile_s": round(self.compile_s, 3), "shapes": len(self.shapes)}
+
+    def _pool_buffers(self, cache) -> None:
+        """Let the cache's layers take their buffers from the pool when they allocate: one pair per
+        layer, per batch size and buffer length rounded up to a power of two, zeroed on reuse."""
+        if self._pooled_cache is cache:
+            return
+        self._pooled_cache = cache
+        # The buffers the cache would allocate (its `buffer_len`: positions plus scratch, rounded up
+        # to its key-length multiple), rounded up to a power of two so that prompts of other lengths
+        # reuse them.
+        length = bucket(getattr(cache, "buffer_len", cache.max_len + 1), MIN_KV)
+        for index, layer in enumerate(cache.layers):
+            if layer.is_initialized:
+                continue
+
+            def allocate(key_states, value_states, layer=layer, index=index):
+                b, h, _, d = key_states.shape
+                key = (index, b, h, d, value_states.shape[-1], length, key_states.dtype)
+                if key not in self._pool:
+                    k = torch.zeros((b, h, length, d), dtype=key_states.dtype, device=key_states.device)
+                    v = torch.zeros((b, h, length, value_states.shape[-1]), dtype=value_states.dtype,
+                                    device=value_states.device)
+                    if k.device.type == "cuda":  # CUDA graphs record these addresses
+                        torch._dynamo.mark_static_address(k)
+                        torch._dynamo.mark_static_address(v)
+                    self._pool[key] = (k, v)
+                layer.keys, layer.values = self._pool[key]
+                layer.keys.zero_()
+                layer.values.zero_()
+                layer.is_initialized = True
+
+            layer.lazy_initialization = allocate
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, advance: list[int] | None = None, keep: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None, block_mask: torch.Tensor | None = None) -> torch.Tensor | None:
+        """`CachedModel.forward`'s contract, compiled; None when this pass runs eagerly instead."""
+        owner, cache = self.model, self.model.cache
+        self._pool_buffers(cache)
+        b, t = tokens.shape
+        if (block_mask is not None or getattr(owner, "_hidden_source", None) is not None or t > MAX_WIDTH
+                or not all(layer.is_initialized for layer in cache.layers)):
+            self.eager_calls += 1
+            return None
+        w = bucket(t)
+        counts = list(advance) if advance is not None else [t] * b
+        cache.begin_write(w, counts)  # checks each row's capacity for its real tokens
+        device = tokens.device
+        offsets = torch.arange(w, device=device)
+        slots = torch.tensor(cache.lengths, device=device)[:, None] + offsets[None, :]
+        # Padding: copies of the last token, at the positions after it. New tensors even without
+        # padding: made under inference mode like every other input, else the graph's guards see two
+        # kinds of tensor (the caller's may be an ordinary one) and compile the same shape twice.
+        tokens = torch.cat([tokens, tokens[:, -1:].expand(b, w - t)], dim=1)
+        if positions is not None:
+            positions = torch.cat([positions, positions[:, -1:] + offsets[None, 1 : w - t + 1]], dim=1)
+        positions = slots if positions is None else positions
+        if owner.context_length is not None:  # padding may run past the context; its logits are dropped
+            positions = positions.clamp(max=owner.context_length - 1)
+        view = self._view if self._view is not None and self._view.cache is cache else _BucketView(cache)
+        self._view = view
+        view.rows = torch.arange(b, device=device)[:, None].expand(b, w)
+        view.write_pos = slots.clamp(max=cache.max_len)  # padding past the end goes to the scratch position
+        view.kv_len = min(bucket(cache.max_row_len + w, MIN_KV), cache.layers[0].keys.shape[2])
+        self.shapes.add((b, w, view.kv_len))
+
+        before, start = _graphs_compiled(), time.perf_counter()
+        if device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()
+        logits = _compiled(device, self.backend)(owner.model, owner.layout, view, tokens, positions, owner.dtype)
+        compiled_now = _graphs_compiled() - before
+        if compiled_now:
+            self.graphs += compiled_now
+            self.compile_s += time.perf_counter() - start
+        self.compiled_calls += 1
+        cache.advance(counts)
+        logits = logits[:, :t]
+        if device.type == "cuda":  # a CUDA graph's output is overwritten by its next replay
+            logits = logits.clone()
+        return logits[:, keep] if keep is not None else logits
