@@ -138,11 +138,24 @@ class HFGenerate:
                     pass
         return DynamicCache(config=self.engine.target.model.config.get_text_config(decoder=True)), 0
 
+    def positions_needed(self, prompt_len: int, max_new_tokens: int) -> int:
+        """Positions a request takes: transformers grows its caches to the prompt, the answer and the k
+        candidates an assisted step holds past them (no padded scoring width)."""
+        return prompt_len + max_new_tokens + self.k
+
+    def fits(self, positions: int) -> bool:
+        return self._checks.fits(positions)
+
+    @property
+    def context_length(self) -> int | None:
+        return self._checks.context_length
+
     def generate(self, prompts, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
-                 top_p: float = 1.0, seed: int = 0, on_tokens=None, past=None) -> Generation:
+                 top_p: float = 1.0, seed: int = 0, on_tokens=None, past=None, reserve: int = 0) -> Generation:
+        """As `SpeculativeDecoder.generate`; `reserve` is not needed: transformers grows its caches."""
         params = SamplingParams(temperature, top_k, top_p)
         ids = self._checks.encode(prompts)
-        self._checks._check_lengths(ids, max_new_tokens)
+        self._checks.check_request(ids, max_new_tokens)
         model = self.engine.target.model
         calls = [0]
         hook = model.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))

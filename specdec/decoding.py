@@ -125,7 +125,10 @@ class SpeculativeDecoder:
     tokenizer:              optional; needed to pass text prompts and to get text back.
     eos_token_id:           id or ids that end a row; default from the tokenizer / model config;
                             an empty list never stops early.
-    max_len:                minimum cache length to allocate, so later turns of a conversation fit.
+    max_len:                minimum cache length to allocate in every generation (see `reserve` for one).
+
+    The decoder owns its cache budget: `positions_needed` says how many positions a request takes,
+    `fits` whether they fit the models' context, `check_request` refuses one that does not.
     """
 
     def __init__(self, engine: Engine, proposer: Proposer | None = None, num_speculative_tokens: int = 4,
@@ -178,23 +181,38 @@ class SpeculativeDecoder:
             raise ValueError("no prompts given")
         return ids
 
-    def _check_lengths(self, ids: list[list[int]], max_new_tokens: int) -> int:
-        """Cache length needed; raises before any model work if a prompt cannot fit."""
+    # ---------------------------------------------------------------- cache budget
+
+    def positions_needed(self, prompt_len: int, max_new_tokens: int) -> int:
+        """Cache positions a request of `prompt_len` tokens needs to produce `max_new_tokens`: a row's
+        cache holds seq_len - 1 tokens and a step writes the last token and up to k drafts after them; a finished row still takes part in scoring passes."""
+        return prompt_len + max_new_tokens + self.k
+
+    @property
+    def context_length(self) -> int | None:
+        """The most positions every model of this decoder can attend over (None: no limit known)."""
+        limits = [m.context_length for m in self._models() if m.context_length is not None]
+        return min(limits) if limits else None
+
+    def fits(self, positions: int) -> bool:
+        """Whether `positions` (from `positions_needed`) fit every model's context."""
+        return self.context_length is None or positions <= self.context_length
+
+    def check_request(self, ids: list[list[int]], max_new_tokens: int, reserve: int = 0) -> int:
+        """The cache length to allocate for these prompts (at least `reserve`, as far as the context
+        allows); raises before any model work if a prompt cannot fit."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        # A row's cache holds seq_len - 1 tokens and a step writes the last token and k drafts after
-        # them. A row finished at len(p) + max_new_tokens still takes part in scoring passes.
-        need = max(len(p) for p in ids) + max_new_tokens + self.k
-        for model in (self.engine.target, self.engine.draft):
-            ctx = model.context_length if model is not None else None
-            if ctx is not None and need > ctx:
-                longest = max(len(p) for p in ids)
+        longest = max(len(p) for p in ids)
+        need = self.positions_needed(longest, max_new_tokens)
+        for model in self._models():
+            if model.context_length is not None and need > model.context_length:
                 raise ValueError(
                     f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) + k ({self.k}) "
-                    f"= {need} exceeds the {model.name}'s context of {ctx} tokens; "
+                    f"= {need} exceeds the {model.name}'s context of {model.context_length} tokens; "
                     "shorten the prompt or lower max_new_tokens."
                 )
-        return max(need, min(self.max_len, *(m.context_length or need for m in self._models())))
+        return max(need, min(max(self.max_len, reserve), self.context_length or need))
 
     def _models(self):
         return [m for m in (self.engine.target, self.engine.draft) if m is not None]
@@ -203,11 +221,14 @@ class SpeculativeDecoder:
 
     def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_tokens: int = 128,
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-                 on_tokens: TokenCallback | None = None, past: Generation | None = None) -> Generation:
+                 on_tokens: TokenCallback | None = None, past: Generation | None = None,
+                 reserve: int = 0) -> Generation:
         """Decode a batch of prompts (text or token ids). `past`: the previous turn's Generation; its
         caches are reused for the shared prefix (the next turn of a conversation) when it has this
         batch size and nothing else has run on them since, else the prompts are prefilled again
-        (`state.reuse` is None). Raises `EngineBusyError` while another generation runs on the engine."""
+        (`state.reuse` is None). `reserve`: cache positions to allocate at least, so that later turns
+        can continue these caches (`positions_needed` of the whole conversation; too few only costs
+        that reuse). Raises `EngineBusyError` while another generation runs on the engine."""
         max_new_tokens = check_number("max_new_tokens", max_new_tokens, integer=True)
         seed = check_number("seed", seed, integer=True)
         sampling = SamplingParams(temperature, top_k, top_p)
@@ -215,7 +236,8 @@ class SpeculativeDecoder:
         if getattr(self.proposer, "num_nodes", 0) and not isinstance(verifier, TreeVerifier):
             verifier = TreeVerifier(verifier)
         ids = self.encode(prompts)
-        max_len = self._check_lengths(ids, max_new_tokens)
+        reserve = check_number("reserve", reserve, integer=True)
+        max_len = self.check_request(ids, max_new_tokens, reserve)
         if past is not None and not isinstance(past, Generation):
             raise TypeError(f"past= takes the Generation returned by the previous turn's generate(), "
                             f"got {type(past).__name__}")

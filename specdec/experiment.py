@@ -187,13 +187,16 @@ def make_batches(prompts: list[Prompt], batch_size: int) -> list[list[Prompt]]:
     return batches
 
 
-def _conversation_len(tokenizer, prompt: Prompt, cfg: DictConfig, k: int) -> int:
-    """Cache positions a whole conversation may need: the last turn's input rendered with empty
-    answers, plus room for every answer. Too small only costs the reuse (a fresh prefill), not correctness."""
+def conversation_positions(decoder, tokenizer, prompt: Prompt, cfg: DictConfig) -> int:
+    """Cache positions `decoder` needs for a whole conversation: its last turn's input rendered with
+    empty answers, each earlier answer and every turn's template tokens around an answer, and then the
+    last answer (`positions_needed` adds that and the decoder's own room). Too few only costs the
+    reuse of a cache across turns (a fresh prefill), not correctness."""
     turns = prompt.turns
     ids = build_turn_input(tokenizer, [(u, "") for u in turns[:-1]], turns[-1], cfg.data.system_prompt)
-    per_turn = cfg.generation.max_new_tokens + TURN_OVERHEAD_TOKENS
-    return len(ids) + len(turns) * per_turn + k + 1
+    new = cfg.generation.max_new_tokens
+    before_last_answer = len(ids) + (len(turns) - 1) * new + (len(turns) > 1) * len(turns) * TURN_OVERHEAD_TOKENS
+    return decoder.positions_needed(before_last_answer, new)
 
 
 def run_batch(decoder: SpeculativeDecoder, role: str, batch: list[Prompt], cfg: DictConfig, seed: int,
@@ -202,9 +205,9 @@ def run_batch(decoder: SpeculativeDecoder, role: str, batch: list[Prompt], cfg: 
     `reuse_cache` a turn continues the previous turn's cache (`past=`), else it is prefilled afresh."""
     g = cfg.generation
     n, turns = len(batch), len(batch[0].turns)
-    decoder.max_len = 0
+    reserve = 0  # a conversation's later turns continue the first turn's caches: room for all of them
     if turns > 1 and reuse_cache:
-        decoder.max_len = max(_conversation_len(tokenizer, p, cfg, decoder.k) for p in batch)
+        reserve = max(conversation_positions(decoder, tokenizer, p, cfg) for p in batch)
     histories: list[list[tuple[str, str]]] = [[] for _ in batch]
     rows = [_empty_row(p, role) for p in batch]
     past: Generation | None = None
@@ -212,7 +215,7 @@ def run_batch(decoder: SpeculativeDecoder, role: str, batch: list[Prompt], cfg: 
         inputs = [build_turn_input(tokenizer, histories[j], p.turns[t], cfg.data.system_prompt)
                   for j, p in enumerate(batch)]
         out = decoder.generate(inputs, max_new_tokens=g.max_new_tokens, temperature=g.temperature,
-                               top_k=g.top_k, top_p=g.top_p, seed=seed + t, past=past)
+                               top_k=g.top_k, top_p=g.top_p, seed=seed + t, past=past, reserve=reserve)
         reused = (out.state.reuse if out.state is not None else None) or [0] * n
         s = out.stats
         for j, row in enumerate(rows):
@@ -279,43 +282,37 @@ def _finish_row(row: dict, turns: int, seed: int) -> None:
 
 
 def drop_too_long(prompts: list[Prompt], setup: Setup, cfg: DictConfig) -> tuple[list[Prompt], list[str]]:
-    """Prompts whose conversation fits the models' context; the ids of the others (warned, and listed in
-    summary.json). Both methods skip the same prompts, so the comparison stays side by side."""
-    contexts = [m.context_length for m in (setup.engine.target, setup.engine.draft)
-                if m is not None and m.context_length]
-    if not contexts:
-        return prompts, []
-    k = setup.k_max
-    _check_room(k, min(contexts), cfg)
+    """Prompts whose conversation fits every decoder's context; the ids of the others (warned, and listed
+    in summary.json). Both methods skip the same prompts, so the comparison stays side by side."""
+    decoders = [*setup.methods.values(), setup.baseline]
+    _check_room(setup, cfg)
     kept, dropped = [], []
     for p in prompts:
-        if len(p.turns) > 1:
-            need = _conversation_len(setup.tokenizer, p, cfg, k)
-        else:
-            need = len(build_turn_input(setup.tokenizer, [], p.turns[0], cfg.data.system_prompt))
-            need += cfg.generation.max_new_tokens + k + 1
-        (kept if need <= min(contexts) else dropped).append(p)
+        fits = all(d.fits(conversation_positions(d, setup.tokenizer, p, cfg)) for d in decoders)
+        (kept if fits else dropped).append(p)
+    context = min((d.context_length for d in decoders if d.context_length is not None), default=None)
     if dropped:
         log.warning("skipping %d prompt(s) longer than the context of %d tokens (with max_new_tokens=%d): %s",
-                    len(dropped), min(contexts), cfg.generation.max_new_tokens,
-                    ", ".join(p.prompt_id for p in dropped))
+                    len(dropped), context, cfg.generation.max_new_tokens, ", ".join(p.prompt_id for p in dropped))
     if not kept:
-        raise ValueError(f"data: every selected prompt exceeds the models' context of {min(contexts)} tokens")
+        raise ValueError(f"data: every selected prompt exceeds the models' context of {context} tokens")
     return kept, [p.prompt_id for p in dropped]
 
 
-def _check_room(k: int, context: int, cfg: DictConfig) -> None:
+def _check_room(setup: Setup, cfg: DictConfig) -> None:
     """k and max_new_tokens must leave room for a prompt in the context: if not, blame them, not the prompts."""
     new = cfg.generation.max_new_tokens
-    if new + k + 1 < context:
-        return
-    k_key = next((f"{key}.num_speculative_tokens" for key, m in method_configs(cfg)
-                  if not is_baseline(m) and m.num_speculative_tokens == k), "method.num_speculative_tokens")
-    key = k_key if k + 1 >= context else "generation.max_new_tokens"
-    raise ConfigError(
-        f"{key}: max_new_tokens={new} plus k={k} drafted tokens (+1) need {new + k + 1} positions, which "
-        f"leaves no room for any prompt in the models' context of {context} tokens; lower {key}"
-    )
+    keys = {m.name: f"{key}.num_speculative_tokens" for key, m in method_configs(cfg)}
+    for name, decoder in [*setup.methods.items(), (BASELINE, setup.baseline)]:
+        need = decoder.positions_needed(1, new)
+        if decoder.fits(need):
+            continue
+        key = keys.get(name, "method.num_speculative_tokens")
+        key = key if not decoder.fits(decoder.positions_needed(1, 1)) else "generation.max_new_tokens"
+        raise ConfigError(
+            f"{key}: max_new_tokens={new} plus k={decoder.k} drafted tokens need {need} positions with a "
+            f"one-token prompt ({name}), more than the models' context of {decoder.context_length} tokens; lower {key}"
+        )
 
 
 def warm_up(decoders: list[SpeculativeDecoder], prompt: Prompt, cfg: DictConfig, tokenizer) -> None:
@@ -323,7 +320,6 @@ def warm_up(decoders: list[SpeculativeDecoder], prompt: Prompt, cfg: DictConfig,
     ids = build_turn_input(tokenizer, [], prompt.turns[0], cfg.data.system_prompt)
     g = cfg.generation
     for decoder in decoders:
-        decoder.max_len = 0
         decoder.generate([ids], max_new_tokens=min(WARMUP_TOKENS, g.max_new_tokens),
                          temperature=g.temperature, top_k=g.top_k, top_p=g.top_p, seed=cfg.seed)
 

@@ -192,10 +192,11 @@ class FixedTimes:
     hand. Turn t of a batch of n rows: TTFT ttfts[t], wall 1.0 * (t + 1), row j finished at (j + 1) / n
     of it; two new tokens per row."""
 
-    k, max_len = 0, 0
-
     def __init__(self, ttfts: list[float]):
         self.ttfts, self.turn = ttfts, 0
+
+    def positions_needed(self, prompt_len: int, max_new_tokens: int) -> int:
+        return prompt_len + max_new_tokens
 
     def generate(self, prompts, max_new_tokens, past=None, **sampling):
         n, wall = len(prompts), 1.0 * (self.turn + 1)
