@@ -109,7 +109,9 @@ class CostModel:
       consecutive steps of different widths (log ratio, median per pair of widths), solved by
       least squares over all pairs with rho(B, 1) = 1;
     - c(source, B, k) = D(source, B, k) / R(B, 1), drafting: the draft's seconds over the same
-      step's plain-step equivalent R_t / rho(B, T_t)."""
+      step's plain-step equivalent R_t / rho(B, T_t), from steps that followed a step in which the
+      source drafted too; the first step after a pause also pays a switch cost (a draft model
+      feeding the tokens it missed), kept apart (`switch_cost`)."""
 
     def __init__(self, window: int = 16):
         self.window = window
@@ -117,11 +119,13 @@ class CostModel:
         self.last: dict[int, tuple[int, float]] = {}  # B -> (T, seconds) of the last measured step
         self.plain_s: dict[int, float] = {}  # B -> seconds of a plain step, lately (for reports)
         self.draft: dict[tuple[str, int], Timings] = {}
+        self.switch: dict[tuple[str, int], deque] = {}  # (source, B) -> extra cost of drafting after not drafting
         self._rho: dict[int, dict[int, float]] = {}  # B -> T -> log rho, solved; cleared on new pairs
 
-    def add_step(self, b: int, t: int, rest_s: float, drafts: list[tuple[str, int, float]] = ()) -> None:
+    def add_step(self, b: int, t: int, rest_s: float, drafts: list[tuple[str, int, float, bool]] = ()) -> None:
         """A step at batch size b scored t tokens per row; the rest of it took rest_s seconds; each
-        draft entry is (source, k, seconds)."""
+        draft entry is (source, k, seconds, steady): steady when the source also drafted in the step
+        before, else its time includes catching up (see `drafting`)."""
         rest_s = max(rest_s, 1e-9)
         prev = self.last.get(b)
         if prev is not None and prev[0] != t:
@@ -132,9 +136,12 @@ class CostModel:
         self.last[b] = (t, rest_s)
         plain = rest_s / self.rest(b, t)
         self.plain_s[b] = plain
-        for source, k, seconds in drafts:
-            if k > 0:
+        for source, k, seconds, steady in drafts:
+            if k > 0 and steady:
                 self.draft.setdefault((source, b), Timings(self.window)).add(k, seconds / plain)
+            elif k > 0 and self.draft_known(source, b):
+                extra = max(seconds / plain - self.draft_cost(source, b, k), 0.0)
+                self.switch.setdefault((source, b), deque(maxlen=self.window)).append(extra)
 
     def ready(self, b: int) -> bool:
         """A step at batch size b was measured."""
@@ -190,6 +197,12 @@ class CostModel:
         timings = self.draft.get((source, b))
         return timings.at(k, origin=True) if k > 0 and timings else 0.0
 
+    def switch_cost(self, source: str, b: int) -> float:
+        """What drafting costs on top of c(k) when the source did not draft in the step before (a
+        draft model feeds the tokens it missed: at a generation's start, the whole prompt)."""
+        samples = self.switch.get((source, b))
+        return statistics.median(samples) if samples else 0.0
+
     def table(self) -> dict:
         """What was learned, for results and studies."""
         return {
@@ -197,6 +210,7 @@ class CostModel:
             "width_cost": {b: {t: round(self.rest(b, t), 4) for t in sorted(self._solve(b))} for b in self.plain_s},
             "draft_cost": {f"{src}@{b}": {k: round(c, 4) for k, c in v.medians().items()}
                            for (src, b), v in self.draft.items()},
+            "switch_cost": {f"{src}@{b}": round(self.switch_cost(src, b), 4) for src, b in self.switch},
         }
 
 
@@ -347,6 +361,12 @@ class Planner:
         return self.ready(b) and self.costs.draft_known(source, b) and \
             self.costs.draft_cost(source, b, self.k_max) <= self.cheap
 
+    def only_tried(self, source: str, b: int) -> bool:
+        """Drafting was timed for one token only, and that cost under `cheap` of a plain step: a
+        lookup, most likely, whose cost for k_max is worth measuring once."""
+        timings = self.costs.draft.get((source, b))
+        return timings is not None and set(timings.obs) == {1} and self.costs.draft_cost(source, b, 1) <= self.cheap
+
     def plain(self, b: int, rows: list[int], sunk: float = 0.0) -> Plan:
         return Plan(0, float(len(rows)), sunk + 1.0)
 
@@ -361,14 +381,15 @@ class Planner:
         return [Plan(j, sum(c[min(j, n)] for c, n in zip(curves, caps)), draft + rest[j]) for j in range(cap + 1)]
 
     def best_ask(self, source: str, b: int, rows: list[int], trimmable: bool, sunk: float = 0.0,
-                 cap: int | None = None) -> Plan:
+                 cap: int | None = None, switching: bool = False) -> Plan:
         """The best k in [max(min_k, 1), cap or k_max] to ask `source` for, by expected rate; a
         deterministic proposal may still be cut to a shorter width afterwards, so asking k is
-        worth its best width <= k."""
+        worth its best width <= k. `switching`: the source did not draft in the step before."""
         plans = []
         top = self.k_max if cap is None else min(cap, self.k_max)
+        extra = sunk + (self.costs.switch_cost(source, b) if switching else 0.0)
         for k in range(min(max(self.min_k, 1), top), top + 1):
-            widths = self._plans(source, b, rows, k, sunk + self.costs.draft_cost(source, b, k), asked=True)
+            widths = self._plans(source, b, rows, k, extra + self.costs.draft_cost(source, b, k), asked=True)
             best = max(widths, key=lambda p: p.rate) if trimmable else widths[k]
             plans.append(Plan(k, best.tokens, best.cost))
         return max(plans, key=lambda p: (p.rate, p.k))
@@ -404,7 +425,7 @@ class Planner:
                     return source, plan
         return name, best
 
-    def ask(self, source: str, b: int, rows: list[int], trimmable: bool) -> Plan:
+    def ask(self, source: str, b: int, rows: list[int], trimmable: bool, switching: bool = False) -> Plan:
         """How many drafts to ask `source` for, 0 for a plain step. A cheap proposer is asked for
         k_max (the cut after proposing decides); a costly one for its best k if that beats plain."""
         if not rows or not self.ready(b) or self.probing(b):  # plain: a first step at this batch size, or a probe
@@ -413,7 +434,8 @@ class Planner:
             return Plan(max(self.start, self.min_k), 0.0, 0.0)
         if trimmable and self.is_cheap(source, b):
             return Plan(self.k_max, 0.0, 0.0)
-        return self.choose([(source, self.best_ask(source, b, rows, trimmable))], self.plain(b, rows))[1]
+        best = self.best_ask(source, b, rows, trimmable, switching=switching)
+        return self.choose([(source, best)], self.plain(b, rows))[1]
 
     def keep(self, source: str, b: int, rows: list[int], lengths: list[int], asked: int) -> Plan:
         """How many drafts of a deterministic proposal to keep per row, 0 for a plain step."""
@@ -444,7 +466,7 @@ class StepClock:
 
     def __init__(self):
         self.start: float | None = None
-        self.pending: tuple[int, int, float, list[tuple[str, int, float]]] | None = None
+        self.pending: tuple[int, int, float, list[tuple[str, int, float, bool]]] | None = None
 
     def reset(self) -> None:
         self.start, self.pending = None, None
@@ -453,19 +475,18 @@ class StepClock:
         """A step starts: close the previous one."""
         now = time.perf_counter()
         if self.start is not None and self.pending is not None:
-            b, t, draft_s, samples = self.pending
-            costs.add_step(b, t, now - self.start - draft_s, samples)
+            b, t, draft_s, drafts = self.pending
+            costs.add_step(b, t, now - self.start - draft_s, drafts)
         self.start, self.pending = now, None
 
-    def done(self, b: int, t: int, draft_s: float, samples: list[tuple[str, int, float]]) -> None:
+    def done(self, b: int, t: int, draft_s: float, drafts: list[tuple[str, int, float, bool]]) -> None:
         """The step that started at the last tick scored t tokens per row for b rows after
-        `draft_s` seconds of drafting; `samples` (source, k, seconds) are the drafting timings that
-        tell what drafting costs (see `drafting_samples`)."""
-        self.pending = (b, t, draft_s, list(samples))
+        `draft_s` seconds of drafting, made of `drafts` (see `drafting`)."""
+        self.pending = (b, t, draft_s, list(drafts))
 
 
-def drafting_samples(drafts: list[tuple[str, int, float]], drafted_before: set[str]) -> list[tuple[str, int, float]]:
-    """The drafting timings that measure drafting itself: a source that did not draft in the step
-    before also caught up on the tokens it missed (a draft model feeds them, a lookup indexes a new
-    prompt), a cost of switching that steady drafting does not pay."""
-    return [(src, k, s) for src, k, s in drafts if src in drafted_before]
+def drafting(drafts: list[tuple[str, int, float]], drafted_before: set[str]) -> list[tuple[str, int, float, bool]]:
+    """(source, k, seconds) -> (source, k, seconds, steady): steady when the source drafted in the
+    step before too. Otherwise its time includes catching up on what it missed (a draft model feeds
+    those tokens, a lookup indexes a new prompt): a switch cost that steady drafting does not pay."""
+    return [(src, k, s, src in drafted_before) for src, k, s in drafts]

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from specdec.policy import Planner, StepClock, drafting_samples, verified
-from specdec.proposers.base import Proposal
+from specdec.policy import Planner, StepClock, drafting, verified
+from specdec.types import Proposal
 
 
 class ConstantSchedule:
@@ -168,7 +168,8 @@ class CostAwareSchedule(ConstantSchedule):
     def next_k(self, state) -> int:
         self.clock.tick(self.planner.costs)
         self.planner.next_step()
-        self._asked = self.planner.ask(self.source, state.batch_size, self._rows(state), self._trimmable).k
+        self._asked = self.planner.ask(self.source, state.batch_size, self._rows(state), self._trimmable,
+                                       switching=not self._drafted_before).k
         return self._asked
 
     def trim(self, state, proposal: Proposal) -> Proposal:
@@ -184,7 +185,7 @@ class CostAwareSchedule(ConstantSchedule):
     def observe(self, outcome, draft_s: float, verify_s: float) -> None:
         b, p = len(outcome.active), outcome.proposal
         drafted = {self.source} if self._drafted_before else set()
-        self.clock.done(b, 1 + p.max_length, draft_s, drafting_samples([(self.source, self._asked, draft_s)], drafted))
+        self.clock.done(b, 1 + p.max_length, draft_s, drafting([(self.source, self._asked, draft_s)], drafted))
         self._drafted_before = self._asked > 0
         self.planner.stepped(b, 1 + p.max_length)
         if self._asked > 0:

@@ -12,7 +12,7 @@ import torch
 from specdec.decoding import SpeculativeDecoder
 from specdec.engine import Engine
 from specdec.models import tiny_random_model
-from specdec.policy import AcceptanceModel, CostModel, Plan, Planner, Timings, drafting_samples
+from specdec.policy import AcceptanceModel, CostModel, Plan, Planner, Timings, drafting
 from specdec.proposers.base import Proposal
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.ngram import NgramProposer
@@ -25,7 +25,7 @@ from tests.test_strategies_lossless import N, _sample_pairs, draft, expected, ta
 SRC = "proposer"
 
 
-def _fed(planner: Planner, accept: float, rest, drafting=None, b: int = 1, source: str = SRC,
+def _fed(planner: Planner, accept: float | None, rest, drafting=None, b: int = 1, source: str = SRC,
          rounds: int = 3) -> Planner:
     """`planner` told: acceptance `accept` at every position, rest-of-step seconds rest(T) for every
     width, drafting seconds drafting(k) (none: free), all at batch size b, as if measured `rounds` times."""
@@ -33,10 +33,11 @@ def _fed(planner: Planner, accept: float, rest, drafting=None, b: int = 1, sourc
     for _ in range(rounds):
         for t in range(2, k + 2):  # a plain step, then one drafting t - 1 and scoring t
             planner.costs.add_step(b, 1, rest(1))
-            planner.costs.add_step(b, t, rest(t), [(source, t - 1, drafting(t - 1) if drafting else 0.0)])
-    m = planner.model(source)
-    m.reached, m.accepted = [1e6] * k, [1e6 * accept] * k
-    m.asked, m.offered = [1e6] * k, [1e6] * k
+            planner.costs.add_step(b, t, rest(t), [(source, t - 1, drafting(t - 1) if drafting else 0.0, True)])
+    if accept is not None:  # else acceptance is left to learn from the run
+        m = planner.model(source)
+        m.reached, m.accepted = [1e6] * k, [1e6 * accept] * k
+        m.asked, m.offered = [1e6] * k, [1e6] * k
     return planner
 
 
@@ -112,6 +113,18 @@ def test_it_explores_once_every_ceil_of_loss_plus_margin_over_budget_steps():
     assert explored == [period, 2 * period, 3 * period]
 
 
+def test_a_policy_that_always_drafts_takes_a_plain_probe_step_now_and_then():
+    p = _fed(Planner(8, probe=5), 0.9, lambda t: 0.03)  # drafting pays: every step drafts
+    p.stepped(1, 1)
+    chosen = []
+    for _ in range(12):
+        p.next_step()
+        k = p.ask(SRC, 1, [0], trimmable=True).k
+        chosen.append(k)
+        p.stepped(1, 1 + k)
+    assert chosen == [8, 8, 8, 8, 0, 8, 8, 8, 8, 0, 8, 8]
+
+
 def test_timings_take_medians_interpolate_and_extrapolate():
     t = Timings(window=5)
     for s in (0.010, 0.011, 0.500):  # a spike from a busy machine
@@ -131,7 +144,7 @@ def test_width_costs_are_ratios_that_survive_a_change_of_machine_speed():
     # width 5 costs 1.5 plain steps; the machine slows down 6x half way, between pairs
     for load in [1.0] * 5 + [6.0] * 5:
         costs.add_step(4, 1, 0.066 * load)
-        costs.add_step(4, 5, 0.099 * load, [("ngram", 4, 0.0066 * load)])
+        costs.add_step(4, 5, 0.099 * load, [("ngram", 4, 0.0066 * load, True)])
     assert costs.rest(4, 5) == pytest.approx(1.5) and costs.rest(4, 1) == 1.0
     assert costs.rest(4, 3) == pytest.approx(1.5 ** 0.5)  # interpolated in log space
     assert costs.draft_cost("ngram", 4, 4) == pytest.approx(0.1)  # a tenth of a plain step
@@ -139,8 +152,14 @@ def test_width_costs_are_ratios_that_survive_a_change_of_machine_speed():
     costs.new_generation()
     costs.add_step(4, 9, 1.0)  # not paired with the last step of the previous generation
     assert 9 not in costs.table()["width_cost"][4]
-    # a draft model's first step after plain steps also catches up on what it missed: not a sample
-    assert drafting_samples([("draft", 2, 0.5), ("ngram", 8, 0.001)], {"ngram"}) == [("ngram", 8, 0.001)]
+    # a draft model's first step after plain steps also feeds what it missed: a switch cost, kept apart
+    costs.add_step(4, 1, 0.066)
+    costs.add_step(4, 5, 0.099, drafting([("ngram", 4, 0.0066), ("draft", 4, 0.4)], {"ngram"}))
+    assert costs.draft_cost("ngram", 4, 4) == pytest.approx(0.1) and not costs.draft_known("draft", 4)
+    costs.add_step(4, 5, 0.099, drafting([("draft", 4, 0.066)], {"draft"}))  # drafting 4: one plain step
+    costs.add_step(4, 1, 0.066)
+    costs.add_step(4, 5, 0.099, drafting([("draft", 4, 0.33)], set()))  # after a pause: 4 more
+    assert costs.draft_cost("draft", 4, 4) == pytest.approx(1.0) and costs.switch_cost("draft", 4) == pytest.approx(4.0)
 
 
 def test_acceptance_counts_censored_drafts_as_unjudged():
@@ -206,13 +225,18 @@ def test_policy_with_the_target_drafting_for_itself_keeps_its_output(make_engine
 
 
 def test_a_useless_draft_gets_plain_steps(make_engine, unrelated_draft):
+    # Costs told (a draft token costs half a plain step; tiny models' clocks are noise), acceptance
+    # learned from the run: the unrelated draft is almost never right, so steps turn plain.
     engine = make_engine(unrelated_draft)
-    sched = make_schedule("cost_aware", 4)
+    sched = CostAwareSchedule(4, window=512)
+    _fed(sched.planner, None, lambda t: 0.01, lambda k: 0.005 * k, b=len(RAGGED_PROMPTS), source=sched.source,
+         rounds=300)
     dec = SpeculativeDecoder(engine, DraftModelProposer(engine), schedule=sched)
-    dec.generate(RAGGED_PROMPTS, max_new_tokens=20)  # learns its costs and that nothing is accepted
+    dec.generate(RAGGED_PROMPTS, max_new_tokens=20)
     sched.history.clear()
     dec.generate(RAGGED_PROMPTS, max_new_tokens=60)
     assert sched.history.count(0) >= 0.8 * len(sched.history)
+    assert sched.planner.model(sched.source).rates()[0] < 0.2
 
 
 def test_policy_sampling_with_cut_lookups_is_lossless(target, expected):  # noqa: F811

@@ -9,7 +9,8 @@ Every step:
    expected rate from their acceptance so far and their measured drafting cost;
 3. the best of these and plain decoding wins (`Planner.choose`: plain unless a part beats it by
    `margin`; a part passed over for long explores); a costly winner runs now.
-A part never measured at this batch size is tried first (once, at the full k) so that it has a cost.
+A part never measured at this batch size is tried first, drafting one token; one whose single
+token cost under `cheap` of a plain step is then run with the lookups, at the full k, to measure that.
 
 Every cost and acceptance estimate is the policy's (`specdec.policy`): drafting D(part, B, k) and
 the rest of a step R(B, T) from this run's clocks, acceptance per part. Lookup parts that were not
@@ -37,7 +38,7 @@ from dataclasses import replace
 
 import torch
 
-from specdec.policy import Plan, Planner, StepClock, drafting_samples, verified
+from specdec.policy import Plan, Planner, StepClock, drafting, verified
 from specdec.proposers.base import Proposal
 from specdec.schedules import cut
 
@@ -101,12 +102,12 @@ class HybridProposer:
         if k == 0 or not rows or not planner.ready(b) or planner.probing(b):  # plain: a first step here, or a probe
             return Proposal.empty(b, state.tokens.device)
         untimed = [n for n in self.parts if not planner.costs.draft_known(n, b)]
-        if untimed:
-            return self._use(untimed[0], self._timed(untimed[0], state, k), k)
+        if untimed:  # a first try drafts one token: a draft model's first steps cost little
+            return self._use(untimed[0], self._timed(untimed[0], state, 1), 1)
 
         lookups, spent = {}, 0.0  # spent: the lookups' drafting, in plain steps, sunk for every option
         for name in self.parts:
-            if planner.is_cheap(name, b):
+            if planner.is_cheap(name, b) or planner.only_tried(name, b):
                 lookups[name] = self._timed(name, state, k)
                 spent += planner.costs.draft_cost(name, b, k)
         options: list[tuple[str, Plan | None]] = []
@@ -114,7 +115,8 @@ class HybridProposer:
             if name in lookups:
                 options.append((name, planner.best_keep(name, b, rows, lookups[name].lengths, spent)))
             else:
-                options.append((name, planner.best_ask(name, b, rows, state.sampling.greedy, spent, cap=k)))
+                options.append((name, planner.best_ask(name, b, rows, state.sampling.greedy, spent, cap=k,
+                                                       switching=name not in self._drafted_before)))
         plain = planner.plain(b, rows, spent)
         name, plan = planner.choose(options, plain)
         self._step["options"] = {n: p for n, p in options if p is not None} | {"plain": plain}
@@ -145,7 +147,7 @@ class HybridProposer:
             return
         b, p = len(outcome.active), outcome.proposal
         drafts = step.get("drafts", [])
-        self.clock.done(b, 1 + p.max_length, sum(d[2] for d in drafts), drafting_samples(drafts, self._drafted_before))
+        self.clock.done(b, 1 + p.max_length, sum(d[2] for d in drafts), drafting(drafts, self._drafted_before))
         self._drafted_before = {d[0] for d in drafts if d[1] > 0}
         planner.stepped(b, 1 + p.max_length)
         self.choices.append(name)
