@@ -76,7 +76,6 @@ class DataConfig:
     """A prompt set (`specdec.data.load_prompts`). `source`: a name, the file `conf/data/source/<name>.yaml`
     that names its reader with `_target_`, or such a node; the reader takes the settings below that it
     names and `source_args`, its own. Relative paths resolve against the directory the
-   
     command was started from. `limit` keeps the first `limit` prompts of each category (or overall when
     `per_category` is false); `category_map` renames categories before selection (Spec-Bench reports
     its eight MT-bench categories as one, `multi_turn`)."""

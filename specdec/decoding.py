@@ -17,7 +17,6 @@ from __future__ import annotations
 import numbers
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -26,91 +25,12 @@ from specdec.data import common_prefix_len
 from specdec.engine import Engine, Timer
 from specdec.metrics import GenerationStats, RowStats
 from specdec.proposers.autoregressive import NoDraftProposer
-from specdec.proposers.base import Proposal, Proposer
 from specdec.sampling import SamplingParams, check_number
 from specdec.schedules import ConstantSchedule
 from specdec.tree import TreeProposal
 from specdec.tree_verify import TreeVerifier
-from specdec.verify import Verification, make_verifier
-
-# on_tokens(row, new_token_ids): called as soon as tokens are committed, for streaming.
-TokenCallback = Callable[[int, list[int]], None]
-
-
-@dataclass
-class DecodeState:
-    """Everything the loop and the proposers share about the batch being decoded.
-
-    tokens:    [B, max_len] token buffer; row b holds `seq_lens[b]` real tokens (prompt + output).
-    reuse:     per row, how many leading tokens of a previous generation's caches are still valid
-               (multi-turn continuation), or None for a fresh start.
-    past_stamps: the cache stamps the previous generation (`past=`) left; empty for a fresh start.
-    stamps:    the stamps of the caches this generation holds (see `attach`).
-    """
-
-    tokens: torch.Tensor
-    seq_lens: list[int]
-    prompt_lens: list[int]
-    active: list[bool]
-    max_new_tokens: int
-    max_len: int
-    sampling: SamplingParams
-    generator: torch.Generator
-    reuse: list[int] | None = None
-    schedule: ConstantSchedule | None = None
-    past_stamps: frozenset[int] = frozenset()
-    stamps: list[int] = field(default_factory=list)
-
-    @property
-    def batch_size(self) -> int:
-        return len(self.seq_lens)
-
-    def attach(self, model) -> None:
-        """Give `model` (a `CachedModel`: the target, a draft) its cache for this generation.
-
-        The cache it holds is kept, rolled back to the first `reuse[b]` tokens of each row, only if
-        it is exactly as the previous turn left it: its stamp is one that `past` recorded, so no
-        other generation has written it since and it belongs to this engine. Otherwise it starts
-        fresh, and the first pass feeds the whole prompt."""
-        cache = model.cache
-        if self.reuse is not None and cache is not None and cache.stamp in self.past_stamps:
-            model.rollback([min(n, r) for n, r in zip(model.lengths, self.reuse)])
-            cache.claim()
-        else:
-            model.reset(self.batch_size, self.max_len)
-        self.stamps.append(model.cache.stamp)
-
-    def output_ids(self, row: int) -> list[int]:
-        return self.tokens[row, self.prompt_lens[row] : self.seq_lens[row]].tolist()
-
-
-@dataclass
-class StepOutcome:
-    """What one step did, handed to the proposer's `observe`."""
-
-    proposal: Proposal
-    verification: Verification
-    prev_seq_lens: list[int]  # sequence lengths before this step's commit
-    accepted: list[int]  # accepted drafts per row (0 for rows that were already finished)
-    emitted: list[int]  # tokens appended per row (after EOS and max_new_tokens cuts)
-    active: list[bool]  # which rows took part in this step
-
-
-@dataclass
-class Generation:
-    """Result of `SpeculativeDecoder.generate`."""
-
-    output_ids: list[list[int]]
-    prompt_ids: list[list[int]]
-    stats: GenerationStats
-    state: DecodeState
-    texts: list[str] | None = None
-    lossless: bool = True
-    verifier: str = "greedy"
-    acceptance_measured: bool = True  # False when drafts happen out of sight (the transformers anchors)
-    # What the proposer and schedule learned or chose in this generation, for results (the hybrid's
-    # choice per step, the cost-aware policy's measured costs); only those with a `report()`.
-    reports: dict = field(default_factory=dict)
+from specdec.types import DecodeState, Generation, Proposal, Proposer, StepOutcome, TokenCallback
+from specdec.verify import make_verifier
 
 
 class SpeculativeDecoder:

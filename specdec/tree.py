@@ -29,7 +29,7 @@ from functools import lru_cache
 
 import torch
 
-from specdec.proposers.base import Proposal
+from specdec.types import Proposal
 
 
 @dataclass

@@ -12,20 +12,14 @@ target's; it is carried into every result so that a lossy method can never pass 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
-from specdec.proposers.base import Proposal
 from specdec.sampling import SamplingParams, greedy_tokens, probabilities, sample
+from specdec.types import Proposal, Verification
 
-
-@dataclass
-class Verification:
-    """tokens: [B, k+1] emitted tokens (first accepted[b]+1 valid); accepted: [B] long."""
-
-    tokens: torch.Tensor
-    accepted: torch.Tensor
+__all__ = ["BlockVerifier", "ByTemperature", "ForcedVerifier", "GreedyVerifier", "SpeculativeSamplingVerifier",
+           "TypicalVerifier", "Verification", "make_verifier"]
 
 
 def _draft_mask(proposal: Proposal) -> torch.Tensor:
