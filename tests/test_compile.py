@@ -75,6 +75,17 @@ def test_adaptive_k_compiles_a_bounded_number_of_graphs(target):
     assert engine.compile_report()["target"]["graphs"] == report["target"]["graphs"]  # all reused
 
 
+def test_prompts_of_other_lengths_reuse_graphs(target):
+    """Generations with prompts of other lengths share the pooled cache buffers: one graph per
+    (batch, width, key bucket), never one per prompt length."""
+    torch._dynamo.reset()
+    engine = _engine(target, None, "on")
+    for n in (5, 70, 20, 40):
+        _generate(engine, 0, [list(range(1, n + 1))], max_new_tokens=40)
+    report = engine.compile_report()["target"]
+    assert report["shapes"] == 2 and report["graphs"] == 2  # key buckets 64 and 128, width 8
+
+
 def test_compile_off_is_the_eager_path(target):
     engine = Engine(target, dtype="float32")
     assert not engine.compile and engine.target.compiled is None and engine.compile_report() is None

@@ -58,14 +58,17 @@ def main() -> None:
             out = {}
             for c in order:
                 g = decoders[c].generate([ids], max_new_tokens=args.max_new_tokens)
-                out[c] = (g.output_ids[0], g.stats.new_tokens / g.stats.wall_s)
+                out[c] = (g.output_ids[0], g.stats.new_tokens / g.stats.wall_s, g.stats.new_tokens / g.stats.cpu_s)
             rows.append({"prompt_tokens": len(ids), "off_tok_s": out["off"][1], "on_tok_s": out["on"][1],
-                         "ratio": out["on"][1] / out["off"][1], "same_tokens": out["on"][0] == out["off"][0]})
-        med = {k: statistics.median(r[k] for r in rows) for k in ("off_tok_s", "on_tok_s", "ratio")}
+                         "ratio": out["on"][1] / out["off"][1], "cpu_ratio": out["on"][2] / out["off"][2],
+                         "same_tokens": out["on"][0] == out["off"][0]})
+        med = {k: statistics.median(r[k] for r in rows) for k in ("off_tok_s", "on_tok_s", "ratio", "cpu_ratio")}
         result["methods"][method] = {"rows": rows, "median": med, "warmup_compile_s": warm_s,
                                      "compile_report": engines["on"].compile_report()}
         print(f"{method}: off {med['off_tok_s']:.1f} tok/s, on {med['on_tok_s']:.1f} tok/s, median ratio "
               f"{med['ratio']:.3f} (min {min(r['ratio'] for r in rows):.3f}, max {max(r['ratio'] for r in rows):.3f}), "
+              f"by process CPU time {med['cpu_ratio']:.3f} (min {min(r['cpu_ratio'] for r in rows):.3f}, "
+              f"max {max(r['cpu_ratio'] for r in rows):.3f}), "
               f"identical {sum(r['same_tokens'] for r in rows)}/{len(rows)}, warm-up with compiling {warm_s:.0f} s, "
               f"{engines['on'].compile_report()}", flush=True)
     if args.out:
