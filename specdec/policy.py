@@ -189,18 +189,29 @@ class CostModel:
         Widths never paired with others are interpolated in log space; with nothing known, 1.0."""
         return math.exp(interpolate(self._solve(b), t))
 
+    @staticmethod
+    def nearest(table: dict, source: str, b: int):
+        """table[(source, b)], else the entry of the nearest batch size measured for `source`:
+        drafting relative to a plain step changes far less with the batch size than scoring width
+        does (both passes grow with it), so a new batch size starts from what another one measured
+        instead of paying again to find out (a draft model's first step feeds the whole prompt)."""
+        if (source, b) in table:
+            return table[(source, b)]
+        sizes = [size for src, size in table if src == source]
+        return table[(source, min(sizes, key=lambda size: abs(math.log(size / b))))] if sizes else None
+
     def draft_known(self, source: str, b: int) -> bool:
-        return bool(self.draft.get((source, b)))
+        return bool(self.nearest(self.draft, source, b))
 
     def draft_cost(self, source: str, b: int, k: int) -> float:
         """c(source, B, k) in plain steps; 0 for k = 0 and while unmeasured (optimistic)."""
-        timings = self.draft.get((source, b))
+        timings = self.nearest(self.draft, source, b)
         return timings.at(k, origin=True) if k > 0 and timings else 0.0
 
     def switch_cost(self, source: str, b: int) -> float:
         """What drafting costs on top of c(k) when the source did not draft in the step before (a
         draft model feeds the tokens it missed: at a generation's start, the whole prompt)."""
-        samples = self.switch.get((source, b))
+        samples = self.nearest(self.switch, source, b)
         return statistics.median(samples) if samples else 0.0
 
     def table(self) -> dict:
@@ -364,7 +375,7 @@ class Planner:
     def only_tried(self, source: str, b: int) -> bool:
         """Drafting was timed for one token only, and that cost under `cheap` of a plain step: a
         lookup, most likely, whose cost for k_max is worth measuring once."""
-        timings = self.costs.draft.get((source, b))
+        timings = self.costs.nearest(self.costs.draft, source, b)
         return timings is not None and set(timings.obs) == {1} and self.costs.draft_cost(source, b, 1) <= self.cheap
 
     def plain(self, b: int, rows: list[int], sunk: float = 0.0) -> Plan:

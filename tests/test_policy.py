@@ -148,7 +148,8 @@ def test_width_costs_are_ratios_that_survive_a_change_of_machine_speed():
     assert costs.rest(4, 5) == pytest.approx(1.5) and costs.rest(4, 1) == 1.0
     assert costs.rest(4, 3) == pytest.approx(1.5 ** 0.5)  # interpolated in log space
     assert costs.draft_cost("ngram", 4, 4) == pytest.approx(0.1)  # a tenth of a plain step
-    assert costs.rest(16, 5) == 1.0 and not costs.ready(16)  # another batch size: nothing known
+    assert costs.rest(16, 5) == 1.0 and not costs.ready(16)  # another batch size: widths unknown,
+    assert costs.draft_cost("ngram", 16, 4) == pytest.approx(0.1)  # drafting taken from batch size 4
     costs.new_generation()
     costs.add_step(4, 9, 1.0)  # not paired with the last step of the previous generation
     assert 9 not in costs.table()["width_cost"][4]
