@@ -1,6 +1,6 @@
 """One way to name an implementation: a `_target_` node, or the short name of a file that holds one.
 
-Every pluggable part is built by `hydra.utils.instantiate` from a node `{_target_: module.Attr, **args}`.
+Every pluggable part is built, as `hydra.utils.instantiate` would build it, from a node `{_target_: module.Attr, **args}`.
 Where a config key takes a short name instead (`method.verifier=typical`, `method.schedule=cost_aware`,
 `data.source=spec_bench`, `logger.kind=wandb`), the name is a file: the option `X` of key `a.b` is
 `conf/a/b/X.yaml`, holding the node, just as the option `X` of Hydra's group `a` is `conf/a/X.yaml`.
@@ -23,9 +23,20 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+import yaml
 
 PACKAGE_CONF = "specdec.conf"
+
+
+def _plain(value: Any) -> Any:
+    """A config value as plain Python (dicts, lists, scalars). OmegaConf is imported only when the value
+    is one of its containers: the decoding core reads its parts here on machines that have torch and
+    transformers but none of the harness's dependencies (hydra, omegaconf)."""
+    if type(value).__module__.startswith("omegaconf"):
+        from omegaconf import OmegaConf
+
+        return OmegaConf.to_container(value, resolve=True)
+    return value
 
 
 def _package_conf() -> Any:
@@ -37,8 +48,10 @@ def _package_conf() -> Any:
 
 def config_roots() -> list[Any]:
     """The folders configs are read from, in Hydra's order (paths or importlib Traversables)."""
-    from hydra.core.hydra_config import HydraConfig
-
+    try:
+        from hydra.core.hydra_config import HydraConfig
+    except ImportError:  # no Hydra installed: no job can be running
+        return [_package_conf()]
     if not HydraConfig.initialized():
         return [_package_conf()]
     roots: list[Any] = []
@@ -69,21 +82,22 @@ def options(folder: str) -> list[str]:
     return sorted(names)
 
 
-def node(folder: str, spec: Any, key: str) -> DictConfig:
-    """The `_target_` node of `spec`: a name looked up as `<folder>/<name>.yaml`, or a node as it is."""
+def node(folder: str, spec: Any, key: str) -> dict:
+    """The `_target_` node of `spec` as a plain dict: a name looked up as `<folder>/<name>.yaml`, or a node."""
+    spec = _plain(spec)
     if isinstance(spec, str):
         for root in config_roots():
             file = _folder(root, folder) / f"{spec}.yaml"
             if file.is_file():
-                loaded = OmegaConf.create(file.read_text(encoding="utf-8"))
-                if not isinstance(loaded, DictConfig) or "_target_" not in loaded:
+                loaded = yaml.safe_load(file.read_text(encoding="utf-8"))
+                if not isinstance(loaded, dict) or "_target_" not in loaded:
                     raise ValueError(f"{key}={spec}: {file} must be a mapping with a `_target_`")
                 return loaded
         names = options(folder)
         raise ValueError(f"unknown {key} {spec!r}; choose one of: {', '.join(names) or '(none)'} "
                          f"(files in conf/{folder}/; add <name>.yaml there or in a folder on hydra.searchpath)")
     if isinstance(spec, Mapping) and "_target_" in spec:
-        return OmegaConf.create(OmegaConf.to_container(spec) if isinstance(spec, DictConfig) else dict(spec))
+        return dict(spec)
     raise ValueError(f"{key}: must be a name or a mapping with a `_target_`, got {spec!r}")
 
 
@@ -129,17 +143,17 @@ def takes(target: Any, name: str) -> bool:
 
 
 def resolve(folder: str, spec: Any, key: str, args: Mapping | None = None, passed: Iterable[str] = (),
-            offered: Mapping | None = None) -> tuple[DictConfig, Any, dict, dict]:
+            offered: Mapping | None = None) -> tuple[dict, Any, dict, dict]:
     """Everything `build` checks, without building: (node, target, the user's args, the offered
     settings the target takes). Raises ValueError naming `key` for a name, target or argument that
     cannot work."""
     spec_node = node(folder, spec, key)
     label = f"{key}={spec}" if isinstance(spec, str) else key
-    target = target_of(spec_node._target_, key)
-    args = dict(OmegaConf.to_container(args) if isinstance(args, DictConfig) else (args or {}))
+    target = target_of(spec_node["_target_"], key)
+    args = dict(_plain(args) or {})
     offered = {k: v for k, v in (offered or {}).items() if takes(target, k)}  # settings have one name each
     fixed = [k for k in spec_node if not str(k).startswith("_")]
-    nested = [k for k in fixed if isinstance(spec_node[k], DictConfig) and "_target_" in spec_node[k]]
+    nested = [k for k in fixed if isinstance(spec_node[k], Mapping) and "_target_" in spec_node[k]]
     check_args(target, label, f"{key}_args", args, [*passed, *offered], fixed, nested)
     return spec_node, target, args, {k: v for k, v in offered.items() if v is not None}
 
@@ -150,15 +164,21 @@ def build(folder: str, spec: Any, key: str, args: Mapping | None = None, offered
     neither a name nor a node is returned as it is. `passed` are the caller's arguments (always given),
     `offered` settings given only if the target takes them and they are not None (a data source's
     `path`, a tracker's `project`), `args` the user's own (`<key>_args`)."""
-    if not isinstance(spec, (str, Mapping)):
+    if not isinstance(_plain(spec), (str, Mapping)):
         return spec
-    spec_node, _, args, offered = resolve(folder, spec, key, args, passed, offered)
-    from hydra.errors import InstantiationException
-    from hydra.utils import instantiate
+    spec_node, target, args, offered = resolve(folder, spec, key, args, passed, offered)
+    fixed = {k: instantiate(v) for k, v in spec_node.items() if not str(k).startswith("_")}
+    offered = {k: _plain(v) for k, v in offered.items()}
+    return target(**{**fixed, **offered, **passed, **args})
 
-    try:
-        return instantiate(spec_node, **offered, **passed, **args, _convert_="all")
-    except InstantiationException as err:  # Hydra wraps the target's own error: raise that, which names the value
-        if isinstance(err.__cause__, (ValueError, TypeError, OSError)):
-            raise err.__cause__ from None
-        raise
+
+def instantiate(value: Any) -> Any:
+    """Hydra's `instantiate` for plain values, recursively: a mapping with a `_target_` is built from
+    its other keys; lists and mappings are rebuilt; anything else is returned as it is. The target's
+    own errors come through unwrapped, so they name the offending value."""
+    if isinstance(value, Mapping):
+        built = {k: instantiate(v) for k, v in value.items() if not str(k).startswith("_")}
+        return target_of(value["_target_"], "_target_")(**built) if "_target_" in value else built
+    if isinstance(value, list):
+        return [instantiate(v) for v in value]
+    return value
