@@ -119,7 +119,7 @@ class CostModel:
         self.last: dict[int, tuple[int, float]] = {}  # B -> (T, seconds) of the last measured step
         self.plain_s: dict[int, float] = {}  # B -> seconds of a plain step, lately (for reports)
         self.draft: dict[tuple[str, int], Timings] = {}
-        self.switch: dict[tuple[str, int], deque] = {}  # (source, B) -> extra cost of drafting after not drafting
+        self.switch: dict[tuple[str, int], deque] = {}  # (source, B) -> (k, cost) of drafting after not drafting
         self._rho: dict[int, dict[int, float]] = {}  # B -> T -> log rho, solved; cleared on new pairs
 
     def add_step(self, b: int, t: int, rest_s: float, drafts: list[tuple[str, int, float, bool]] = ()) -> None:
@@ -139,9 +139,8 @@ class CostModel:
         for source, k, seconds, steady in drafts:
             if k > 0 and steady:
                 self.draft.setdefault((source, b), Timings(self.window)).add(k, seconds / plain)
-            elif k > 0 and self.draft_known(source, b):
-                extra = max(seconds / plain - self.draft_cost(source, b, k), 0.0)
-                self.switch.setdefault((source, b), deque(maxlen=self.window)).append(extra)
+            elif k > 0:  # less what steady drafting costs, once that is known (see switch_cost)
+                self.switch.setdefault((source, b), deque(maxlen=self.window)).append((k, seconds / plain))
 
     def ready(self, b: int) -> bool:
         """A step at batch size b was measured."""
@@ -212,7 +211,9 @@ class CostModel:
         """What drafting costs on top of c(k) when the source did not draft in the step before (a
         draft model feeds the tokens it missed: at a generation's start, the whole prompt)."""
         samples = self.nearest(self.switch, source, b)
-        return statistics.median(samples) if samples else 0.0
+        if not samples or not self.draft_known(source, b):
+            return 0.0
+        return statistics.median(max(c - self.draft_cost(source, b, k), 0.0) for k, c in samples)
 
     def table(self) -> dict:
         """What was learned, for results and studies."""

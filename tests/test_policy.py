@@ -160,7 +160,9 @@ def test_width_costs_are_ratios_that_survive_a_change_of_machine_speed():
     costs.add_step(4, 5, 0.099, drafting([("draft", 4, 0.066)], {"draft"}))  # drafting 4: one plain step
     costs.add_step(4, 1, 0.066)
     costs.add_step(4, 5, 0.099, drafting([("draft", 4, 0.33)], set()))  # after a pause: 4 more
-    assert costs.draft_cost("draft", 4, 4) == pytest.approx(1.0) and costs.switch_cost("draft", 4) == pytest.approx(4.0)
+    # two switches: the first (before steady drafting was known) cost 0.4 s, the second 0.33 s
+    assert costs.draft_cost("draft", 4, 4) == pytest.approx(1.0)
+    assert costs.switch_cost("draft", 4) == pytest.approx(((0.4 / 0.066 - 1) + (0.33 / 0.066 - 1)) / 2)
 
 
 def test_acceptance_counts_censored_drafts_as_unjudged():
@@ -237,7 +239,7 @@ def test_a_useless_draft_gets_plain_steps(make_engine, unrelated_draft):
     sched.history.clear()
     dec.generate(RAGGED_PROMPTS, max_new_tokens=60)
     assert sched.history.count(0) >= 0.8 * len(sched.history)
-    assert sched.planner.model(sched.source).rates()[0] < 0.2
+    assert sched.planner.model(sched.source).rates()[0] < sched.planner.model(sched.source).prior  # learned: worse
 
 
 def test_policy_sampling_with_cut_lookups_is_lossless(target, expected):  # noqa: F811

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The policy study: n-gram, suffix decoding and the target drafting for itself (draft=self), each
+# with a fixed k and with the cost-aware policy, and the hybrid of all three, against plain
+# decoding at batch sizes 1, 4 and 16, interleaved batch by batch in one run per batch size.
+# Embedded SmolLM2-135M-Instruct, default dtype, Spec-Bench prompts, greedy, 32 new tokens per turn; plain
+# decoding one token wide (exact_greedy=false: the fastest plain decoding, not the padded exact one).
+# Run from the repository root; results in $RUNS/b{1,4,16}; then `python experiments/policy/collect.py`.
+set -euo pipefail
+RUNS=${RUNS:-experiments/policy/runs}
+COMMON="data=spec_bench generation.max_new_tokens=32 exact_greedy=false logger=none plots=false progress=false draft=self"
+METHODS="method=ngram method.num_speculative_tokens=8
+  +method@compare.ngram_ca=ngram compare.ngram_ca.name=ngram_ca compare.ngram_ca.num_speculative_tokens=8 compare.ngram_ca.schedule=cost_aware
+  +method@compare.suffix=suffix
+  +method@compare.suffix_ca=suffix compare.suffix_ca.name=suffix_ca compare.suffix_ca.schedule=cost_aware
+  +method@compare.draft1=draft compare.draft1.name=draft1 compare.draft1.num_speculative_tokens=1
+  +method@compare.draft_ca=draft compare.draft_ca.name=draft_ca compare.draft_ca.num_speculative_tokens=4 compare.draft_ca.schedule=cost_aware
+  +method@compare.hybrid=hybrid"
+SHORT='data.categories=[qa,translation,math_reasoning]'   # short prompts: a batch of 16 fits the time budget
+
+# batch 1: one prompt of each of Spec-Bench's six categories, in sequence (earlier outputs feed suffix decoding)
+python -m specdec $COMMON $METHODS data.limit=1 generation.batch_size=1 hydra.run.dir=$RUNS/b1
+# batch 4: 6 prompts, a batch of 4 and one of 2
+python -m specdec $COMMON $METHODS "$SHORT" data.limit=2 generation.batch_size=4 hydra.run.dir=$RUNS/b4
+# batch 16: 18 prompts, a batch of 16 and one of 2
+python -m specdec $COMMON $METHODS "$SHORT" data.limit=6 generation.batch_size=16 hydra.run.dir=$RUNS/b16
