@@ -89,6 +89,7 @@ class RowCache(Cache):
         self.kv_len = 0
         self.uniform_start: int | None = 0
         self.write_index: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.fixed_kv_len = False  # True: attention always runs over the whole buffer (exact greedy)
         self.stamp = next(_STAMPS)
         self.hidden: torch.Tensor | None = None  # [B, max_len + 1, H] when the model's owner keeps them
         super().__init__(layers=[_RowLayer(self) for _ in range(num_layers)])
@@ -121,8 +122,11 @@ class RowCache(Cache):
                 f"{self.max_len}; raise the cache length (max_len) or lower max_new_tokens."
             )
         self.step_len = step_len
-        # The view returned to attention covers every row's writes (scratch included).
-        self.kv_len = min(self.max_row_len + step_len, self.max_len + 1)
+        # The view returned to attention covers every row's writes (scratch included); with
+        # `fixed_kv_len`, the whole buffer, so that every pass attends over the same key length (exact
+        # greedy decoding: attention's rounding then does not depend on where a pass starts; the
+        # extra keys lie past every query and are masked).
+        self.kv_len = self.max_len + 1 if self.fixed_kv_len else min(self.max_row_len + step_len, self.max_len + 1)
         first = self.lengths[0]
         if all(n == first for n in self.lengths) and first + step_len <= self.max_len + 1:
             self.uniform_start, self.write_index = first, None

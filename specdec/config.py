@@ -138,6 +138,9 @@ class Config:
     seed: int = 0
     threads: int | None = 1  # torch CPU threads per job; null keeps torch's default (all cores)
     warmup: bool = True  # one short untimed generation per method before measuring
+    # Greedy runs score every target pass at one width (the run's largest k + 1, padded) over the whole
+    # cache buffer, so that speculative output equals plain decoding bit for bit in bfloat16 too.
+    exact_greedy: bool = True
     plots: bool = True
     progress: bool | None = None  # progress bars: null shows them only on a terminal
 

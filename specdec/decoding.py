@@ -32,6 +32,13 @@ from specdec.tree_verify import TreeVerifier
 from specdec.types import DecodeState, Generation, Proposal, Proposer, StepOutcome, TokenCallback
 from specdec.verify import make_verifier
 
+# Exact greedy in reduced precision (bfloat16): the logits of a token depend, in their last bits, on
+# the shapes of the pass that scored it: its width (a 1-row matrix product takes other kernels than a
+# 5-row one) and the key length attention runs over (SDPA's CPU kernel blocks the keys by length).
+# So under exact greedy every pass has the same width and attends over the whole cache buffer (see
+# experiments/measurement for what was measured). EXACT_WIDTH is the default width: k <= 7.
+EXACT_WIDTH = 8
+
 
 class SpeculativeDecoder:
     """Speculative decoding of a batch of prompts with any proposer (None: plain decoding).
@@ -53,7 +60,7 @@ class SpeculativeDecoder:
 
     def __init__(self, engine: Engine, proposer: Proposer | None = None, num_speculative_tokens: int = 4,
                  verifier: str = "auto", tokenizer=None, eos_token_id: int | Sequence[int] | None = None,
-                 max_len: int = 0, schedule=None, verifier_args: dict | None = None):
+                 max_len: int = 0, schedule=None, verifier_args: dict | None = None, exact_greedy: bool = True):
         self.engine = engine
         self.proposer = proposer or NoDraftProposer()
         self.speculative = proposer is not None
@@ -69,6 +76,12 @@ class SpeculativeDecoder:
         self.tokenizer = tokenizer
         self.eos_ids = self._eos_ids(eos_token_id)
         self.max_len = max_len
+        # Exact greedy: at temperature 0 every scoring pass has `score_width` positions (padding
+        # included) and attends over the whole cache buffer, so a token's logits do not depend on
+        # which pass scored it (see `_score`). Decoders that must agree bit for bit (a method and its
+        # baseline) need the same score_width and the same cache length.
+        self.exact_greedy = exact_greedy
+        self.score_width = max(EXACT_WIDTH, self.k + 1)
 
     def _eos_ids(self, eos: int | Sequence[int] | None) -> set[int]:
         if eos is None and self.tokenizer is not None:
@@ -105,8 +118,9 @@ class SpeculativeDecoder:
 
     def positions_needed(self, prompt_len: int, max_new_tokens: int) -> int:
         """Cache positions a request of `prompt_len` tokens needs to produce `max_new_tokens`: a row's
-        cache holds seq_len - 1 tokens and a step writes the last token and up to k drafts after them; a finished row still takes part in scoring passes."""
-        return prompt_len + max_new_tokens + self.k
+        cache holds seq_len - 1 tokens and a step writes the last token and up to k drafts (the scoring
+        width, with exact greedy) after them; a finished row still takes part in scoring passes."""
+        return prompt_len + max_new_tokens + max(self.k, self.score_width - 1 if self.exact_greedy else 0)
 
     @property
     def context_length(self) -> int | None:
@@ -153,6 +167,8 @@ class SpeculativeDecoder:
         seed = check_number("seed", seed, integer=True)
         sampling = SamplingParams(temperature, top_k, top_p)
         verifier = make_verifier(self.verifier_name, sampling, **self.verifier_args)
+        if hasattr(verifier, "check_k"):  # arguments that depend on k (forced: one a_i per draft position)
+            verifier.check_k(self.k)
         if getattr(self.proposer, "num_nodes", 0) and not isinstance(verifier, TreeVerifier):
             verifier = TreeVerifier(verifier)
         ids = self.encode(prompts)
@@ -169,6 +185,7 @@ class SpeculativeDecoder:
         """Prefill, then the speculative steps until every row is done; the engine is held."""
         sampling, device, target = state.sampling, self.engine.device, self.engine.target
         state.attach(target)
+        target.cache.fixed_kv_len = self._exact(state)
         self.proposer.reset(state)
         self.schedule.reset()
         stats = GenerationStats(rows=[RowStats() for _ in ids])
@@ -240,7 +257,19 @@ class SpeculativeDecoder:
             tree = proposal.tree
             return self.engine.target.forward(chunk, positions=tree.positions(roots), block_mask=tree.mask)
         chunk = torch.cat([last[:, None], proposal.tokens[:, :proposal.max_length]], dim=1)
-        return self.engine.target.forward(chunk)
+        if not self._exact(state):
+            return self.engine.target.forward(chunk)
+        # Pad to the fixed width with scratch copies of the last token: they sit after every real
+        # token (causal, so no real token sees them) and the commit's rollback drops them.
+        t = chunk.shape[1]
+        if t > self.score_width:
+            raise ValueError(f"exact_greedy: a step scores {t} tokens but score_width is {self.score_width}")
+        pad = last[:, None].expand(-1, self.score_width - t)
+        return self.engine.target.forward(torch.cat([chunk, pad], dim=1))[:, :t]
+
+    def _exact(self, state: DecodeState) -> bool:
+        """Whether this generation scores at a fixed width: exact greedy on, temperature 0, chains."""
+        return self.exact_greedy and state.sampling.greedy and not getattr(self.proposer, "num_nodes", 0)
 
     def _commit_step(self, state, proposal, result, accepted, tokens, stats, start, on_tokens) -> StepOutcome:
         """4. commit: append emitted tokens, roll the target's cache back to the accepted length."""

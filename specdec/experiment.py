@@ -156,7 +156,19 @@ def build(cfg: DictConfig) -> Setup:
         decoder = make_decoder(m, engine, tokenizer)
         if decoder is not None:
             methods[m.name] = decoder
+    set_exact_greedy([*methods.values(), baseline], cfg.exact_greedy)
     return Setup(engine, tokenizer, methods, baseline, models)
+
+
+def set_exact_greedy(decoders: list, on: bool) -> None:
+    """Exact greedy for a run: every specdec decoder (the baseline included) scores at one width, the
+    widest any of them needs (largest k + 1), so that their greedy outputs agree bit for bit. A run
+    whose only specdec decoder is the baseline (against transformers' anchors) needs no such thing
+    and keeps plain decoding's own shapes, as `generate()` has them."""
+    ours = [d for d in decoders if isinstance(d, SpeculativeDecoder)]
+    width = max(d.k + 1 for d in ours if not getattr(d.proposer, "num_nodes", 0))  # trees score as they are
+    for d in ours:
+        d.exact_greedy, d.score_width = on and width > 1, width
 
 
 def make_decoder(m: DictConfig, engine: Engine, tokenizer):
@@ -379,6 +391,9 @@ def run_info(cfg: DictConfig, setup: Setup | None = None) -> dict:
         info["device"] = str(setup.engine.device)
         info["dtype"] = str(setup.engine.dtype).removeprefix("torch.")
         info["cache_reuse"] = "across_turns" if setup.cache_reuse else "none"
+        info["exact_greedy"] = bool(cfg.exact_greedy)
+        exact = setup.baseline.exact_greedy and cfg.generation.temperature == 0
+        info["score_width"] = setup.baseline.score_width if exact else 1
         if not setup.cache_reuse:
             info["cache_reuse_blocked_by"] = setup.cannot_reuse_cache
     return info
