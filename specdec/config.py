@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -58,6 +58,8 @@ class MethodConfig:
     decoder:  instead of a proposer, `{_target_: ...}` of a whole decoder with SpeculativeDecoder's
               `generate` (the `transformers` anchors in `specdec.anchors`), instantiated with
               `engine`, `num_speculative_tokens` and `tokenizer`.
+    heads_path, tree: for methods that draft with trained heads over a token tree (medusa, eagle): the
+              checkpoint, and the tree as rank paths; their proposer reads them as `${..heads_path}`.
     """
 
     name: str = MISSING
@@ -69,6 +71,8 @@ class MethodConfig:
     verifier: Any = "auto"  # a name (conf/method/verifier/<name>.yaml) or a `_target_` node
     verifier_args: dict[str, Any] = field(default_factory=dict)
     needs_draft: bool = False
+    heads_path: str | None = None  # trained heads (medusa, eagle): a checkpoint of scripts/train_heads.py, or `embedded`
+    tree: Any = None  # a static tree as rank paths, [[0], [1], [0, 0], ...] (null: the method's default)
 
 
 @dataclass
@@ -303,6 +307,22 @@ def _validate_method(key: str, m: DictConfig, cfg: DictConfig, params: Any) -> N
             verifier.check_k(m.num_speculative_tokens)
     except (ValueError, TypeError) as err:
         _fail(f"{key}.verifier", str(err))
+    if m.proposer is not None and "heads_path" in m.proposer:
+        if not m.heads_path:
+            _fail(f"{key}.heads_path", f"{key}={m.name} needs trained heads: set {key}.heads_path=<checkpoint> "
+                                       "(train one with scripts/train_heads.py)")
+        from specdec.proposers.heads import resolve_heads_path
+
+        heads = resolve_heads_path(m.heads_path, m.name) if m.heads_path == "embedded" else resolve_path(m.heads_path)
+        if not heads.is_file():
+            _fail(f"{key}.heads_path", f"file not found: {heads}")
+    if m.tree is not None:
+        from specdec.tree import static_tree
+
+        try:
+            static_tree(OmegaConf.to_container(m.tree) if isinstance(m.tree, ListConfig) else m.tree)
+        except ValueError as err:
+            _fail(f"{key}.tree", str(err))
     if m.needs_draft and cfg.draft.path is None:
         _fail("draft", f"{key}={m.name} needs a draft model but draft=none; "
                        "set draft=self, draft=tiny_random or draft.path=<model>")

@@ -1,0 +1,283 @@
+"""Train drafting heads (Medusa, or an EAGLE-style drafter) for a target on its own continuations of
+prompts this project writes.
+
+    python scripts/train_heads.py [key=value ...]        # config: conf/train_heads.yaml
+
+The recipe is in `specdec/head_training.py`. The script logs each phase's time, the loss as it
+trains and the heads' held-out agreement with the target after every epoch, then decodes held-out
+prompts with the trained heads against plain decoding (interleaved) and writes:
+
+- `out` (a safetensors file): the checkpoint, which `method=<medusa|eagle> method.heads_path=<out>` loads;
+- `out` with `.json`: the report (data sizes, seed, command, curves, timings, decoding check),
+  also in the Hydra run folder; with `logger=wandb` the same numbers and curves go to W&B.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import sys
+import time
+from pathlib import Path
+
+import hydra
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from specdec.config import resolve_path
+from specdec.data import build_turn_input, load_builtin, load_spec_bench
+from specdec.decoding import SpeculativeDecoder
+from specdec.engine import Engine
+from specdec.head_training import (
+    check_disjoint,
+    eagle_accuracy,
+    eagle_sequences,
+    head_accuracy,
+    medusa_labels,
+    target_written_prompts,
+    train_eagle,
+    train_medusa,
+    training_prompts,
+    vocab_index,
+)
+from specdec.models import ModelSpec, cache_dir, load_model
+from specdec.proposers.eagle import EagleDrafter, EagleProposer
+from specdec.proposers.heads import frequent_tokens, save_checkpoint
+from specdec.proposers.medusa import MedusaHeads, MedusaProposer
+from specdec.tracking import make_tracker
+from specdec.training import Example, generate_continuations, teacher_targets, truncate
+
+log = logging.getLogger("train_heads")
+METHODS = ("medusa", "eagle")
+
+
+def run(cfg: DictConfig) -> dict:
+    """The whole recipe; returns the report (also written beside the checkpoint)."""
+    if cfg.kind not in METHODS:
+        raise ValueError(f"kind={cfg.kind!r}: scripts/train_heads.py trains {', '.join(METHODS)}")
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    times: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def phase(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        times[name] = round(now - clock, 1)
+        log.info("%s: %.1f s", name, now - clock)
+        clock = now
+
+    model, tokenizer = load_model(ModelSpec(path=cfg.target.path, gguf_file=cfg.target.gguf_file))
+    engine = Engine(model, dtype=cfg.dtype)
+    target = engine.target.model
+    eos = tokenizer.eos_token_id
+    phase("load")
+
+    # 1. prompts: written here, optionally by the target too; never an evaluation prompt
+    texts = training_prompts(cfg.prompts.count, cfg.seed)
+    if cfg.prompts.target_written:
+        texts += target_written_prompts(lambda asks: _answers(engine, tokenizer, asks, eos),
+                                        cfg.prompts.target_written, cfg.seed)
+    check_disjoint(texts, [turn for p in load_spec_bench() + load_builtin() for turn in p.turns])
+    random.Random(cfg.seed).shuffle(texts)
+    held_n = cfg.prompts.held_out
+    if not 0 < held_n < len(texts):
+        raise ValueError(f"prompts.held_out={held_n} must be in [1, {len(texts) - 1}] for {len(texts)} prompts")
+    prompt_ids = [build_turn_input(tokenizer, [], t) for t in texts]
+    phase("prompts")
+
+    # 2. data: continuations and the target's final hidden states over them
+    examples = [truncate(e, cfg.train.max_seq_len) for e in _continuations(cfg, engine, prompt_ids, eos)]
+    starts = [e.start for e in examples]
+    examples = [Example(e.tokens, 1) for e in examples]  # hidden states at every position
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    autocast = cfg.train.autocast if target.dtype == torch.float32 else None
+    teacher_targets(target, examples, cfg.train.max_tokens, pad, cfg.progress, autocast)
+    train = examples[held_n:]
+    train_tokens = sum(len(e.tokens) - s for e, s in zip(train, starts[held_n:]))
+    phase("data")
+
+    # 3. vocabulary, 4. training
+    vocab_size = target.get_output_embeddings().out_features
+    vocab_ids = None
+    if cfg.heads.vocab:
+        vocab_ids = frequent_tokens([e.tokens[s:] for e, s in zip(train, starts[held_n:])], cfg.heads.vocab, vocab_size)
+    head_weight = target.get_output_embeddings().weight.detach().float()
+    head_weight = head_weight if vocab_ids is None else head_weight[vocab_ids]
+    index = vocab_index(vocab_ids, vocab_size)
+    train_kind = _train_medusa if cfg.kind == "medusa" else _train_eagle
+    tensors, shape, losses, curve = train_kind(cfg, target, examples, starts, held_n, head_weight, index)
+    per_epoch = max(len(losses) // cfg.train.epochs, 1)
+    loss_by_epoch = [sum(losses[i : i + per_epoch]) / len(losses[i : i + per_epoch])
+                     for i in range(0, per_epoch * cfg.train.epochs, per_epoch)]
+    log.info("loss by epoch: %s", [round(x, 3) for x in loss_by_epoch])
+    phase("train")
+
+    out = resolve_path(cfg.out)
+    meta = {"hidden_size": target.config.hidden_size, "vocab_size": vocab_size, **shape,
+            "target": str(cfg.target.path), "seed": cfg.seed, "train_prompts": len(train),
+            "train_tokens": train_tokens, "command": " ".join(sys.argv)}
+    if vocab_ids is not None:
+        tensors["vocab_ids"] = vocab_ids
+    save_checkpoint(out, cfg.kind, {n: t.to(torch.bfloat16) if t.is_floating_point() else t
+                                      for n, t in tensors.items()}, meta)
+    phase("save")
+
+    # 5. the checkpoint as a method, on held-out prompts, against plain decoding
+    if cfg.kind == "medusa":
+        proposer, depth = MedusaProposer(engine, str(out)), cfg.heads.num_heads
+    else:
+        proposer, depth = EagleProposer(engine, str(out), **cfg.eagle), cfg.eagle.depth
+    check = _decode_check(engine, proposer, depth, prompt_ids[: min(cfg.eval.prompts, held_n)],
+                          cfg.eval.max_new_tokens, eos)
+    log.info("decoding held-out prompts: %s", check)
+    phase("decode_check")
+
+    report = {**meta, "held_out_prompts": held_n, "prompts": texts, "vocab": cfg.heads.vocab, "loss_by_epoch": loss_by_epoch,
+              "loss_steps": losses, "held_out_curve": curve, "decode_check": check, "seconds": times,
+              "total_s": round(sum(times.values()), 1), "config": OmegaConf.to_container(cfg, resolve=True)}
+    text = json.dumps(report, indent=2)
+    out.with_suffix(".json").write_text(text)
+    run_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else out.parent
+    (run_dir / "train_report.json").write_text(text)
+    plots = _plots(losses, curve, run_dir)
+    with make_tracker(cfg.logger) as tracker:
+        tracker.start(report["config"], f"train_heads-{cfg.kind}", "train_heads", run_dir)
+        tracker.log_summary({k: v for k, v in report.items() if k not in ("loss_steps", "config")}, [], plots)
+    log.info("heads saved to %s (use them with method=%s method.heads_path=%s); %.0f s in all",
+             out, cfg.kind, cfg.out, report["total_s"])
+    return report
+
+
+def _train_medusa(cfg, target, examples, starts, held_n, head_weight, index):
+    """Medusa heads on the examples' hidden states -> (tensors, shape, losses, held-out curve)."""
+    k = cfg.heads.num_heads
+    labels = [medusa_labels(e, s, k, index) for e, s in zip(examples, starts)]
+    heads = MedusaHeads(target.config.hidden_size, k)
+    held, held_labels = examples[:held_n], labels[:held_n]
+    curve = [head_accuracy(heads, head_weight, held, held_labels)]
+    log.info("held out before training: %s", _fmt(curve[-1]))
+
+    def on_epoch(epoch: int) -> None:
+        curve.append(head_accuracy(heads, head_weight, held, held_labels))
+        log.info("held out after epoch %d: %s", epoch + 1, _fmt(curve[-1]))
+
+    losses = train_medusa(heads, head_weight, examples[held_n:], labels[held_n:], cfg.train.epochs, cfg.train.lr,
+                          cfg.train.max_tokens, cfg.train.decay, cfg.seed, cfg.progress, cfg.train.autocast, on_epoch)
+    return dict(heads.state_dict()), {"num_heads": k}, losses, curve
+
+
+def _train_eagle(cfg, target, examples, starts, held_n, head_weight, index):
+    """The EAGLE-style drafter on the examples' hidden states -> (tensors, shape, losses, held-out curve)."""
+    sequences = [eagle_sequences(e, s, index) if len(e.tokens) > 2 else None for e, s in zip(examples, starts)]
+    held = [x for x in sequences[:held_n] if x is not None]
+    train = [x for x in sequences[held_n:] if x is not None]
+    drafter = EagleDrafter(target)
+    embed = target.get_input_embeddings()
+    curve = [eagle_accuracy(drafter, embed, head_weight, held)]
+    log.info("held out before training: %s", _fmt(curve[-1]))
+
+    def on_epoch(epoch: int) -> None:
+        curve.append(eagle_accuracy(drafter, embed, head_weight, held))
+        log.info("held out after epoch %d: %s", epoch + 1, _fmt(curve[-1]))
+
+    losses = train_eagle(drafter, embed, head_weight, train, cfg.train.epochs, cfg.train.lr,
+                         cfg.train.max_tokens, cfg.seed, cfg.progress, cfg.train.autocast, on_epoch)
+    return dict(drafter.state_dict()), {"num_layers": 1}, losses, curve
+
+
+def _answers(engine, tokenizer, asks: list[str], eos, max_new_tokens: int = 40) -> list[str]:
+    """The target's greedy answers to `asks` (used to let it write instructions)."""
+    ids = [build_turn_input(tokenizer, [], a) for a in asks]
+    out = SpeculativeDecoder(engine, tokenizer=tokenizer, eos_token_id=eos).generate(ids, max_new_tokens=max_new_tokens)
+    return out.texts
+
+
+def _continuations(cfg: DictConfig, engine, prompt_ids: list[list[int]], eos) -> list[Example]:
+    """The target's greedy continuations. With `generation.cache` they are kept per prompt under
+    $SPECDEC_CACHE/train_heads (one file per target, dtype and length), so a rerun, or a run with
+    more prompts, generates only the prompts it has not seen."""
+    key = hashlib.sha256(json.dumps([cfg.target.path, cfg.target.gguf_file, str(engine.dtype),
+                                     cfg.generation.max_new_tokens]).encode()).hexdigest()[:16]
+    path = cache_dir() / "train_heads" / f"continuations-{key}.pt"
+    store: dict[str, list[int]] = torch.load(path, weights_only=True) if cfg.generation.cache and path.is_file() else {}
+    names = [hashlib.sha256(json.dumps(ids).encode()).hexdigest() for ids in prompt_ids]
+    missing = [i for i, name in enumerate(names) if name not in store]
+    log.info("continuations: %d cached, %d to generate", len(names) - len(missing), len(missing))
+    if missing:
+        new = generate_continuations(engine, [prompt_ids[i] for i in missing], cfg.generation.max_new_tokens,
+                                     cfg.generation.batch_size, eos, cfg.progress)
+        for i, example in zip(missing, new):
+            store[names[i]] = example.tokens[example.start :].tolist()
+        if cfg.generation.cache:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(store, path)
+    return [Example(torch.tensor(ids + store[name]), len(ids)) for ids, name in zip(prompt_ids, names)]
+
+
+def _decode_check(engine, proposer, depth: int, prompt_ids: list[list[int]], max_new_tokens: int, eos) -> dict:
+    """Plain decoding and the heads, interleaved prompt by prompt (order alternating), after a warm-up."""
+    plain = SpeculativeDecoder(engine, eos_token_id=eos)
+    heads = SpeculativeDecoder(engine, proposer, num_speculative_tokens=depth, eos_token_id=eos)
+    plain.generate(prompt_ids[:1], max_new_tokens=8)
+    heads.generate(prompt_ids[:1], max_new_tokens=8)
+    wall = {"plain": 0.0, "heads": 0.0}
+    tokens = {"plain": 0, "heads": 0}
+    steps, emitted, equal = 0, 0, 0
+    for i, ids in enumerate(prompt_ids):
+        pair = {}
+        for name in (("plain", "heads") if i % 2 == 0 else ("heads", "plain")):
+            pair[name] = (plain if name == "plain" else heads).generate([ids], max_new_tokens=max_new_tokens)
+            wall[name] += pair[name].stats.wall_s
+            tokens[name] += len(pair[name].output_ids[0])
+        steps += pair["heads"].stats.steps
+        emitted += sum(r.emitted for r in pair["heads"].stats.rows)
+        equal += pair["heads"].output_ids == pair["plain"].output_ids
+    rate = {n: tokens[n] / wall[n] for n in wall}
+    return {"prompts": len(prompt_ids), "mean_accepted_length": emitted / max(steps, 1),
+            "speedup": rate["heads"] / rate["plain"], "tokens_per_s": rate["heads"],
+            "baseline_tokens_per_s": rate["plain"], "equal_to_plain": equal / len(prompt_ids)}
+
+
+def _plots(losses: list[float], curve: list[dict], run_dir: Path) -> dict[str, Path]:
+    """The loss per step and the held-out chain acceptance per epoch, as PNG files in `run_dir`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))
+    left.plot(losses)
+    left.set(xlabel="step", ylabel="loss", title="training loss")
+    if "top1" in curve[0]:
+        right.plot([c["top1"] for c in curve], marker="o", label="depth 1")
+    else:
+        for d in range(len(curve[0]["chain_acceptance"])):
+            right.plot([c["chain_acceptance"][d] for c in curve], marker="o", label=f"depth {d + 1}")
+    right.set(xlabel="epoch", ylabel="held-out agreement", title="top-1 agreement with the target")
+    right.legend()
+    fig.tight_layout()
+    path = run_dir / "train_curves.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return {"train_curves": path}
+
+
+def _fmt(acc: dict) -> str:
+    if "top1" in acc:
+        return f"top-1 {acc['top1']:.3f}"
+    return ("top-1 per head " + " ".join(f"{x:.2f}" for x in acc["top1_per_head"])
+            + " | chain " + " ".join(f"{x:.2f}" for x in acc["chain_acceptance"]))
+
+
+@hydra.main(config_path="../conf", config_name="train_heads", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    run(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,285 @@
+"""Training drafting heads for a target by self-distillation, on this machine.
+
+The recipe (`scripts/train_heads.py` runs it):
+
+1. prompts   `training_prompts`: instructions this project writes (topics x tasks, below), plus,
+             optionally, instructions the target writes itself when asked for one about a topic.
+             None is an evaluation prompt: `check_disjoint` refuses the run if any equals a
+             Spec-Bench question or a built-in prompt.
+2. data      the target's own greedy continuations (`training.generate_continuations`), and one
+             target pass over each that keeps its final hidden states (`training.teacher_targets`).
+             The heads learn to say what the target says, where the target says it.
+3. vocab     optionally the most frequent tokens of that text become the heads' output vocabulary.
+4. train     `train_medusa`: head d learns the target's token d+1 places after the one its hidden
+             state's own head predicts (cross-entropy, head d weighted decay^(d-1) as in Medusa),
+             on the continuation positions only (the prompt's tokens are not the target's).
+5. held out  `head_accuracy`: each head's top-1 agreement with the target on held-out text, and
+             the fraction of positions where heads 1..d are all right (a chain's acceptance).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from specdec.training import Example
+
+# ---------------------------------------------------------------- 1. prompts
+
+TOPICS = (
+    "growing tomatoes on a balcony", "the water cycle", "how vaccines train the immune system", "compound interest",
+    "the rules of chess", "photosynthesis", "a weekend trip to the mountains", "learning to play the guitar",
+    "sorting algorithms", "the history of the printing press", "saving energy at home", "volcanoes",
+    "writing a cover letter", "the causes of inflation", "caring for a new puppy", "black holes",
+    "public speaking", "the human heart", "recycling plastics", "baking sourdough bread",
+    "time management for students", "electric cars", "the Roman aqueducts", "machine translation",
+    "how a bicycle gear works", "meditation", "ocean tides", "planning a small wedding", "prime numbers",
+    "the migration of birds", "starting a vegetable garden", "how credit scores work", "renewable energy",
+    "the invention of the telephone", "writing unit tests", "desert ecosystems", "making friends in a new city",
+    "how rainbows form", "a healthy breakfast", "the stock market", "earthquakes", "climbing safety",
+    "the life of honeybees", "negotiating a salary", "how the internet routes packets", "ancient Egypt",
+    "composting", "running a first marathon", "the theory of evolution", "choosing a laptop",
+    "coral reefs", "learning a second language", "how airplanes fly", "the French Revolution",
+    "organising a kitchen", "solar eclipses", "version control with git", "the moon landing",
+    "keeping houseplants alive", "probability with dice", "the Silk Road", "sleep and memory",
+    "designing a logo", "glaciers", "a board game night", "how batteries store energy",
+)
+
+TASKS = (
+    "Explain {topic} to a ten-year-old.",
+    "Write a short story that involves {topic}.",
+    "Give me five practical tips about {topic}.",
+    "What are the most common misconceptions about {topic}?",
+    "Write a haiku about {topic}.",
+    "Summarize what an expert should know about {topic} in one paragraph.",
+    "Create a short quiz with three questions about {topic}, with answers.",
+    "Compare {topic} with something from everyday life.",
+    "Write a friendly email to a colleague about {topic}.",
+    "List the pros and cons of spending a month studying {topic}.",
+    "Describe {topic} step by step.",
+    "Write a dialogue between a teacher and a student about {topic}.",
+)
+
+ASK_FOR_INSTRUCTION = "Write one question that a curious person might ask about {topic}. Reply with the question only."
+
+
+def training_prompts(n: int, seed: int = 0) -> list[str]:
+    """`n` distinct project-written instructions (topics x tasks), drawn with `seed`."""
+    pool = [task.format(topic=topic) for topic in TOPICS for task in TASKS]
+    if n > len(pool):
+        raise ValueError(f"prompts.count={n} but only {len(pool)} distinct written prompts exist")
+    return random.Random(seed).sample(pool, n)
+
+
+def target_written_prompts(write: Callable[[list[str]], list[str]], n: int, seed: int = 0) -> list[str]:
+    """Up to `n` instructions the target writes itself: `write` answers a batch of requests (one per
+    topic, `ASK_FOR_INSTRUCTION`); empty or repeated answers are dropped."""
+    topics = random.Random(seed + 1).sample(TOPICS, min(n, len(TOPICS)))
+    seen, out = set(), []
+    for text in write([ASK_FOR_INSTRUCTION.format(topic=t) for t in topics]):
+        text = text.strip().split("\n")[0].strip()
+        if text and text.lower() not in seen:
+            seen.add(text.lower())
+            out.append(text)
+    return out
+
+
+def _normal(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def check_disjoint(train: list[str], evaluation: list[str]) -> None:
+    """Refuse training prompts that are (whitespace- and case-insensitively) evaluation prompts."""
+    evaluation_set = {_normal(t) for t in evaluation}
+    clash = [t for t in train if _normal(t) in evaluation_set]
+    if clash:
+        raise ValueError(f"{len(clash)} training prompts are evaluation prompts (first: {clash[0]!r}); "
+                         "training data must be disjoint from Spec-Bench and the built-in prompts")
+
+
+# ---------------------------------------------------------------- 4. Medusa
+
+
+def vocab_index(vocab_ids: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
+    """[V] map from token id to index in the heads' vocabulary, -100 (ignored) for tokens outside it."""
+    if vocab_ids is None:
+        return torch.arange(vocab_size)
+    index = torch.full((vocab_size,), -100, dtype=torch.long)
+    index[vocab_ids] = torch.arange(len(vocab_ids))
+    return index
+
+
+def medusa_labels(example: Example, continuation_start: int, num_heads: int, index: torch.Tensor) -> torch.Tensor:
+    """Labels [L-1, K] for an example whose `hidden` covers positions 0..L-2 (`start` = 1): head d at
+    position t learns token t+1+d, where it lies in the continuation; -100 elsewhere."""
+    tokens = example.tokens
+    n = len(tokens)
+    t = torch.arange(n - 1)[:, None]
+    ahead = t + 1 + torch.arange(1, num_heads + 1)[None, :]  # [L-1, K]
+    labels = index[tokens[ahead.clamp(max=n - 1)]]
+    return labels.masked_fill((ahead >= n) | (ahead < continuation_start), -100)
+
+
+def _medusa_batches(examples, labels, max_tokens: int, rng: random.Random):
+    order = list(range(len(examples)))
+    rng.shuffle(order)
+    batch_h, batch_y, size = [], [], 0
+    for i in order:
+        batch_h.append(examples[i].hidden)
+        batch_y.append(labels[i])
+        size += len(labels[i])
+        if size >= max_tokens:
+            yield torch.cat(batch_h), torch.cat(batch_y)
+            batch_h, batch_y, size = [], [], 0
+    if batch_h:
+        yield torch.cat(batch_h), torch.cat(batch_y)
+
+
+def medusa_loss(heads, head_weight: torch.Tensor, hidden: torch.Tensor, labels: torch.Tensor,
+                decay: float = 0.8) -> torch.Tensor:
+    """hidden: [M, H]; labels: [M, K] -> weighted cross-entropy summed over heads (mean over positions)."""
+    logits = heads(hidden) @ head_weight.T  # [M, K, V']
+    total = hidden.new_zeros(())
+    for d in range(labels.shape[1]):
+        if (labels[:, d] >= 0).any():
+            total = total + decay ** d * F.cross_entropy(logits[:, d].float(), labels[:, d], ignore_index=-100)
+    return total
+
+
+def train_medusa(heads, head_weight: torch.Tensor, examples: list[Example], labels: list[torch.Tensor],
+                 epochs: int, lr: float, max_tokens: int, decay: float = 0.8, seed: int = 0,
+                 progress: bool = True, autocast: str | None = None,
+                 on_epoch: Callable[[int], None] | None = None) -> list[float]:
+    """AdamW on the heads only (the output head is frozen); returns the loss of every step."""
+    opt = torch.optim.AdamW(heads.parameters(), lr=lr, weight_decay=0.0)
+    rng = random.Random(seed)
+    losses = []
+    heads.train()
+    for epoch in range(epochs):
+        batches = list(_medusa_batches(examples, labels, max_tokens, rng))
+        for hidden, y in tqdm(batches, desc=f"medusa epoch {epoch + 1}/{epochs}", disable=not progress):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast is not None):
+                loss = medusa_loss(heads, head_weight, hidden, y, decay)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+        if on_epoch is not None:
+            on_epoch(epoch)
+    heads.eval()
+    return losses
+
+
+@torch.inference_mode()
+def head_accuracy(heads, head_weight: torch.Tensor, examples: list[Example], labels: list[torch.Tensor]) -> dict:
+    """Per head, top-1 agreement with the target's token; and per depth d, the fraction of positions
+    (where all d labels exist) at which heads 1..d are all right: what a chain of d Medusa guesses
+    would get accepted."""
+    hidden, y = torch.cat([e.hidden for e in examples]), torch.cat(labels)
+    guess = (heads(hidden.to(head_weight.dtype)) @ head_weight.T).argmax(-1)  # [M, K]
+    right, known = guess == y, y >= 0
+    per_head = [float(right[known[:, d], d].float().mean()) if known[:, d].any() else float("nan")
+                for d in range(y.shape[1])]
+    chain = []
+    for d in range(1, y.shape[1] + 1):
+        rows = known[:, :d].all(1)
+        chain.append(float(right[rows, :d].all(1).float().mean()) if rows.any() else float("nan"))
+    return {"top1_per_head": per_head, "chain_acceptance": chain}
+
+
+# ---------------------------------------------------------------- 4'. EAGLE
+
+
+def eagle_sequences(example: Example, continuation_start: int, index: torch.Tensor) -> dict:
+    """The drafter's training sequence from an example whose `hidden` holds f_0..f_{L-2} (`start` = 1):
+    at t = 0..L-3 it reads (x_{t+1}, f_t) and learns f_{t+1} (regression) and the target's token
+    x_{t+2} (classification, only inside the continuation: the prompt's tokens are not the target's)."""
+    tokens, hidden = example.tokens, example.hidden
+    n = len(tokens) - 2
+    labels = index[tokens[2:]].clone()
+    labels[: max(continuation_start - 2, 0)] = -100
+    return {"tokens": tokens[1 : n + 1], "features": hidden[:n], "next": hidden[1 : n + 1], "labels": labels}
+
+
+def _pad_stack(items: list[torch.Tensor], value: float) -> torch.Tensor:
+    width = max(len(x) for x in items)
+    out = torch.full((len(items), width, *items[0].shape[1:]), value, dtype=items[0].dtype)
+    for i, x in enumerate(items):
+        out[i, : len(x)] = x
+    return out
+
+
+def _eagle_batches(sequences: list[dict], max_tokens: int, rng: random.Random):
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]["tokens"]))
+    groups, cur = [], []
+    for i in order:  # similar lengths together, at most max_tokens padded positions
+        if cur and (len(cur) + 1) * len(sequences[i]["tokens"]) > max_tokens:
+            groups.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        groups.append(cur)
+    rng.shuffle(groups)
+    for group in groups:
+        items = [sequences[i] for i in group]
+        valid = _pad_stack([torch.ones(len(x["tokens"]), dtype=torch.bool) for x in items], False)
+        yield ({k: _pad_stack([x[k] for x in items], -100 if k == "labels" else 0) for k in items[0]}, valid)
+
+
+def eagle_loss(drafter, embed, head_weight: torch.Tensor, batch: dict, valid: torch.Tensor,
+               cls_weight: float = 0.1) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (total loss, classification loss): smooth-L1 between predicted and true next features
+    over valid positions, plus `cls_weight` x cross-entropy on the target's next tokens (EAGLE's mix)."""
+    b, t = batch["tokens"].shape
+    positions = torch.arange(t)[None].expand(b, t)
+    with torch.no_grad():  # the target's embedding is frozen
+        embeds = embed(batch["tokens"])
+    predicted = drafter(embeds, batch["features"], positions)  # causal, no cache
+    reg = F.smooth_l1_loss(predicted[valid].float(), batch["next"][valid].float())
+    logits = predicted[valid] @ head_weight.T
+    cls = F.cross_entropy(logits.float(), batch["labels"][valid], ignore_index=-100)
+    return reg + cls_weight * cls, cls
+
+
+def train_eagle(drafter, embed, head_weight: torch.Tensor, sequences: list[dict], epochs: int, lr: float,
+                max_tokens: int, seed: int = 0, progress: bool = True, autocast: str | None = None,
+                on_epoch: Callable[[int], None] | None = None) -> list[float]:
+    """AdamW on the drafter (embedding and output head frozen); returns the loss of every step."""
+    opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
+    rng = random.Random(seed)
+    losses = []
+    drafter.train()
+    for epoch in range(epochs):
+        batches = list(_eagle_batches(sequences, max_tokens, rng))
+        for batch, valid in tqdm(batches, desc=f"eagle epoch {epoch + 1}/{epochs}", disable=not progress):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast is not None):
+                loss, _ = eagle_loss(drafter, embed, head_weight, batch, valid)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+            opt.step()
+            losses.append(float(loss.detach()))
+        if on_epoch is not None:
+            on_epoch(epoch)
+    drafter.eval()
+    return losses
+
+
+@torch.inference_mode()
+def eagle_accuracy(drafter, embed, head_weight: torch.Tensor, sequences: list[dict], max_tokens: int = 4096) -> dict:
+    """Held-out top-1 agreement of the drafter's next-token guess with the target's, reading the
+    target's true features (the first tree level's acceptance, teacher-forced)."""
+    right = total = 0
+    for batch, valid in _eagle_batches(sequences, max_tokens, random.Random(0)):
+        b, t = batch["tokens"].shape
+        predicted = drafter(embed(batch["tokens"]), batch["features"], torch.arange(t)[None].expand(b, t))
+        guess = (predicted[valid] @ head_weight.T).argmax(-1)
+        labels = batch["labels"][valid]
+        known = labels >= 0
+        right += int((guess[known] == labels[known]).sum())
+        total += int(known.sum())
+    return {"top1": right / max(total, 1)}

@@ -1,0 +1,201 @@
+"""An EAGLE-style drafter (Li et al. 2024) drafting a dynamic tree as EAGLE-2 does.
+
+The drafter is one decoder layer of the target's own kind. At position t it reads the target's final
+hidden state f_t and the embedding of the next token x_{t+1}, joined and projected 2H -> H, and
+predicts f_{t+1}; the target's frozen output head (whole, or a reduced vocabulary, `heads.py`)
+turns that into the distribution of x_{t+2}. The embedding is the target's own, frozen. The target's
+f_t come from its scoring passes: the engine keeps them in the target's cache beside the keys and
+values (`CachedModel.keep_hidden_states`), compacted to the accepted path after each tree step, so
+nothing is computed twice.
+
+Each step (`propose`):
+
+1. catch up: the drafter feeds, with the target's true features, the positions it has not seen
+   (after a step: the accepted tokens and the root), in one ragged pass over its own KV cache;
+2. expand: from the root's predicted feature, the top `topk` tokens become depth-1 candidates, each
+   scored by its log-probability. Then, level by level up to depth k (the schedule's k, at most
+   `depth`), the `width` candidates of highest *path* score (sum of log-probabilities from the root,
+   EAGLE-2's estimate of the chance the path is accepted) are fed to the drafter, in one pass per
+   level, each with its parent's predicted feature, seeing only its own ancestors (a tree mask over
+   the drafter's cache), and their top `topk` children join the candidates;
+3. re-rank: the `budget` candidates of highest path score form the tree the target verifies. A
+   child's score never exceeds its parent's, so the chosen set always contains every ancestor.
+
+The drafted levels are scratch in the drafter's cache: it rolls back to the caught-up length, and
+the next step re-feeds the accepted tokens with the target's true features.
+
+Nodes are deterministic choices (a one-hot q), so greedy verification gives the target's greedy
+output and recursive rejection sampling keeps its distribution at any temperature.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from specdec.attention import AttentionLayout
+from specdec.cache import RowCache
+from specdec.engine import Engine, overlay_columns
+from specdec.proposers.base import Proposal
+from specdec.proposers.heads import OutputHead, load_checkpoint
+from specdec.tree import TokenTree, TreeProposal
+
+# The drafter's single layer attends to all of its positions (whatever the target's layers do).
+_LAYOUT = AttentionLayout("eagle", ("full_attention",), None, "cache")
+
+
+class EagleDrafter(torch.nn.Module):
+    """fc: [2H -> H] over (token embedding, feature); one decoder layer of the target's class; a norm.
+
+    Built from the target model: its decoder layer, norm and rotary classes and its config, so the
+    drafter has the target's attention shape and positions. `init_from_target` starts the layer and
+    norm as the target's last ones and fc as "pass the feature through"."""
+
+    def __init__(self, target_model: torch.nn.Module, init_from_target: bool = True):
+        super().__init__()
+        decoder = target_model.get_decoder()
+        config = target_model.config
+        h = config.hidden_size
+        self.fc = torch.nn.Linear(2 * h, h, bias=False)
+        last = decoder.layers[-1]
+        self.layer = type(last)(config, layer_idx=0)
+        self.norm = type(decoder.norm)(h, eps=getattr(config, "rms_norm_eps", 1e-6))
+        self.rotary = type(decoder.rotary_emb)(config=config)
+        params = inspect.signature(self.layer.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        if init_from_target:
+            self.layer.load_state_dict(last.state_dict())
+            self.norm.load_state_dict(decoder.norm.state_dict())
+            with torch.no_grad():
+                self.fc.weight.zero_()
+                self.fc.weight[:, h:].copy_(torch.eye(h))
+
+    def forward(self, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
+                mask: torch.Tensor | None = None, cache: RowCache | None = None) -> torch.Tensor:
+        """embeds, features: [B, T, H]; positions: [B, T]; mask: additive [B, 1, T, kv] or None
+        (causal, for training) -> predicted next features [B, T, H]."""
+        x = self.fc(torch.cat([embeds, features], dim=-1).to(self.fc.weight.dtype))
+        out = self.layer(x, attention_mask=mask, position_ids=positions, use_cache=cache is not None,
+                         position_embeddings=self.rotary(x, positions), **{self._cache_kwarg: cache})
+        return self.norm(out[0] if isinstance(out, tuple) else out)
+
+
+class EagleProposer:
+    """Drafts a dynamic tree of `budget` nodes with an EAGLE-style drafter loaded from `heads_path`.
+
+    topk:  children proposed per expanded node; width: nodes expanded per level; depth: the deepest
+    level (the schedule's k caps it per step).
+    """
+
+    name = "eagle"
+
+    def __init__(self, engine: Engine, heads_path: str, budget: int = 24, topk: int = 6, width: int = 6,
+                 depth: int = 6):
+        if not (budget >= 1 and topk >= 1 and width >= 1 and depth >= 1):
+            raise ValueError(f"method.proposer: budget, topk, width and depth must be >= 1, got "
+                             f"{budget}, {topk}, {width}, {depth}")
+        target = engine.target
+        tensors, meta = load_checkpoint(heads_path, "eagle", target.model)
+        self.drafter = EagleDrafter(target.model, init_from_target=False)
+        self.drafter.load_state_dict({k: v for k, v in tensors.items() if k != "vocab_ids"})
+        self.drafter.to(engine.device, engine.dtype).eval()
+        self.head = OutputHead(target.model, tensors.get("vocab_ids"))
+        self.embed = target.model.get_input_embeddings()
+        self.budget, self.topk, self.width, self.depth = budget, topk, width, depth
+        self.num_nodes = budget
+        self.target = target
+        self.cache: RowCache | None = None
+        target.keep_hidden_states()
+
+    def reset(self, state) -> None:
+        # Room for the sequence plus the drafted levels, which are scratch beyond the valid length.
+        self.cache = RowCache(1, state.batch_size, state.max_len + self.depth * self.width + 1, state.tokens.device)
+
+    def _feed(self, tokens: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
+              counts: list[int], region: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
+        """One drafter pass at each row's valid length (tokens, positions: [B, T]; features: [B, T, H]).
+        `region` = (columns [B, W], visible [B, T, W], their positions [B, W]) sets which of those cache
+        entries each token sees (the drafted tree so far, and itself)."""
+        cache = self.cache
+        cache.begin_write(tokens.shape[1], counts)
+        slots = torch.tensor(cache.lengths, device=tokens.device)[:, None] + torch.arange(tokens.shape[1], device=tokens.device)
+        mask = _LAYOUT.masks(slots, cache.kv_len, self.drafter.fc.weight.dtype)
+        if region is not None:
+            columns, visible, column_positions = region
+            overlay_columns(_LAYOUT, mask, columns, visible, positions, column_positions)
+        out = self.drafter(self.embed(tokens), features, positions, mask, cache)
+        cache.advance(counts)
+        return out
+
+    @torch.inference_mode()
+    def propose(self, state, k: int) -> Proposal:
+        b, device = state.batch_size, state.tokens.device
+        if k == 0:
+            return Proposal.empty(b, device)
+        rows = torch.arange(b, device=device)
+
+        # 1. catch up on the positions the drafter has not seen, with the target's features
+        seen, upto = list(self.cache.lengths), self.target.lengths
+        counts = [u - s for u, s in zip(upto, seen)]
+        t = max(counts)
+        pos = torch.tensor(seen, device=device)[:, None] + torch.arange(t, device=device)
+        pos = torch.minimum(pos, torch.tensor(upto, device=device)[:, None] - 1)
+        features = self.target.cache.hidden[rows[:, None], pos]
+        out = self._feed(state.tokens[rows[:, None], pos + 1], features, pos, counts)
+        root = out[rows, torch.tensor(counts, device=device) - 1]  # [B, H] predicted feature after the last token
+        base = torch.tensor(upto, device=device)  # the drafted region starts at each row's valid length
+
+        # 2. expand the best paths level by level
+        depth = min(k, self.depth)
+        h = root.shape[-1]
+        score, index = torch.log_softmax(self.head.logits(root).float(), -1).topk(self.topk, dim=-1)  # [B, K]
+        cand_tokens, cand_scores = [self.head.token_ids(index)], [score]
+        cand_parents = [torch.full_like(index, -1)]  # global candidate index of each candidate's parent
+        parent_feature = root[:, None].expand(b, self.topk, h)  # the feature each candidate would be fed
+        total = self.topk * (1 + (depth - 1) * self.width)
+        fed_index = torch.full((b, total), -1, dtype=torch.long, device=device)  # candidate -> fed order
+        visible_fed = torch.zeros(b, 0, 0, dtype=torch.bool, device=device)  # fed node i sees fed node j
+        fed_positions = torch.zeros(b, 0, dtype=torch.long, device=device)
+        level_start = 0
+        for level in range(1, depth):
+            level_scores = cand_scores[-1]
+            w = min(self.width, level_scores.shape[1])
+            chosen = level_scores.topk(w, dim=-1).indices  # [B, w] within the level
+            n_fed = visible_fed.shape[1]
+            parents = cand_parents[-1].gather(1, chosen)
+            inherit = visible_fed[rows[:, None], fed_index.gather(1, parents.clamp(min=0))] if n_fed else \
+                visible_fed.new_zeros(b, w, 0)
+            visible = torch.cat([inherit, torch.eye(w, dtype=torch.bool, device=device).expand(b, w, w)], -1)
+            positions = (base - 1 + level)[:, None].expand(b, w)
+            fed_positions = torch.cat([fed_positions, positions], 1)
+            columns = base[:, None] + torch.arange(n_fed + w, device=device)
+            out = self._feed(cand_tokens[-1].gather(1, chosen), parent_feature.gather(1, chosen[..., None].expand(b, w, h)),
+                             positions, [w] * b, (columns, visible, fed_positions))  # [B, w, H]
+            fed_index.scatter_(1, level_start + chosen, n_fed + torch.arange(w, device=device).expand(b, w))
+            grown = torch.zeros(b, n_fed + w, n_fed + w, dtype=torch.bool, device=device)
+            grown[:, :n_fed, :n_fed] = visible_fed
+            grown[:, n_fed:] = visible
+            visible_fed = grown
+            score, index = torch.log_softmax(self.head.logits(out).float(), -1).topk(self.topk, dim=-1)  # [B, w, K]
+            cand_tokens.append(self.head.token_ids(index).flatten(1))
+            cand_scores.append((level_scores.gather(1, chosen)[..., None] + score).flatten(1))
+            cand_parents.append((level_start + chosen)[..., None].expand(b, w, self.topk).flatten(1))
+            parent_feature = out[:, :, None].expand(b, w, self.topk, h).flatten(1, 2)
+            level_start += level_scores.shape[1]
+        self.cache.rollback(upto)  # the drafted levels were scratch
+
+        # 3. re-rank: the budget best paths; candidates are in level order, so ties keep parents first
+        tokens, scores, parents = (torch.cat(x, 1) for x in (cand_tokens, cand_scores, cand_parents))
+        n = min(self.budget, tokens.shape[1])
+        order = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :n]
+        chosen = torch.sort(order, dim=1).values  # [B, n] global indices, topological order
+        where = torch.full_like(tokens, -1).scatter_(1, chosen, torch.arange(n, device=device).expand(b, n))
+        parent = parents.gather(1, chosen)
+        tree_parents = torch.where(parent >= 0, where.gather(1, parent.clamp(min=0)), -1)
+        tree = TokenTree.build(tree_parents, [n] * b)
+        return TreeProposal(tokens.gather(1, chosen), [n] * b, None, tree=tree)
+
+    def observe(self, state, outcome) -> None:
+        pass
+

@@ -1,0 +1,97 @@
+"""What trained drafting heads share: the target's output head (whole or a reduced vocabulary) and
+one checkpoint format.
+
+Medusa heads and the EAGLE-style drafter both end in the target's own frozen output head. On a CPU
+that head dominates their cost (SmolLM2: a 49,152 x 576 matrix, ~6.7 ms a token in bfloat16 against
+~0.9 ms for a decoder layer), so a checkpoint may carry `vocab_ids`, the most frequent tokens of its
+training text (FR-Spec, Zhao et al. 2025): the head then computes only those rows and can propose
+only those tokens. Verification is unchanged, so this costs acceptance, never correctness.
+
+A checkpoint is one safetensors file (`embedded`: the one shipped for the embedded target): the trained tensors, `vocab_ids` when reduced, and metadata
+(`kind`, shapes, and the name and size of the target it was trained for), checked against the target
+before anything runs, so a checkpoint for another target fails with a message and not with a shape
+error deep in a matmul.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib.resources import files
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, safe_open, save_file
+
+
+class OutputHead:
+    """The target's output head restricted to `vocab_ids` (all tokens when None), frozen.
+
+    weight: [V', H] rows of the target's head (a view when the vocabulary is whole).
+    """
+
+    def __init__(self, target_model: torch.nn.Module, vocab_ids: torch.Tensor | None):
+        head = target_model.get_output_embeddings()
+        if getattr(head, "bias", None) is not None:
+            raise ValueError("trained heads reuse a bias-free output head; this target's head has a bias")
+        weight = head.weight.detach()
+        if vocab_ids is not None:
+            if int(vocab_ids.max()) >= weight.shape[0]:
+                raise ValueError(f"the checkpoint's vocabulary reaches token {int(vocab_ids.max())} but the "
+                                 f"target has {weight.shape[0]}; it was trained for another target")
+            vocab_ids = vocab_ids.to(weight.device)
+            weight = weight[vocab_ids]
+        self.weight, self.vocab_ids = weight, vocab_ids
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [..., H] -> logits over the head's vocabulary [..., V']."""
+        return hidden @ self.weight.T
+
+    def token_ids(self, index: torch.Tensor) -> torch.Tensor:
+        """Indices into the head's vocabulary -> token ids of the target's."""
+        return index if self.vocab_ids is None else self.vocab_ids[index]
+
+
+def frequent_tokens(sequences: list[torch.Tensor], n: int, vocab_size: int) -> torch.Tensor:
+    """The `n` most frequent token ids of `sequences`, ascending ([n] long)."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for seq in sequences:
+        counts += torch.bincount(seq, minlength=vocab_size)
+    return torch.sort(torch.topk(counts, min(n, vocab_size)).indices).values
+
+
+def save_checkpoint(path: str | Path, kind: str, tensors: dict[str, torch.Tensor], meta: dict) -> Path:
+    """Write `tensors` and `meta` (JSON-able) as one safetensors file; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(path),
+              metadata={"kind": kind, "meta": json.dumps(meta)})
+    return path
+
+
+def resolve_heads_path(path: str | Path, kind: str) -> Path:
+    """`embedded`: the checkpoint of `kind` shipped for the embedded SmolLM2-135M target (trained by
+    scripts/train_heads.py; its command, data and seed in the .json beside it); else a file path."""
+    if str(path) == "embedded":
+        return Path(str(files("specdec") / "data" / "heads" / f"smollm2-135m-{kind}.safetensors"))
+    return Path(path).expanduser()
+
+
+def load_checkpoint(path: str | Path, kind: str, target_model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict]:
+    """Read a checkpoint written by `save_checkpoint`, refusing the wrong kind or another target."""
+    path = resolve_heads_path(path, kind)
+    if not path.is_file():
+        raise FileNotFoundError(f"method.heads_path={path} does not exist; train heads with "
+                                f"scripts/train_heads.py kind={kind} (see experiments/trees)")
+    with safe_open(str(path), "pt") as f:
+        info = f.metadata() or {}
+    if info.get("kind") != kind:
+        raise ValueError(f"method.heads_path={path} holds {info.get('kind') or 'no'} heads, not {kind}; "
+                         f"use a checkpoint trained with method={kind}")
+    meta = json.loads(info.get("meta", "{}"))
+    cfg = target_model.config
+    want = {"hidden_size": cfg.hidden_size, "vocab_size": target_model.get_output_embeddings().out_features}
+    got = {k: meta.get(k) for k in want}
+    if got != want:
+        raise ValueError(f"method.heads_path={path} was trained for a target with {got} "
+                         f"({meta.get('target', 'unknown')}), this target has {want}")
+    return load_file(str(path)), meta

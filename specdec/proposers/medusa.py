@@ -1,0 +1,101 @@
+"""Medusa heads (Cai et al. 2024): residual heads on the target's last hidden state, each guessing a
+token further ahead, verified as a static tree.
+
+After a step, the target's cache ends at the token before the last committed one, X; its final
+hidden state h is the one whose output head produced X. Head d (d = 1..K) reads h and guesses the
+token d places after X: head_d(h) = W_out (h + SiLU(A_d h + b_d)), with W_out the target's frozen
+output head (optionally a reduced vocabulary, see `heads.py`) and A_d zero at initialisation, so
+an untrained head repeats the target's own next-token guess. The tree's node at depth d with rank r
+is head d's r-th guess: the heads do not see each other's tokens, which is what makes them cheap
+(one matmul per head for the whole tree, no drafting passes) and what limits their acceptance.
+
+h comes from the target's scoring pass itself: the engine keeps the final hidden states in the
+cache beside the keys and values (`CachedModel.keep_hidden_states`), compacted with them after a
+tree step, so h is simply the last valid entry.
+
+Greedy verification makes the output the target's greedy output; at temperature > 0 the nodes are
+deterministic, a one-hot q, and recursive rejection sampling keeps the target's distribution.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from specdec.engine import Engine
+from specdec.proposers.base import Proposal
+from specdec.proposers.heads import OutputHead, load_checkpoint
+from specdec.tree import TreeProposal, static_tree
+
+# A CPU-sized tree: 9 nodes, depth 4 (Medusa's GPU trees have 60+ nodes; here each extra node costs).
+DEFAULT_TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0, 0]]
+
+
+class MedusaHeads(torch.nn.Module):
+    """K residual blocks; `forward` gives the hidden states the output head turns into logits."""
+
+    def __init__(self, hidden_size: int, num_heads: int):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(hidden_size, hidden_size) for _ in range(num_heads))
+        for block in self.blocks:  # an untrained head predicts what the target's head predicts
+            torch.nn.init.zeros_(block.weight)
+            torch.nn.init.zeros_(block.bias)
+
+    @property
+    def num_heads(self) -> int:
+        return len(self.blocks)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [..., H] final hidden states of the target -> [..., K, H], one per head."""
+        return torch.stack([hidden + F.silu(block(hidden)) for block in self.blocks], dim=-2)
+
+
+class MedusaProposer:
+    """Drafts `tree` (a list of rank paths; default `DEFAULT_TREE` cut to the checkpoint's number of
+    heads) from Medusa heads loaded from `heads_path`. The schedule's k caps the tree's depth (k = 0: no draft this step)."""
+
+    name = "medusa"
+
+    def __init__(self, engine: Engine, heads_path: str, tree: list | None = None):
+        target = engine.target
+        tensors, meta = load_checkpoint(heads_path, "medusa", target.model)
+        self.heads = MedusaHeads(meta["hidden_size"], meta["num_heads"])
+        self.heads.load_state_dict({k: v for k, v in tensors.items() if k != "vocab_ids"})
+        self.heads.to(engine.device, engine.dtype).eval()
+        self.head = OutputHead(target.model, tensors.get("vocab_ids"))
+        if tree is None:  # the default tree, as deep as the checkpoint has heads
+            tree = [p for p in DEFAULT_TREE if len(p) <= self.heads.num_heads]
+        self.shape = static_tree(tree)
+        if self.shape.max_depth > self.heads.num_heads:
+            raise ValueError(f"method.tree is {self.shape.max_depth} deep but the checkpoint has "
+                             f"{self.heads.num_heads} heads; use a tree at most {self.heads.num_heads} deep")
+        self.num_nodes = self.shape.num_nodes
+        self.target = target
+        target.keep_hidden_states()
+
+    def reset(self, state) -> None:
+        pass
+
+    def _shape(self, k: int):
+        """The tree cut to depth k (cached per shape)."""
+        if k >= self.shape.max_depth:
+            return self.shape
+        return static_tree([p for p in self.shape.paths if len(p) <= k])
+
+    @torch.inference_mode()
+    def propose(self, state, k: int) -> Proposal:
+        b, device = state.batch_size, state.tokens.device
+        if k == 0:
+            return Proposal.empty(b, device)
+        shape = self._shape(k)
+        last = torch.tensor(self.target.lengths, device=device) - 1  # the entry that produced the last token
+        hidden = self.target.cache.hidden[torch.arange(b, device=device), last]  # [B, H]
+        logits = self.head.logits(self.heads(hidden)[:, : shape.max_depth])  # [B, D, V']
+        top = logits.topk(max(shape.ranks) + 1, dim=-1).indices  # [B, D, R]
+        depth = torch.tensor(shape.depths, device=device) - 1
+        rank = torch.tensor(shape.ranks, device=device)
+        tokens = self.head.token_ids(top[:, depth, rank])  # [B, N]
+        return TreeProposal(tokens, [shape.num_nodes] * b, None, tree=shape.expand(b, device))
+
+    def observe(self, state, outcome) -> None:
+        pass

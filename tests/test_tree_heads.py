@@ -1,0 +1,124 @@
+"""Trained heads on tiny random targets: the training script runs end to end in seconds, its loss
+falls and the held-out agreement rises; the checkpoint loads as `method=medusa` and decodes exactly
+the target's greedy output at batch size 1 and in a ragged batch; a checkpoint for another target,
+a missing one and a bad tree are refused before any decoding."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from specdec import experiment
+from specdec.config import ConfigError, validate
+from specdec.decoding import SpeculativeDecoder
+from specdec.engine import Engine
+from specdec.head_training import check_disjoint, medusa_labels, training_prompts, vocab_index
+from specdec.models import tiny_random_model
+from specdec.proposers.medusa import MedusaHeads, MedusaProposer
+from specdec.training import Example
+from tests.conftest import RAGGED_PROMPTS
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_MEDUSA = ROOT / "tests" / "assets" / "tiny_random_medusa.safetensors"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("train_heads", ROOT / "scripts" / "train_heads.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _train_cfg(out: Path, *extra: str):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose("train_heads", overrides=[
+            "target.path=tiny_random", "dtype=float32", "prompts.count=48", "prompts.target_written=4",
+            "prompts.held_out=8", "generation.max_new_tokens=32", "generation.batch_size=8", "generation.cache=false",
+            "heads.num_heads=3", "heads.vocab=128", "train.epochs=6", "train.lr=3e-3", "train.max_tokens=256",
+            "train.autocast=null", "eval.prompts=2", "eval.max_new_tokens=12", f"out={out}", "progress=false",
+            *extra,
+        ])
+
+
+def test_train_heads_script_end_to_end(tmp_path):
+    out = tmp_path / "medusa.safetensors"
+    report = _script().run(_train_cfg(out))
+    assert report["loss_by_epoch"][-1] < 0.8 * report["loss_by_epoch"][0]  # the loss falls
+    before, after = report["held_out_curve"][0], report["held_out_curve"][-1]
+    gain = sum(after["top1_per_head"]) - sum(before["top1_per_head"])
+    assert gain > 0.15  # and the held-out agreement of the heads rises
+    assert report["decode_check"]["equal_to_plain"] == 1.0
+    assert out.with_suffix(".json").is_file() and report["train_prompts"] > 40
+    _decodes_like_plain_greedy(out)
+
+
+def _decodes_like_plain_greedy(path: Path):
+    engine = Engine(tiny_random_model(seed=0, eos_token_id=None), dtype="float32")
+    for prompts in (RAGGED_PROMPTS[:1], RAGGED_PROMPTS):
+        ref = SpeculativeDecoder(engine).generate(prompts, max_new_tokens=24)
+        out = SpeculativeDecoder(engine, MedusaProposer(engine, str(path), tree=[[0], [1], [0, 0], [1, 0], [0, 0, 0]]),
+                                 num_speculative_tokens=3).generate(prompts, max_new_tokens=24)
+        assert out.output_ids == ref.output_ids
+        assert out.lossless and out.stats.steps < ref.stats.steps  # accepted drafts shortened the run
+
+
+def test_shipped_tiny_checkpoint_decodes_like_plain_greedy():
+    _decodes_like_plain_greedy(TINY_MEDUSA)
+
+
+def test_medusa_runs_as_an_experiment_method(tmp_path):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[
+            "target=tiny_random", "draft=none", "logger=none", "data.limit=1", "generation.max_new_tokens=8",
+            "plots=false", "warmup=false", "dtype=float32", "method=medusa", f"method.heads_path={TINY_MEDUSA}",
+            "method.tree=[[0],[1],[0,0]]"])
+    result = experiment.run(cfg, tmp_path)
+    assert result.summary["method"] == "medusa" and result.summary["matches_baseline"] == 1.0
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["method.heads_path=null"], "needs trained heads"),
+    (["method.heads_path=/nonexistent/heads.safetensors"], "file not found"),
+    ([f"method.heads_path={TINY_MEDUSA}", "method.tree=[[0],[0,1,0]]"], "no parent"),
+])
+def test_bad_medusa_configs_fail_before_loading(overrides, message):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["target=tiny_random", "draft=none", "method=medusa", *overrides])
+    with pytest.raises(ConfigError, match=message):
+        validate(cfg)
+
+
+def test_checkpoint_for_another_target_or_too_shallow_is_refused():
+    wide = Engine(tiny_random_model(seed=0, hidden_size=32, num_heads=2, num_kv_heads=1), dtype="float32")
+    with pytest.raises(ValueError, match="trained for a target with"):
+        MedusaProposer(wide, str(TINY_MEDUSA))
+    engine = Engine(tiny_random_model(seed=0), dtype="float32")
+    with pytest.raises(ValueError, match="4 deep but the checkpoint has 3 heads"):
+        MedusaProposer(engine, str(TINY_MEDUSA), tree=[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]])
+
+
+def test_untrained_heads_start_as_the_targets_own_head():
+    heads = MedusaHeads(16, 3)
+    hidden = torch.randn(5, 16)
+    assert torch.equal(heads(hidden), hidden[:, None].expand(5, 3, 16))
+
+
+def test_labels_are_the_tokens_ahead_inside_the_continuation():
+    example = Example(torch.tensor([10, 11, 12, 13, 14, 15]), 1)
+    labels = medusa_labels(example, continuation_start=3, num_heads=2, index=vocab_index(None, 32))
+    # position t: head 1 learns token t+2, head 2 token t+3; prompt tokens (index < 3) and the end are -100
+    assert labels.tolist() == [[-100, 13], [13, 14], [14, 15], [15, -100], [-100, -100]]
+    reduced = vocab_index(torch.tensor([13, 15]), 32)
+    assert medusa_labels(example, 3, 2, reduced).tolist()[1] == [0, -100]  # 14 is outside the vocabulary
+
+
+def test_training_prompts_are_distinct_and_disjoint_from_evaluation_sets():
+    from specdec.data import load_builtin, load_spec_bench
+
+    prompts = training_prompts(600)
+    assert len(set(prompts)) == 600
+    check_disjoint(prompts, [t for p in load_spec_bench() + load_builtin() for t in p.turns])
+    with pytest.raises(ValueError, match="training prompts are evaluation prompts"):
+        check_disjoint(prompts[:3] + ["What is  the capital of France?"], ["what is the capital of france?"])
