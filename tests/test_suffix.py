@@ -124,3 +124,25 @@ def test_suffix_greedy_equals_autoregressive_across_requests(engine_factory, bat
         assert out.output_ids == ref.output_ids and out.lossless
         proposed += sum(r.proposed for r in out.stats.rows)
     assert proposed > 0 and dec.proposer.outputs.held
+
+
+@pytest.mark.slow
+def test_suffix_policy_and_hybrid_on_the_embedded_target_equal_its_greedy_output():
+    from specdec import Engine, ModelSpec, load_model
+    from specdec.data import build_turn_input
+    from specdec.proposers.hybrid import HybridProposer
+    from specdec.proposers.ngram import NgramProposer
+    from specdec.schedules import make_schedule
+
+    model, tok = load_model(ModelSpec(path="embedded"))
+    engine = Engine(model, dtype="float32")
+    prompts = [build_turn_input(tok, [], q) for q in (
+        "Repeat this sentence twice: the quick brown fox jumps over the lazy dog.", "Name three primary colors.")]
+    plain = SpeculativeDecoder(engine).generate(prompts, max_new_tokens=32)
+    for proposer, schedule in ((SuffixProposer(), make_schedule("cost_aware", 8)),
+                               (HybridProposer(engine, {"suffix": SuffixProposer(), "ngram": NgramProposer}), None)):
+        dec = SpeculativeDecoder(engine, proposer, num_speculative_tokens=8, schedule=schedule)
+        for _ in range(2):  # the second time, the first outputs are in the cross-request index
+            out = dec.generate(prompts, max_new_tokens=32)
+            assert out.output_ids == plain.output_ids
+        assert sum(r.accepted for r in out.stats.rows) > 0

@@ -32,12 +32,17 @@ def load(run: Path) -> tuple[dict, list[dict]]:
 
 
 def batches(rows: list[dict], method: str) -> list[list[dict]]:
-    """The method's rows grouped by batch (rows of one batch share their per-step list)."""
-    groups: dict[tuple, list[dict]] = {}
+    """The method's rows grouped by batch: a batch's rows are written together, and the roles
+    alternate between batches."""
+    groups: list[list[dict]] = []
+    previous = None
     for r in rows:
         if r["method"] == method:
-            groups.setdefault(tuple(r["step_draft_lengths"]), []).append(r)
-    return list(groups.values())
+            if previous != method:
+                groups.append([])
+            groups[-1].append(r)
+        previous = r["method"]
+    return groups
 
 
 def draft_lengths(rows: list[dict], method: str) -> tuple[Counter, float, int]:
