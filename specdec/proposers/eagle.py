@@ -90,8 +90,8 @@ class EagleProposer:
 
     name = "eagle"
 
-    def __init__(self, engine: Engine, heads_path: str, budget: int = 24, topk: int = 6, width: int = 6,
-                 depth: int = 6):
+    def __init__(self, engine: Engine, heads_path: str, budget: int = 12, topk: int = 4, width: int = 4,
+                 depth: int = 5):
         if not (budget >= 1 and topk >= 1 and width >= 1 and depth >= 1):
             raise ValueError(f"method.proposer: budget, topk, width and depth must be >= 1, got "
                              f"{budget}, {topk}, {width}, {depth}")
