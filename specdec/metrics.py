@@ -155,7 +155,7 @@ class RowStats:
         self.proposed += proposed
         self.accepted += accepted
         self.emitted += emitted
-        if proposed:
+        if proposed and not cut:  # a cut step emits neither a bonus nor a recovered token
             if accepted == proposed:
                 self.bonus += 1
             else:
