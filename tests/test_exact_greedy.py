@@ -1,7 +1,9 @@
 """Exact greedy in bfloat16 on the embedded SmolLM2-135M: with `exact_greedy` on (every target pass
 scored at one width, attention over the whole cache buffer), n-gram lookup and the draft method
-(draft = the target itself) produce plain decoding's tokens exactly. Without it, the same token
-scored in passes of different shapes gets different logits, which is what lets outputs drift."""
+(draft = the target itself) produce plain decoding's tokens exactly, alone and in a ragged batch
+(against plain decoding of the same batch).
+Without it, the same token scored in passes of different shapes gets different logits, which is
+what lets outputs drift."""
 
 import pytest
 import torch
@@ -48,6 +50,16 @@ def test_speculative_greedy_equals_plain_decoding_in_bfloat16(setup):
             out = dec.generate([prompt], max_new_tokens=48)
             assert out.output_ids[0] == want
             assert out.stats.total.accepted > 0
+
+
+def test_a_ragged_batch_equals_plain_decoding_of_the_same_batch(setup):
+    """The same batch, not each prompt alone: the batch's composition is part of every pass's shape
+    too (measured: one of these three prompts decodes differently in this batch than alone)."""
+    engine, prompts = setup
+    plain, ngram, draft = _decoders(engine, exact=True)
+    want = plain.generate(prompts, max_new_tokens=32).output_ids
+    assert ngram.generate(prompts, max_new_tokens=32).output_ids == want
+    assert draft.generate(prompts, max_new_tokens=32).output_ids == want
 
 
 def test_without_a_fixed_shape_a_token_gets_other_logits(setup):
