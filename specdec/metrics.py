@@ -117,6 +117,22 @@ def expected_tokens_per_step(per_position: Sequence[float], drafted: Sequence[fl
     return expected
 
 
+def predicted_speedup(expected: float, t_base: float, t_step: float) -> float:
+    """Leviathan et al.'s E / (c k + 1), generalised to measured costs: E * t_base / t_step, with
+    t_base the baseline's seconds per step (one 1-token pass) and t_step the method's drafting plus
+    scoring seconds per step. Decode only: prefill and the loop's own bookkeeping are left out."""
+    return ratio(expected * t_base, t_step)
+
+
+def predicted_speedup_with_prefill(expected: float, t_step: float, prefill_s: float, new_tokens: int,
+                                   generations: int, base_tokens_per_s: float) -> float:
+    """End to end: the method's measured prefill, which gives each generation its first token, plus
+    one step of t_step seconds per E of the other tokens, against the baseline's measured tokens/s:
+    (new_tokens / (prefill_s + (new_tokens - generations) / E * t_step)) / base_tokens_per_s."""
+    seconds = prefill_s + ratio(new_tokens - generations, expected) * t_step
+    return ratio(ratio(new_tokens, seconds), base_tokens_per_s)
+
+
 # ---------------------------------------------------------------- the counters
 
 

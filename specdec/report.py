@@ -27,6 +27,10 @@ Definitions (DESIGN.md's vocabulary), for a group of prompts (a category, or all
 
   with k_mean the mean drafted tokens per step. It leaves out prefill (TTFT) and the loop's own
   bookkeeping, so measured below predicted means time goes outside drafting and scoring.
+  predicted_speedup_with_prefill adds the method's measured prefill (which gives each generation its
+  first token) and compares with the baseline's measured tokens/s: the end-to-end prediction
+  (checked with forced acceptance in experiments/measurement). At batch size 1: with batches a
+  row's ttft_s is its batch's.
 - matches_baseline (greedy only): the fraction of prompts whose output tokens equal the baseline's.
 
 - ttft_s = the mean over prompts of each prompt's time to first token (its mean over turns for a
@@ -55,6 +59,8 @@ from specdec.metrics import (
     num_spec_steps,
     per_position_acceptance,
     per_position_acceptance_rate,
+    predicted_speedup,
+    predicted_speedup_with_prefill,
     sum_lists,
 )
 from specdec.metrics import ratio as _ratio
@@ -74,6 +80,9 @@ def totals(rows: list[dict]) -> dict:
     t["draft_lengths"] = [n for r in rows for n in r.get("draft_lengths", [])]
     t["accepted_lengths"] = [n for r in rows for n in r.get("accepted_lengths", [])]
     t["ttft_s"] = sum(r["ttft_s"] for r in rows) / len(rows) if rows else float("nan")
+    # prefill seconds and generations (turns), each giving one token (a row's ttft_s is its mean over turns)
+    t["prefill_s"] = sum(r["ttft_s"] * r.get("turns", 1) for r in rows)
+    t["generations"] = sum(r.get("turns", 1) for r in rows)
     t["num_prompts"] = len(rows)
     return t
 
@@ -119,12 +128,15 @@ def metrics(rows: list[dict], base_rows: list[dict], greedy: bool) -> dict:
         "verify_cost": _ratio(t_verify, t_base),
         "expected_tokens_per_step": expected,
         # plain decoding predicts itself (1.0), once it has run at all
-        "predicted_speedup": _ratio(expected * t_base, t_draft + t_verify) if drafting else
+        "predicted_speedup": predicted_speedup(expected, t_base, t_draft + t_verify) if drafting else
         (1.0 if rows else float("nan")),
+        "predicted_speedup_with_prefill": predicted_speedup_with_prefill(
+            expected, t_draft + t_verify, t["prefill_s"], t["new_tokens"], t["generations"],
+            _ratio(b["new_tokens"], b["wall_s"])) if drafting else (1.0 if rows else float("nan")),
     }
     if unknown is not None:
         out.update(c=unknown, expected_tokens_per_step=unknown, predicted_speedup=unknown,
-                   mean_acceptance_length=unknown)
+                   predicted_speedup_with_prefill=unknown, mean_acceptance_length=unknown)
     # The spread over prompts: per-prompt speedups (tokens/s against the baseline's on that prompt).
     base_tps = {r["prompt_id"]: _ratio(r["new_tokens"], r["wall_s"]) for r in base_rows}
     per_prompt = sorted(_ratio(_ratio(r["new_tokens"], r["wall_s"]), base_tps.get(r["prompt_id"], float("nan")))

@@ -15,6 +15,8 @@ from specdec.metrics import (
     expected_tokens_per_step,
     mean_acceptance_length,
     per_position_acceptance_rate,
+    predicted_speedup,
+    predicted_speedup_with_prefill,
 )
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.report import metrics
@@ -71,6 +73,13 @@ def test_definitions_on_edge_cases():
     assert expected_tokens_per_step([0.5, float("nan")]) == pytest.approx(1.5)  # unknown positions stop it
 
 
+def test_predicted_speedups_against_hand_computed_values():
+    # E = 2 tokens per step; a baseline step 0.1 s, the method's step (drafting + scoring) 0.125 s
+    assert predicted_speedup(2.0, 0.1, 0.125) == pytest.approx(1.6)
+    # 41 tokens: the prefill's (0.5 s) and 40 more at 2 per 0.125 s step: 3.0 s, 13.67 tok/s against 10
+    assert predicted_speedup_with_prefill(2.0, 0.125, 0.5, 41, 1, 10.0) == pytest.approx(41 / 3.0 / 10.0)
+
+
 def test_merged_rows_add_counts_and_concatenate_steps(row):
     other = RowStats()
     other.record(2, 2, 3)
@@ -104,6 +113,11 @@ def test_the_report_applies_the_same_definitions(row):
     assert m["acceptance_histogram"] == [0, 1, 2, 0, 1]
     assert m["acceptance_histogram_by_draft_length"] == {3: [0, 0, 1, 0], 4: [0, 1, 1, 0, 1]}
     assert m["num_spec_steps"] == 4
+    # costs: the baseline's 12 steps in 0.5 s, the method's 5 in 0.1 + 0.5 s; prefill 0.1 s, 13 tokens
+    e = m["expected_tokens_per_step"]
+    assert m["predicted_speedup"] == pytest.approx(predicted_speedup(e, 0.5 / 12, 0.6 / 5))
+    assert m["predicted_speedup_with_prefill"] == pytest.approx(
+        predicted_speedup_with_prefill(e, 0.6 / 5, 0.1, 13, 1, 13 / 1.0))
 
 
 def test_decoder_does_not_count_drafts_past_max_new_tokens(engine_factory):
