@@ -207,8 +207,9 @@ class SpeculativeDecoder:
             with verify_t:
                 logits = self._score(state, proposal)  # 2. score
                 result = verifier(logits, proposal, sampling, state.generator)  # 3. verify
-                accepted = result.accepted.tolist()
-                tokens = result.tokens.tolist()
+                # one device-to-host copy per step: the accepted counts ride with the tokens
+                host = torch.cat([result.accepted[:, None].to(result.tokens.dtype), result.tokens], dim=1).tolist()
+                accepted, tokens = [row[0] for row in host], [row[1:] for row in host]
             outcome = self._commit_step(state, proposal, result, accepted, tokens, stats, start, on_tokens)
             self.proposer.observe(state, outcome)  # 5. observe
             self.schedule.observe(outcome, draft_t.total - draft_before, verify_t.total - verify_before)
@@ -225,7 +226,7 @@ class SpeculativeDecoder:
         reports = {name: r for name, r in (("proposer", _report(self.proposer)), ("schedule", self.schedule.report()),
                                            ("compile", self.engine.compile_report())) if r is not None}
         return Generation(out, ids, stats, state, texts, lossless=verifier.lossless, verifier=verifier.name,
-                          reports=reports)
+                          reports=reports, exact_greedy=self._exact(state))
 
     def _new_state(self, ids, max_new_tokens, max_len, sampling, seed, past) -> DecodeState:
         b = len(ids)
@@ -268,8 +269,23 @@ class SpeculativeDecoder:
         return self.engine.target.forward(torch.cat([chunk, pad], dim=1))[:, :t]
 
     def _exact(self, state: DecodeState) -> bool:
-        """Whether this generation scores at a fixed width: exact greedy on, temperature 0, chains."""
-        return self.exact_greedy and state.sampling.greedy and not getattr(self.proposer, "num_nodes", 0)
+        """Whether this generation scores at a fixed width: exact greedy on, temperature 0, and nothing
+        in `exact_greedy_blocked`."""
+        return self.exact_greedy and state.sampling.greedy and self.exact_greedy_blocked is None
+
+    @property
+    def exact_greedy_blocked(self) -> str | None:
+        """Why exact greedy cannot apply to this decoder (None: it can). A greedy run where it cannot
+        is still the target's greedy decoding in float32, but in bfloat16 may drift from plain decoding
+        at near-ties (README, numerics); results say so (`exact_greedy` in results and summary)."""
+        if getattr(self.proposer, "num_nodes", 0):
+            return ("a token tree is scored with its own positions and an ancestors-only mask, and its "
+                    "nodes' keys sit apart in the cache, so a node's logits are summed in another order "
+                    "than a one-token pass's")
+        if self.engine.target.compiled is not None:
+            return ("compile=on scores at power-of-two widths and key lengths that follow the sequence, "
+                    "not at one width over the whole cache buffer")
+        return None
 
     def _commit_step(self, state, proposal, result, accepted, tokens, stats, start, on_tokens) -> StepOutcome:
         """4. commit: append emitted tokens, roll the target's cache back to the accepted length."""

@@ -48,11 +48,15 @@ class DraftModelProposer:
             if q is not None:
                 probs.append(q)
             lengths += drafting
+            if i == k - 1:
+                break
+            # Only a confidence schedule stops rows early; reading `drafting` back is a host sync,
+            # so the other schedules run the k passes without one.
             if state.schedule.uses_confidence:
                 top = (q if q is not None else torch.softmax(logits.float(), -1)).amax(-1)
                 drafting &= state.schedule.keep_drafting(top)
-            if i == k - 1 or not drafting.any():
-                break
+                if not drafting.any():
+                    break
             logits = self.draft.forward(t[:, None])[:, 0]
             self.fed += 1
         return Proposal(
