@@ -135,6 +135,9 @@ class Generation:
     lossless: bool = True
     verifier: str = "greedy"
     acceptance_measured: bool = True  # False when drafts happen out of sight (the transformers anchors)
+    # Whether every greedy scoring pass ran at the decoder's fixed width over the whole cache buffer
+    # (`SpeculativeDecoder.exact_greedy`); False when it was off, for sampling, and where it cannot apply.
+    exact_greedy: bool = False
     # What the proposer and schedule learned or chose in this generation, for results (the hybrid's
     # choice per step, the cost-aware policy's measured costs); only those with a `report()`.
     reports: dict = field(default_factory=dict)
