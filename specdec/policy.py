@@ -24,8 +24,11 @@ Learning without losing:
 - Costs: the first step at a new batch size is a plain step (no loss), and so is one in every
   `probe` steps (32), since costs are ratios to the plain steps around them; widths never measured
   are read off the measured ones (interpolated, extrapolated with a non-negative slope, flat where
-  nothing else is known), so an untried width looks no more expensive than its neighbours, is
-  tried once and then measured. Every estimate is a median over the last `window` observations.
+  nothing else is known), and a step scores at most one token per row more than the widest width
+  measured at its batch size (`Planner.widest`): widths are learned upwards one at a time, so
+  finding out costs at most one step one token wider than known (at batch 16 on this CPU a first
+  step 7 wide, taken when only T = 1 was known, cost 3.4 plain steps). Every estimate is a median
+  over the last `window` observations.
 - Acceptance: decayed counts per draft position, shrunk to a prior; a per-row factor for the rows
   of the current batch (a summarization row and a QA row differ). When the policy stops drafting
   it also stops learning acceptance, so it explores: one step with the best speculative plan
@@ -121,6 +124,7 @@ class CostModel:
         self.draft: dict[tuple[str, int], Timings] = {}
         self.switch: dict[tuple[str, int], deque] = {}  # (source, B) -> (k, cost) of drafting after not drafting
         self._rho: dict[int, dict[int, float]] = {}  # B -> T -> log rho, solved; cleared on new pairs
+        self.hints: dict[str, float] = {}  # source -> drafting cost per token, in plain steps, until measured
 
     def add_step(self, b: int, t: int, rest_s: float, drafts: list[tuple[str, int, float, bool]] = ()) -> None:
         """A step at batch size b scored t tokens per row; the rest of it took rest_s seconds; each
@@ -183,10 +187,20 @@ class CostModel:
         self._rho[b] = out
         return out
 
+    def widest(self, b: int) -> int:
+        """The widest T whose cost at batch size b is measured (linked to T = 1 by pairs); 1 if none."""
+        return max(self._solve(b))
+
     def rest(self, b: int, t: int) -> float:
         """rho(B, T): the rest of a step scoring t tokens per row, in plain steps (1.0 for t = 1).
-        Widths never paired with others are interpolated in log space; with nothing known, 1.0."""
-        return math.exp(interpolate(self._solve(b), t))
+        Between measured widths: interpolated in log space. Beyond the widest: extrapolated linearly
+        in rho along the measured widths' least-squares slope (never negative): a step's cost grows
+        about linearly with the tokens it scores once the pass is compute-bound (batch 16 on this
+        CPU), and an exponential would price wide steps out at batch 1. With nothing known, 1.0."""
+        solved = self._solve(b)
+        if t <= max(solved):
+            return math.exp(interpolate(solved, t))
+        return interpolate({w: math.exp(v) for w, v in solved.items()}, t)
 
     @staticmethod
     def nearest(table: dict, source: str, b: int):
@@ -203,9 +217,13 @@ class CostModel:
         return bool(self.nearest(self.draft, source, b))
 
     def draft_cost(self, source: str, b: int, k: int) -> float:
-        """c(source, B, k) in plain steps; 0 for k = 0 and while unmeasured (optimistic)."""
+        """c(source, B, k) in plain steps; 0 for k = 0. While unmeasured: k times the source's
+        `hints` entry (a prior per drafted token, e.g. a draft model's share of the target's
+        parameters, which small models rarely beat), else 0 (optimistic)."""
+        if k == 0:
+            return 0.0
         timings = self.nearest(self.draft, source, b)
-        return timings.at(k, origin=True) if k > 0 and timings else 0.0
+        return timings.at(k, origin=True) if timings else k * self.hints.get(source, 0.0)
 
     def switch_cost(self, source: str, b: int) -> float:
         """What drafting costs on top of c(k) when the source did not draft in the step before (a
@@ -382,39 +400,72 @@ class Planner:
     def plain(self, b: int, rows: list[int], sunk: float = 0.0) -> Plan:
         return Plan(0, float(len(rows)), sunk + 1.0)
 
+    def widest(self, b: int) -> int:
+        """The most drafts a step at batch size b may score: one more than the widest measured step
+        scored (T = widest + 1), so that a width is tried only next to a measured one; k_max once
+        the costs were told or learned that far. min_k, when set, is always allowed."""
+        return min(max(self.costs.widest(b), self.min_k), self.k_max)
+
     def _plans(self, source: str, b: int, rows: list[int], cap: int, draft: float, asked: bool,
-               lengths: list[int] | None = None) -> list[Plan]:
-        """Plans keeping j = 0..cap drafts per row (row r keeps min(lengths[r], j) when lengths are given)."""
-        model = self.model(source)
-        curves = [model.curve(r, asked) for r in rows]
+               lengths: list[int] | None = None, curves: list[list[float]] | None = None) -> list[Plan]:
+        """Plans keeping j = 0..cap drafts per row (row r keeps min(lengths[r], j) when lengths are
+        given); `curves`: the rows' expected-token curves, when the caller already has them."""
+        if curves is None:
+            model = self.model(source)
+            curves = [model.curve(r, asked) for r in rows]
         caps = [lengths[r] for r in rows] if lengths is not None else [cap] * len(rows)
         longest = max(caps, default=0)
         rest = [self.costs.rest(b, 1 + min(j, longest)) for j in range(cap + 1)]
         return [Plan(j, sum(c[min(j, n)] for c, n in zip(curves, caps)), draft + rest[j]) for j in range(cap + 1)]
 
     def best_ask(self, source: str, b: int, rows: list[int], trimmable: bool, sunk: float = 0.0,
-                 cap: int | None = None, switching: bool = False) -> Plan:
-        """The best k in [max(min_k, 1), cap or k_max] to ask `source` for, by expected rate; a
-        deterministic proposal may still be cut to a shorter width afterwards, so asking k is
-        worth its best width <= k. `switching`: the source did not draft in the step before."""
+                 cap: int | None = None, switching: bool = False) -> Plan | None:
+        """The best k in [max(min_k, 1), cap or k_max] (and `widest`) to ask `source` for, by
+        expected rate; a deterministic proposal may still be cut to a shorter width afterwards, so
+        asking k is worth its best width <= k. `switching`: the source did not draft in the step before.
+        None when no k could beat plain decoding even if every draft were accepted (a draft model as
+        costly as the target): such a source is neither chosen nor explored."""
         plans = []
-        top = self.k_max if cap is None else min(cap, self.k_max)
+        top = min(self.k_max if cap is None else min(cap, self.k_max), self.widest(b))
         extra = sunk + (self.costs.switch_cost(source, b) if switching else 0.0)
+        model = self.model(source)
+        curves = [model.curve(r, asked=True) for r in rows]
         for k in range(min(max(self.min_k, 1), top), top + 1):
-            widths = self._plans(source, b, rows, k, extra + self.costs.draft_cost(source, b, k), asked=True)
+            widths = self._plans(source, b, rows, k, extra + self.costs.draft_cost(source, b, k), asked=True,
+                                 curves=curves)
             best = max(widths, key=lambda p: p.rate) if trimmable else widths[k]
             plans.append(Plan(k, best.tokens, best.cost))
+        if self.min_k == 0 and self.ceiling(source, b, rows, sunk, cap) < self.plain(b, rows, sunk).rate * (1 + self.margin):
+            return None  # it cannot pay even if every draft were accepted: not worth exploring either
         return max(plans, key=lambda p: (p.rate, p.k))
+
+    def ceiling(self, source: str, b: int, rows: list[int], sunk: float = 0.0, cap: int | None = None) -> float:
+        """The best rate any k <= cap (k_max) could reach if every draft were accepted, in steady
+        drafting (no switch cost; widths beyond the measured ones extrapolated)."""
+        top = self.k_max if cap is None else min(cap, self.k_max)
+        return max(((k + 1) * len(rows) / max(sunk + self.costs.draft_cost(source, b, k) + self.costs.rest(b, 1 + k),
+                                               1e-12) for k in range(1, top + 1)), default=0.0)
 
     def best_keep(self, source: str, b: int, rows: list[int], lengths: list[int], draft: float) -> Plan | None:
         """The best number of drafts j >= 1 to keep of a deterministic proposal (row r keeps
-        min(lengths[r], j)); drafting cost `draft` plain steps. None when nothing was offered."""
-        cap = max((lengths[r] for r in rows), default=0)
+        min(lengths[r], j), j <= `widest`); drafting cost `draft` plain steps. None when nothing
+        was offered."""
+        cap = min(max((lengths[r] for r in rows), default=0), self.widest(b))
         if cap == 0:
             return None
         plans = self._plans(source, b, rows, cap, draft, asked=False, lengths=lengths)[1:]
         floor = min(max(self.min_k, 1), cap)
         return max((p for p in plans if p.k >= floor), key=lambda p: (p.rate, p.k))
+
+    def worth_proposing(self, source: str, b: int, rows: list[int], sunk: float = 0.0,
+                        others: list[tuple[str, Plan | None]] = ()) -> bool:
+        """Whether a deterministic proposal from `source` could be kept this step: its best plan if
+        every row offered k_max drafts (the most it can offer; an offer shorter in some row gives
+        fewer tokens for the same width) beats plain decoding and `others`, or it is due to explore.
+        When not, the step is decided before proposing: a lookup that cannot pay is not run."""
+        draft = sunk + self.costs.draft_cost(source, b, self.k_max)
+        bound = self.best_keep(source, b, rows, {r: self.k_max for r in rows}, draft)
+        return self.choose([*others, (source, bound)], self.plain(b, rows, sunk))[0] == source
 
     def choose(self, options: list[tuple[str, Plan]], plain: Plan) -> tuple[str | None, Plan]:
         """The best option; plain (None) unless a speculative one beats it by `margin` (or min_k > 0).
@@ -444,8 +495,8 @@ class Planner:
             return Plan(self.min_k, 0.0, 0.0)
         if not self.costs.draft_known(source, b):
             return Plan(max(self.start, self.min_k), 0.0, 0.0)
-        if trimmable and self.is_cheap(source, b):
-            return Plan(self.k_max, 0.0, 0.0)
+        if trimmable and self.is_cheap(source, b):  # ask for all; `keep` cuts. Unless no offer could pay.
+            return Plan(self.k_max if self.worth_proposing(source, b, rows) else 0, 0.0, 0.0)
         best = self.best_ask(source, b, rows, trimmable, switching=switching)
         return self.choose([(source, best)], self.plain(b, rows))[1]
 

@@ -88,6 +88,29 @@ def test_it_picks_a_cheap_good_draft_when_lookups_find_nothing(make_engine):
     assert report["best_in_hindsight"] == "draft" and report["regret"] < 0.2
 
 
+def test_a_draft_model_as_costly_as_the_target_is_never_run(make_engine):
+    # The target drafting for itself: priced at its share of the target's parameters (1.0) before
+    # any measurement, a draft token costs a plain step and can never pay, so it is not even tried.
+    engine = make_engine("self")
+    hybrid = HybridProposer(engine, _parts())
+    assert hybrid.hints == {"draft": pytest.approx(1.0)}
+    dec = SpeculativeDecoder(engine, hybrid, num_speculative_tokens=K)
+    for turn in range(2):
+        prompts = [p + [30 + turn] for p in REPEATING]
+        out = dec.generate(prompts, max_new_tokens=30)
+        assert out.output_ids == SpeculativeDecoder(engine).generate(prompts, max_new_tokens=30).output_ids
+        assert out.reports["proposer"]["counts"]["draft"] == 0
+
+
+def test_a_small_draft_model_is_priced_at_its_share_of_the_target(make_engine, unrelated_draft):
+    engine = make_engine(unrelated_draft)  # 1 layer against the target's 2
+    ratio = sum(p.numel() for p in unrelated_draft.parameters()) / sum(
+        p.numel() for p in engine.target.model.parameters())
+    hybrid = HybridProposer(engine, _parts())
+    assert 0 < ratio < 1 and hybrid.hints == {"draft": pytest.approx(ratio)}
+    assert hybrid._planner(K).costs.draft_cost("draft", 1, 3) == pytest.approx(3 * ratio)  # until measured
+
+
 def test_parts_must_be_given_and_plain_is_reserved(make_engine):
     with pytest.raises(ValueError, match="at least one proposer"):
         HybridProposer(make_engine(), {})

@@ -125,6 +125,54 @@ def test_a_policy_that_always_drafts_takes_a_plain_probe_step_now_and_then():
     assert chosen == [8, 8, 8, 8, 0, 8, 8, 8, 8, 0, 8, 8]
 
 
+def test_widths_are_learned_upwards_one_at_a_time():
+    # At batch 16 a wide step costs several plain steps (3.4 for T = 7 on the embedded target);
+    # with only plain steps measured, a first speculative step keeps one draft per row, however
+    # good the drafts look, and each measured width allows the next one.
+    p = Planner(8, explore=0)
+    p.model(SRC).reached, p.model(SRC).accepted = [1e6] * 8, [0.95e6] * 8
+    rows = list(range(16))
+    p.costs.add_step(16, 1, 0.1)
+    assert p.widest(16) == 1 and p.keep(SRC, 16, rows, [8] * 16, asked=8).k == 1
+    p.costs.add_step(16, 2, 0.13)  # T = 2: 1.3 plain steps
+    assert p.widest(16) == 2 and p.keep(SRC, 16, rows, [8] * 16, asked=8).k == 2
+    # beyond the widest: linear in the cost, not exponential (log space would give 1.3^2 = 1.69 at T = 3)
+    assert p.costs.rest(16, 3) == pytest.approx(1.6) and p.costs.rest(16, 9) == pytest.approx(3.4)
+    assert p.best_ask(SRC, 16, rows, trimmable=False).k <= 2  # asking is capped the same way
+    assert Planner(8, min_k=3).widest(16) == 3  # a forced minimum is always allowed
+
+
+def test_a_lookup_that_cannot_pay_is_not_asked_to_propose():
+    rows = list(range(16))
+    steep = _fed(Planner(8, explore=0), 0.3, lambda t: 0.1 * (1 + 0.65 * (t - 1)), b=16)  # batch 16 widths
+    assert steep.is_cheap(SRC, 16) and steep.ask(SRC, 16, rows, trimmable=True).k == 0
+    good = _fed(Planner(8, explore=0), 0.9, lambda t: 0.1 * (1 + 0.65 * (t - 1)), b=16)
+    assert good.ask(SRC, 16, rows, trimmable=True).k == 8  # the same widths, drafts that pay: ask for all
+    # exploring still runs it now and then (its acceptance is learned from what it proposes)
+    explorer = _fed(Planner(8, explore=0.01), 0.3, lambda t: 0.1 * (1 + 0.65 * (t - 1)), b=16)
+    asked = []
+    for _ in range(400):
+        explorer.next_step()
+        asked.append(explorer.ask(SRC, 16, rows, trimmable=True).k)
+        if asked[-1]:
+            explorer.observe(SRC, {0: (0, 1)})  # its drafts were judged
+    assert 0 < sum(k > 0 for k in asked) < 0.05 * len(asked)
+
+
+def test_a_draft_that_cannot_pay_even_if_always_accepted_is_not_explored():
+    # a draft token costs a plain step (the target drafting for itself): even perfect acceptance
+    # gives (k + 1) tokens for k + rho(k + 1) >= k + 1 plain steps
+    p = _fed(Planner(8), 0.99, lambda t: 0.03, lambda k: 0.03 * k)
+    assert p.best_ask(SRC, 1, [0], trimmable=False) is None
+    asked = []
+    for _ in range(500):  # the exploring budget would try a merely unprofitable draft now and then
+        p.next_step()
+        asked.append(p.ask(SRC, 1, [0], trimmable=False).k)
+    assert asked == [0] * 500
+    cheaper = _fed(Planner(8), 0.99, lambda t: 0.03, lambda k: 0.015 * k)
+    assert cheaper.best_ask(SRC, 1, [0], trimmable=False) is not None
+
+
 def test_timings_take_medians_interpolate_and_extrapolate():
     t = Timings(window=5)
     for s in (0.010, 0.011, 0.500):  # a spike from a busy machine
@@ -217,6 +265,38 @@ def test_policy_greedy_equals_autoregressive(make_engine, unrelated_draft, batch
     assert len(sched.history) == steps and max(sched.history) <= 6
     if costs == "cutting" and proposer != "draft":
         assert 0 < max(sched.history) <= 2 and out.reports["schedule"]["costs"]["width_cost"]
+
+
+class Counting:
+    """A proposer that counts the calls asking it for drafts."""
+
+    def __init__(self, inner):
+        self.inner, self.name, self.calls = inner, inner.name, 0
+
+    def reset(self, state):
+        self.inner.reset(state)
+
+    def propose(self, state, k):
+        self.calls += k > 0
+        return self.inner.propose(state, k)
+
+    def observe(self, state, outcome):
+        self.inner.observe(state, outcome)
+
+
+@pytest.mark.parametrize("accept, runs", [(0.3, False), (0.95, True)])
+def test_skipping_a_lookup_that_cannot_pay_gives_plain_decodings_tokens(make_engine, accept, runs):
+    # Told batch-16-like widths: with 30% acceptance no offer could pay, so the lookup is not run
+    # and every step is plain; with 95% it runs. The output is plain decoding's either way.
+    engine = make_engine("self")
+    ref = SpeculativeDecoder(engine).generate(REPEATING, max_new_tokens=30)
+    sched = CostAwareSchedule(6, explore=0.0)
+    _fed(sched.planner, accept, lambda t: 0.01 * (1 + 0.65 * (t - 1)), b=len(REPEATING), source=sched.source)
+    lookup = Counting(NgramProposer(engine))
+    out = SpeculativeDecoder(engine, lookup, num_speculative_tokens=6, schedule=sched).generate(
+        REPEATING, max_new_tokens=30)
+    assert out.output_ids == ref.output_ids
+    assert (lookup.calls > 0) == runs and (max(sched.history) > 0) == runs
 
 
 def test_policy_with_the_target_drafting_for_itself_keeps_its_output(make_engine):

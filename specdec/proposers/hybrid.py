@@ -9,8 +9,11 @@ Every step:
    expected rate from their acceptance so far and their measured drafting cost;
 3. the best of these and plain decoding wins (`Planner.choose`: plain unless a part beats it by
    `margin`; a part passed over for long explores); a costly winner runs now.
-A part never measured at this batch size is tried first, drafting one token; one whose single
-token cost under `cheap` of a plain step is then run with the lookups, at the full k, to measure that.
+A part never measured is tried first, drafting one token; one whose single token cost under
+`cheap` of a plain step is then run with the lookups, at the full k, to measure that. A part that
+runs a draft model is not tried blind: until measured its drafting is priced at the draft's share of
+the target's parameters (`model_cost_hint`), and it runs when that could pay. A lookup that could
+not pay even if every row offered k drafts is not run that step (`Planner.worth_proposing`).
 
 Every cost and acceptance estimate is the policy's (`specdec.policy`): drafting D(part, B, k) and
 the rest of a step R(B, T) from this run's clocks, acceptance per part. Lookup parts that were not
@@ -43,6 +46,19 @@ from specdec.proposers.base import Proposal
 from specdec.schedules import cut
 
 
+def model_cost_hint(part, engine) -> float | None:
+    """A prior for the drafting cost per token of a part that runs a draft model (`part.draft`, a
+    `CachedModel`), in target steps: the draft's share of the target's parameters. Small models
+    rarely run faster than their share, so the prior errs low: such a part is still tried when it
+    could pay, and priced out untried when it could not (the target drafting for itself: 1.0).
+    None for other parts."""
+    model = getattr(getattr(part, "draft", None), "model", None)
+    target = getattr(getattr(engine, "target", None), "model", None)
+    if not isinstance(model, torch.nn.Module) or not isinstance(target, torch.nn.Module):
+        return None
+    return sum(p.numel() for p in model.parameters()) / sum(p.numel() for p in target.parameters())
+
+
 class HybridProposer:
     """parts: name -> a proposer, or a factory called with `engine=` (Hydra `_partial_: true`).
     Other arguments are the policy's (see `specdec.schedules.CostAwareSchedule`)."""
@@ -59,6 +75,7 @@ class HybridProposer:
                       for n, p in parts.items()}
         if "plain" in self.parts:
             raise ValueError("method.proposer.parts: 'plain' names plain decoding; call the part something else")
+        self.hints = {n: c for n, c in ((n, model_cost_hint(p, engine)) for n, p in self.parts.items()) if c is not None}
         self.args = {"margin": margin, "explore": explore, "prior": prior, "prior_weight": prior_weight,
                      "decay": decay, "window": window, "cheap": cheap, "probe": probe}
         self.planner: Planner | None = None  # made at the first step, when k_max is known
@@ -88,6 +105,7 @@ class HybridProposer:
     def _planner(self, k: int) -> Planner:
         if self.planner is None:
             self.planner = Planner(k, **self.args)
+            self.planner.costs.hints.update(self.hints)
         return self.planner
 
     @torch.inference_mode()
@@ -101,17 +119,21 @@ class HybridProposer:
         self._step = {"name": "plain", "asked": 0, "drafts": [], "lookups": {}, "options": {}}
         if k == 0 or not rows or not planner.ready(b) or planner.probing(b):  # plain: a first step here, or a probe
             return Proposal.empty(b, state.tokens.device)
-        untimed = [n for n in self.parts if not planner.costs.draft_known(n, b)]
+        untimed = [n for n in self.parts if not planner.costs.draft_known(n, b) and n not in self.hints]
         if untimed:  # a first try drafts one token: a draft model's first steps cost little
             return self._use(untimed[0], self._timed(untimed[0], state, 1), 1)
 
-        lookups, spent = {}, 0.0  # spent: the lookups' drafting, in plain steps, sunk for every option
+        lookups, spent, skipped = {}, 0.0, set()  # spent: the lookups' drafting, in plain steps, sunk for every option
         for name in self.parts:
-            if planner.is_cheap(name, b) or planner.only_tried(name, b):
+            if planner.is_cheap(name, b) and not planner.worth_proposing(name, b, rows):
+                skipped.add(name)  # no offer it could make would be kept: not run (its estimates wait for exploring)
+            elif planner.is_cheap(name, b) or planner.only_tried(name, b):
                 lookups[name] = self._timed(name, state, k)
                 spent += planner.costs.draft_cost(name, b, k)
         options: list[tuple[str, Plan | None]] = []
         for name in self.parts:
+            if name in skipped:
+                continue
             if name in lookups:
                 options.append((name, planner.best_keep(name, b, rows, lookups[name].lengths, spent)))
             else:
