@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specdec.report import BASELINE, OVERALL, _model
+from specdec.report import BASELINE, OVERALL, _model, markdown_table
+from specdec.results import MethodResults
 
 CSV_NAME = "compare.csv"
 PLOT_NAME = "compare.png"
@@ -174,32 +175,32 @@ def _call_args(args: dict | None) -> str:
 def rows_of(run: Run, with_baseline: bool = False) -> list[dict]:
     """One row per method of the run: identity, arguments, overall numbers, `<category>/<metric>`."""
     s = run.summary
-    methods = s["methods"]
+    methods = {name: MethodResults.from_dict(block) for name, block in s["methods"].items()}
     names = [n for n in methods if n != BASELINE or with_baseline or len(methods) == 1]
-    base = methods.get(BASELINE, {}).get(OVERALL, {})
     rows = []
     for name in names:
         block = methods[name]
-        o = block[OVERALL]
         row: dict[str, Any] = {
             "run": run.label + ("" if run.complete else " (incomplete)"),
             "complete": run.complete,
             "method": name,
-            "args": method_args(run.method_configs.get(name), s, name, block.get("verifier")),
+            "args": method_args(run.method_configs.get(name), s, name, block.verifier),
             "target": _model(s, "target"),
             "draft": _model(s, "draft") if _needs_draft(run.method_configs.get(name), s, name) else "none",
             "dtype": s.get("dtype"),
             "temperature": s.get("temperature"),
             "data": s.get("data"),
-            "num_prompts": o.get("num_prompts"),
-            "lossless": block.get("lossless"),
-            "verifier": block.get("verifier"),
-            "baseline_tokens_per_s": base.get("tokens_per_s", s.get("baseline_tokens_per_s")),
+            "num_prompts": block.overall.num_prompts,
+            "lossless": block.lossless,
+            "verifier": block.verifier,
+            "exact_greedy": block.exact_greedy,
+            "baseline_tokens_per_s": methods[BASELINE].overall.tokens_per_s if BASELINE in methods
+            else s.get("baseline_tokens_per_s"),
         }
-        row.update({key: value for key, value in o.items() if not isinstance(value, (list, dict))})
-        for category, m in block.get("categories", {}).items():
+        row.update({key: value for key, value in block.overall.to_dict().items() if not isinstance(value, (list, dict))})
+        for category, m in block.categories.items():
             for key in ("speedup", "mean_accepted_length", "acceptance_rate", "tokens_per_s"):
-                row[f"{category}/{key}"] = m.get(key)
+                row[f"{category}/{key}"] = getattr(m, key)
         row["path"] = str(run.path)
         rows.append(row)
     return rows
@@ -225,11 +226,6 @@ def _num(x: Any, spec: str, suffix: str = "") -> str:
     return f"{x:{spec}}{suffix}"
 
 
-def _ratio(a: Any, b: Any) -> float | None:
-    ok = all(isinstance(x, (int, float)) and math.isfinite(x) for x in (a, b)) and b
-    return a / b if ok else None
-
-
 Column = tuple[str, Callable[[dict], str]]
 COLUMNS: dict[str, Column] = {
     "run": ("run", lambda r: r["run"]),
@@ -247,9 +243,7 @@ COLUMNS: dict[str, Column] = {
     "tau": ("tau", lambda r: _num(r.get("mean_accepted_length"), ".2f")),
     "alpha": ("alpha", lambda r: _num(r.get("acceptance_rate"), ".2f")),
     "predicted": ("predicted", lambda r: _num(r.get("predicted_speedup"), ".2f", "x")),
-    "measured/predicted": ("measured/predicted",
-                           lambda r: _num(_ratio(r.get("speedup"), r.get("predicted_speedup"))
-                                          if r.get("proposed") else None, ".2f")),
+    "measured/predicted": ("measured/predicted", lambda r: _num(r.get("measured_over_predicted"), ".2f")),
     "c": ("c", lambda r: _num(r.get("c"), ".2f")),
     "verify_cost": ("verify cost", lambda r: _num(r.get("verify_cost"), ".2f")),
     "ttft": ("TTFT s", lambda r: _num(r.get("ttft_s"), ".3f")),
@@ -267,16 +261,15 @@ def format_table(rows: list[dict], columns: list[str], categories: list[str]) ->
         raise ValueError(f"unknown column(s) {unknown}; choose from: {', '.join(COLUMNS)}")
     heads = [COLUMNS[c][0] for c in columns] + categories
     text_cols = {"run", "method", "args", "target", "draft", "dtype", "lossless"}
-    align = ["---" if c in text_cols else "---:" for c in columns] + ["---:"] * len(categories)
-    lines = ["| " + " | ".join(heads) + " |", "|" + "|".join(align) + "|"]
+    cells = []
     for r in rows:
-        cells = [COLUMNS[c][1](r) for c in columns]
+        line = [COLUMNS[c][1](r) for c in columns]
         for cat in categories:
             speedup = r.get(f"{cat}/speedup")
-            cells.append("-" if speedup is None else
-                         f"{_num(speedup, '.2f', 'x')} ({_num(r.get(f'{cat}/mean_accepted_length'), '.2f')})")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+            line.append("-" if speedup is None else
+                        f"{_num(speedup, '.2f', 'x')} ({_num(r.get(f'{cat}/mean_accepted_length'), '.2f')})")
+        cells.append(line)
+    return "\n".join(markdown_table(heads, cells, left=[i for i, c in enumerate(columns) if c in text_cols]))
 
 
 # ---------------------------------------------------------------- files

@@ -41,17 +41,10 @@ from specdec.config import ConfigError, method_configs, resolve_path, validate
 from specdec.data import Prompt, build_turn_input, load_prompts, select_prompts
 from specdec.decoding import Generation, SpeculativeDecoder
 from specdec.engine import Engine
-from specdec.metrics import (
-    acceptance_histogram,
-    acceptance_histogram_by_draft_length,
-    acceptance_rate,
-    mean_acceptance_length,
-    mean_accepted_length,
-    num_spec_steps,
-    sum_lists,
-)
+from specdec.metrics import speedup
 from specdec.models import ModelSpec, check_tokenizers_compatible, describe_model, load_model
 from specdec.report import BASELINE, format_comparison, format_table, make_plots, summarize
+from specdec.results import PromptResult
 from specdec.run_dirs import check_no_results
 from specdec.schedules import make_schedule
 from specdec.tracking import make_tracker, sigterm_raises, write_local_results
@@ -66,7 +59,7 @@ TURN_OVERHEAD_TOKENS = 16  # chat-template tokens around one answer, for sizing 
 class ExperimentResult:
     out_dir: Path
     summary: dict
-    rows: list[dict]
+    rows: list[PromptResult]
     wandb_run_dir: Path | None
     table: str
 
@@ -164,11 +157,24 @@ def set_exact_greedy(decoders: list, on: bool) -> None:
     """Exact greedy for a run: every specdec decoder (the baseline included) scores at one width, the
     widest any of them needs (largest k + 1), so that their greedy outputs agree bit for bit. A run
     whose only specdec decoder is the baseline (against transformers' anchors) needs no such thing
-    and keeps plain decoding's own shapes, as `generate()` has them."""
+    and keeps plain decoding's own shapes, as `generate()` has them. Decoders it cannot apply to
+    (`exact_greedy_blocked`: trees, compile=on) score as they are."""
     ours = [d for d in decoders if isinstance(d, SpeculativeDecoder)]
-    width = max(d.k + 1 for d in ours if not getattr(d.proposer, "num_nodes", 0))  # trees score as they are
+    width = max((d.k + 1 for d in ours if d.exact_greedy_blocked is None), default=1)
     for d in ours:
         d.exact_greedy, d.score_width = on and width > 1, width
+
+
+def exact_greedy_state(decoder, cfg: DictConfig) -> str:
+    """For summary.json: `on`, `off`, or `not applied: <why>` where a greedy run asked for exact
+    greedy and this decoder cannot have it (README, numerics)."""
+    if not cfg.exact_greedy or cfg.generation.temperature != 0:
+        return "off"
+    if not isinstance(decoder, SpeculativeDecoder):
+        return "not applied: transformers' own decoding loop"
+    if decoder.exact_greedy_blocked is not None:
+        return f"not applied: {decoder.exact_greedy_blocked}"
+    return "on" if decoder.exact_greedy else "off"
 
 
 def make_decoder(m: DictConfig, engine: Engine, tokenizer):
@@ -212,85 +218,28 @@ def conversation_positions(decoder, tokenizer, prompt: Prompt, cfg: DictConfig) 
 
 
 def run_batch(decoder: SpeculativeDecoder, role: str, batch: list[Prompt], cfg: DictConfig, seed: int,
-              tokenizer, reuse_cache: bool = True) -> list[dict]:
-    """Answer every turn of the batch's prompts with one decoder; one result row per prompt. With
+              tokenizer, reuse_cache: bool = True) -> list[PromptResult]:
+    """Answer every turn of the batch's prompts with one decoder; one result per prompt. With
     `reuse_cache` a turn continues the previous turn's cache (`past=`), else it is prefilled afresh."""
     g = cfg.generation
-    n, turns = len(batch), len(batch[0].turns)
+    turns = len(batch[0].turns)
     reserve = 0  # a conversation's later turns continue the first turn's caches: room for all of them
     if turns > 1 and reuse_cache:
         reserve = max(conversation_positions(decoder, tokenizer, p, cfg) for p in batch)
     histories: list[list[tuple[str, str]]] = [[] for _ in batch]
-    rows = [_empty_row(p, role) for p in batch]
+    generations: list[Generation] = []
     past: Generation | None = None
     for t in range(turns):
         inputs = [build_turn_input(tokenizer, histories[j], p.turns[t], cfg.data.system_prompt)
                   for j, p in enumerate(batch)]
         out = decoder.generate(inputs, max_new_tokens=g.max_new_tokens, temperature=g.temperature,
                                top_k=g.top_k, top_p=g.top_p, seed=seed + t, past=past, reserve=reserve)
-        reused = (out.state.reuse if out.state is not None else None) or [0] * n
-        s = out.stats
-        for j, row in enumerate(rows):
-            r = s.rows[j]
-            text = out.texts[j]
-            histories[j].append((batch[j].turns[t], text))
-            if t == 0:
-                row["prompt_token_ids"] = out.prompt_ids[j]
-            row["output_token_ids"] += out.output_ids[j]
-            row["turn_outputs"].append({"turn": t, "input_tokens": len(out.prompt_ids[j]),
-                                        "reused_cache_tokens": reused[j], "new_tokens": r.new_tokens,
-                                        "output_token_ids": out.output_ids[j], "output_text": text})
-            for key, value in (("new_tokens", r.new_tokens), ("steps", r.steps), ("proposed", r.proposed),
-                               ("accepted", r.accepted), ("emitted", r.emitted), ("latency_s", r.wall_s),
-                               ("wall_s", s.wall_s / n), ("ttft_s", s.ttft_s),
-                               ("draft_s", s.draft_s / n), ("verify_s", s.verify_s / n), ("cpu_s", s.cpu_s / n),
-                               ("reused_cache_tokens", reused[j])):
-                row[key] += value
-            row["accepted_per_position"] = sum_lists([row["accepted_per_position"], r.accepted_at])
-            row["reached_per_position"] = sum_lists([row["reached_per_position"], r.reached_at])
-            row["proposed_per_position"] = sum_lists([row["proposed_per_position"], r.proposed_at])
-            row["accepted_lengths"] += r.accepted_lengths  # drafts accepted per step (vLLM: per_step_accepted)
-            row["lossless"], row["verifier"] = out.lossless, out.verifier
-            row["acceptance_measured"] = out.acceptance_measured
-            row["draft_lengths"] += r.draft_lengths  # this row's drafts per step (a policy's choice per row)
-            row["step_draft_lengths"] += s.draft_lengths  # the batch's longest per step: scored width - 1
-            if out.reports:  # what the proposer / schedule chose or learned (hybrid choices, policy costs)
-                row["reports"].append({"turn": t, **out.reports})
+        generations.append(out)
+        for j, p in enumerate(batch):
+            histories[j].append((p.turns[t], out.texts[j]))
         past = out if reuse_cache else None
-    for row in rows:
-        _finish_row(row, turns, seed)
-    return rows
-
-
-def _empty_row(prompt: Prompt, role: str) -> dict:
-    row = {"prompt_id": prompt.prompt_id, "category": prompt.category, "method": role,
-           "prompt_token_ids": [], "output_token_ids": [], "output_text": "", "turn_outputs": []}
-    for key in ("new_tokens", "steps", "proposed", "accepted", "emitted", "reused_cache_tokens"):
-        row[key] = 0
-    for key in ("wall_s", "latency_s", "ttft_s", "draft_s", "verify_s", "cpu_s"):
-        row[key] = 0.0
-    row["accepted_per_position"], row["reached_per_position"], row["proposed_per_position"] = [], [], []
-    row["accepted_lengths"] = []
-    row["draft_lengths"], row["step_draft_lengths"], row["reports"] = [], [], []
-    return row
-
-
-def _finish_row(row: dict, turns: int, seed: int) -> None:
-    """Derived per-prompt numbers; per-turn detail is kept only for multi-turn prompts."""
-    row["turns"] = turns
-    row["seed"] = seed
-    row["ttft_s"] /= turns  # mean time to first token over the turns
-    row["output_text"] = "\n\n".join(o["output_text"] for o in row["turn_outputs"])
-    if turns == 1:
-        del row["turn_outputs"]
-    row["tokens_per_s"] = row["new_tokens"] / row["wall_s"] if row["wall_s"] else float("nan")
-    row["acceptance_rate"] = acceptance_rate(row["accepted"], row["proposed"])
-    row["mean_accepted_length"] = mean_accepted_length(row["emitted"], row["steps"])
-    # vLLM's per-request metrics (specdec.metrics has the definitions)
-    row["mean_acceptance_length"] = mean_acceptance_length(row["accepted"], num_spec_steps(row["draft_lengths"]))
-    row["acceptance_histogram"] = acceptance_histogram(row["draft_lengths"], row["accepted_lengths"])
-    row["acceptance_histogram_by_draft_length"] = acceptance_histogram_by_draft_length(
-        row["draft_lengths"], row["accepted_lengths"])
+    return [PromptResult.from_generations(p.prompt_id, p.category, role, seed, generations, j)
+            for j, p in enumerate(batch)]
 
 
 def drop_too_long(prompts: list[Prompt], setup: Setup, cfg: DictConfig) -> tuple[list[Prompt], list[str]]:
@@ -336,12 +285,12 @@ def warm_up(decoders: list[SpeculativeDecoder], prompt: Prompt, cfg: DictConfig,
                          temperature=g.temperature, top_k=g.top_k, top_p=g.top_p, seed=cfg.seed)
 
 
-def measure(setup: Setup, prompts: list[Prompt], cfg: DictConfig, on_batch=None) -> list[dict]:
+def measure(setup: Setup, prompts: list[Prompt], cfg: DictConfig, on_batch=None) -> list[PromptResult]:
     """Run every method and the baseline on every batch; the order rotates from batch to batch, so
     each goes first, second, ... equally often and order effects cancel."""
     roles = [*setup.methods.items(), (BASELINE, setup.baseline)]
     method_name = " / ".join(name for name, _ in roles[:-1]) or BASELINE
-    rows: list[dict] = []
+    rows: list[PromptResult] = []
     batches = make_batches(prompts, cfg.generation.batch_size)
     disable = None if cfg.progress is None else not cfg.progress
     with tqdm(total=len(prompts), desc=f"{method_name} vs {BASELINE}", unit="prompt", disable=disable,
@@ -444,15 +393,16 @@ def run(cfg: DictConfig, out_dir: str | Path) -> ExperimentResult:
                            init_timeout=lg.init_timeout)
     config = OmegaConf.to_container(cfg, resolve=True)
     info = run_info(cfg)
-    saved: list[dict] = []  # the rows of the last save: what a failure leaves behind
+    saved: list[PromptResult] = []  # the rows of the last save: what a failure leaves behind
+    exact: dict[str, str] = {}  # per method, whether exact greedy applied (known once the decoders are built)
 
-    def save(rows: list[dict], complete: bool = False, error: str | None = None) -> dict:
+    def save(rows: list[PromptResult], complete: bool = False, error: str | None = None) -> dict:
         saved[:] = rows
-        summary = summarize(rows, method_names or [BASELINE], info, greedy)
+        summary = summarize(rows, method_names or [BASELINE], info, greedy, exact)
         summary["complete"] = complete
         if error is not None:
             summary["error"] = error  # how the run ended early; a sweep marks the job failed
-        write_local_results(out_dir, rows, summary)
+        write_local_results(out_dir, [r.to_dict() for r in rows], summary)
         return summary
 
     # A SIGTERM (Slurm, `timeout`) raises here like any failure: partial results are saved with
@@ -463,6 +413,12 @@ def run(cfg: DictConfig, out_dir: str | Path) -> ExperimentResult:
             setup = build(cfg)
             prompts, skipped = drop_too_long(prompts, setup, cfg)
             info.update(run_info(cfg, setup), skipped_prompts=skipped)
+            exact.update({name: exact_greedy_state(d, cfg) for name, d in
+                          [*setup.methods.items(), (BASELINE, setup.baseline)]})
+            for name, state in exact.items():
+                if state.startswith("not applied"):
+                    log.warning("%s: exact greedy %s; its greedy output may differ from plain decoding's "
+                                "outside float32 (README, numerics)", name, state)
             if cfg.warmup:
                 warm_up([*setup.methods.values(), setup.baseline], prompts[0], cfg, setup.tokenizer)
             rows = measure(setup, prompts, cfg, on_batch=save)
@@ -472,7 +428,7 @@ def run(cfg: DictConfig, out_dir: str | Path) -> ExperimentResult:
             except OSError as write_error:  # a full disk: the last batch's files are what is left
                 log.warning("could not record the failure in %s (%s)", out_dir, write_error)
             else:
-                tracker.log_summary(partial, saved, {})
+                tracker.log_summary(partial, [r.to_dict() for r in saved], {})
             raise
         summary = save(rows, complete=True)
         plots = _plots(summary, out_dir) if cfg.plots else {}
@@ -481,28 +437,28 @@ def run(cfg: DictConfig, out_dir: str | Path) -> ExperimentResult:
             table += "\n\n" + format_comparison(summary)
         (out_dir / "table.md").write_text(table + "\n", encoding="utf-8")
         tracker.log_rows(per_prompt(rows, method_name))
-        tracker.log_summary(summary, rows, plots)
+        tracker.log_summary(summary, [r.to_dict() for r in rows], plots)
     print(table, flush=True)
     log.info("results in %s", out_dir)
     return ExperimentResult(out_dir, summary, rows, tracker.run_dir, table)
 
 
-def per_prompt(rows: list[dict], method_name: str) -> list[dict]:
+def per_prompt(rows: list[PromptResult], method_name: str) -> list[dict]:
     """One W&B history step per prompt: the method's numbers and its speedup over the baseline."""
-    base = {r["prompt_id"]: r for r in rows if r["method"] == BASELINE}
+    base = {r.prompt_id: r for r in rows if r.method == BASELINE}
     out = []
-    for i, r in enumerate(r for r in rows if r["method"] == method_name):
-        b = base[r["prompt_id"]]
+    for i, r in enumerate(r for r in rows if r.method == method_name):
+        b = base[r.prompt_id]
         out.append({
             "index": i,
-            "new_tokens": r["new_tokens"],
-            "wall_s": r["wall_s"],
-            "tokens_per_s": r["tokens_per_s"],
-            "baseline_tokens_per_s": b["tokens_per_s"],
-            "speedup": r["tokens_per_s"] / b["tokens_per_s"] if b["tokens_per_s"] else float("nan"),
-            "acceptance_rate": r["acceptance_rate"],
-            "mean_accepted_length": r["mean_accepted_length"],
-            "ttft_s": r["ttft_s"],
+            "new_tokens": r.new_tokens,
+            "wall_s": r.wall_s,
+            "tokens_per_s": r.tokens_per_s,
+            "baseline_tokens_per_s": b.tokens_per_s,
+            "speedup": speedup(r.tokens_per_s, b.tokens_per_s),
+            "acceptance_rate": r.acceptance_rate,
+            "mean_accepted_length": r.mean_accepted_length,
+            "ttft_s": r.ttft_s,
         })
     return out
 

@@ -13,7 +13,9 @@ way. Where vLLM publishes a metric, it has vLLM's name (README, "Metrics"):
 - `per_position_acceptance` a_i = P(draft i accepted | drafts before it accepted), conditional;
 - `per_position_acceptance_rate` = accepted at position i / steps that drafted (vLLM's, unconditional);
 - `acceptance_histogram[j]` = steps that drafted and accepted exactly j drafts (vLLM's);
-- `acceptance_histogram_by_draft_length[k][j]` = the same, for steps that drafted exactly k (vLLM's).
+- `acceptance_histogram_by_draft_length[k][j]` = the same, for steps that drafted exactly k (vLLM's);
+- `expected_tokens_per_step`, `tokens_per_s`, `speedup`, `draft_token_cost` (c) and the predicted
+  speedups: the cost model, applied per method and group of prompts by `specdec.results`.
 
 Drafts cut off by EOS or by `max_new_tokens` are never emitted, so they count neither as accepted nor
 as reached (`RowStats.record`); they do count as proposed, since they were drafted and scored.
@@ -115,6 +117,23 @@ def expected_tokens_per_step(per_position: Sequence[float], drafted: Sequence[fl
         reach *= a
         expected += reach * (drafted[i] if drafted is not None else 1.0)
     return expected
+
+
+def tokens_per_s(tokens: int, seconds: float) -> float:
+    """Generated tokens per second (the prefill's first token included)."""
+    return ratio(tokens, seconds)
+
+
+def speedup(method_tokens_per_s: float, baseline_tokens_per_s: float) -> float:
+    """Method tokens/s over the baseline's on the same prompts: for greedy runs (same tokens) this is
+    baseline wall time / method wall time; with sampling the rate is the fair ratio."""
+    return ratio(method_tokens_per_s, baseline_tokens_per_s)
+
+
+def draft_token_cost(draft_s: float, proposed: int, t_base: float) -> float:
+    """c = (drafting seconds / drafted tokens) / t_base: one draft token's cost relative to one
+    1-token target step (t_base, the baseline's seconds per step)."""
+    return ratio(ratio(draft_s, proposed), t_base)
 
 
 def predicted_speedup(expected: float, t_base: float, t_step: float) -> float:
@@ -278,4 +297,4 @@ class GenerationStats:
 
     @property
     def tokens_per_s(self) -> float:
-        return ratio(self.new_tokens, self.wall_s)
+        return tokens_per_s(self.new_tokens, self.wall_s)

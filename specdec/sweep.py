@@ -36,13 +36,17 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from specdec.report import markdown_table
+from specdec.results import HEADLINE
+
 log = logging.getLogger("specdec")
 
 CSV_NAME = "sweep_summary.csv"
 PLOT_NAME = "sweep_summary.png"
-METRICS = ("speedup", "mean_accepted_length", "acceptance_rate", "predicted_speedup", "c",
-           "tokens_per_s", "baseline_tokens_per_s", "matches_baseline", "ttft_s", "num_prompts",
-           "method", "verifier", "lossless", "complete")
+# The first method's headline numbers (a MethodSummary's, repeated at the top of summary.json), then
+# the run's own; per-position acceptance is a list, left to summary.json.
+METRICS = (*(m for m in HEADLINE if m != "per_position_acceptance"), "baseline_tokens_per_s", "matches_baseline",
+           "num_prompts", "method", "verifier", "lossless", "complete")
 COMPLETE, FAILED, INCOMPLETE, MISSING = "complete", "failed", "incomplete", "missing summary"
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
@@ -242,19 +246,19 @@ def format_rows(keys: list[str], rows: list[dict]) -> str:
     """A short markdown table of the sweep, printed at its end: a job that is not complete says so
     (its status, and its error if it has one), and a line under the table counts each status."""
     head = ["job", *keys, "status", "speedup", "tau", "alpha", "predicted"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    cells = []
     for r in rows:
         status = r["status"] if r["status"] == COMPLETE else f"**{r['status']}**"
         if r.get("error"):
             status += f" ({r['error']})".replace("|", "/")
-        cells = [str(r["job"]), *(str(r[k]) for k in keys), status]
+        line = [str(r["job"]), *(str(r[k]) for k in keys), status]
         for m in ("speedup", "mean_accepted_length", "acceptance_rate", "predicted_speedup"):
             x = _as_number(r.get(m))
-            cells.append("-" if x is None or math.isnan(x) else f"{x:.2f}")
-        lines.append("| " + " | ".join(cells) + " |")
+            line.append("-" if x is None or math.isnan(x) else f"{x:.2f}")
+        cells.append(line)
     counts = {s: sum(r["status"] == s for r in rows) for s in (COMPLETE, FAILED, INCOMPLETE, MISSING)}
-    lines += ["", f"{len(rows)} jobs: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n)]
-    return "\n".join(lines)
+    total = f"{len(rows)} jobs: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+    return "\n".join([*markdown_table(head, cells, left=range(len(keys) + 2)), "", total])
 
 
 class SweepSummary(Callback):

@@ -15,6 +15,7 @@ from hydra import compose, initialize_config_dir
 
 from specdec import compare, experiment
 from specdec.report import summarize
+from specdec.results import PromptResult
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -23,11 +24,11 @@ FAST = ["experiment=tiny_smoke", "generation.max_new_tokens=6", "plots=false", "
 
 
 def _row(method, prompt_id, category, new_tokens, wall, steps, proposed=0, accepted=0, lossless=True):
-    return {"prompt_id": prompt_id, "category": category, "method": method, "new_tokens": new_tokens,
+    return PromptResult.from_dict({"prompt_id": prompt_id, "category": category, "method": method, "new_tokens": new_tokens,
             "wall_s": wall, "ttft_s": 0.01, "steps": steps, "proposed": proposed, "accepted": accepted,
             "emitted": new_tokens - 1, "draft_s": 0.1 * wall if proposed else 0.0, "verify_s": 0.8 * wall,
             "accepted_per_position": [accepted], "reached_per_position": [steps if proposed else 0],
-            "output_token_ids": [1, 2], "lossless": lossless, "verifier": "greedy" if lossless else "typical"}
+            "output_token_ids": [1, 2], "lossless": lossless, "verifier": "greedy" if lossless else "typical"})
 
 
 def _summary(method: str, method_wall: float, k: int, complete: bool = True, lossless: bool = True,

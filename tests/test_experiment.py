@@ -21,9 +21,10 @@ from hydra import compose, initialize_config_dir
 from specdec import experiment
 from specdec.data import Prompt, build_turn_input
 from specdec.decoding import Generation
-from specdec.metrics import GenerationStats, RowStats
-from specdec.report import expected_tokens_per_step, format_table, metrics, summarize, totals
-from specdec.tracking import Terminated, flatten, inspect_offline_run, read_offline_summary
+from specdec.metrics import GenerationStats, RowStats, expected_tokens_per_step
+from specdec.report import format_table, summarize
+from specdec.results import MethodSummary, PromptResult, Totals
+from specdec.tracking import Terminated, _jsonable, flatten, inspect_offline_run, read_offline_summary
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 FAST = ["target=tiny_random", "draft=tiny_random", "logger=none", "data.limit=1",
@@ -91,7 +92,7 @@ def test_every_method_runs_on_tiny_models(method, tmp_path):
     s = result.summary
     assert s["method"] == method and s["num_prompts"] == 6
     if method == "autoregressive":  # the baseline alone
-        assert {r["method"] for r in result.rows} == {"autoregressive"} and s["speedup"] == 1.0
+        assert {r.method for r in result.rows} == {"autoregressive"} and s["speedup"] == 1.0
         assert s["mean_accepted_length"] == 1.0
     else:
         assert len(result.rows) == 12
@@ -109,7 +110,7 @@ def test_perfect_draft_accepts_everything_and_matches_the_baseline(tmp_path):
     assert s["methods"]["draft"]["overall"]["expected_tokens_per_step"] == 4.0
     assert 1.0 < s["mean_accepted_length"] <= 4.0  # 4 per step, less where EOS/max_new_tokens cut
     for row in result.rows:
-        assert row["proposed"] == 3 * row["steps"] if row["method"] == "draft" else row["proposed"] == 0
+        assert row.proposed == 3 * row.steps if row.method == "draft" else row.proposed == 0
 
 
 def test_unrelated_draft_still_matches_the_baseline(tmp_path):
@@ -136,16 +137,16 @@ def test_multi_turn_continues_the_cache_and_equals_a_fresh_prefill(tmp_path):
     result = experiment.run(cfg, tmp_path)
     setup = experiment.build(cfg)
     for row in result.rows:
-        first, second = row["turn_outputs"]
-        assert row["turns"] == 2 and first["reused_cache_tokens"] == 0
-        assert 0 < second["reused_cache_tokens"] < second["input_tokens"]
-        assert row["output_token_ids"] == first["output_token_ids"] + second["output_token_ids"]
+        first, second = row.turn_outputs
+        assert row.turns == 2 and first.reused_cache_tokens == 0
+        assert 0 < second.reused_cache_tokens < second.input_tokens
+        assert row.output_token_ids == first.output_token_ids + second.output_token_ids
         # turn 2 decoded from scratch gives the same tokens as turn 2 continued from the cache
-        prompt = next(p for p in experiment.load_data(cfg) if p.prompt_id == row["prompt_id"])
-        ids = build_turn_input(setup.tokenizer, [(prompt.turns[0], first["output_text"])], prompt.turns[1])
-        assert len(ids) == second["input_tokens"]
+        prompt = next(p for p in experiment.load_data(cfg) if p.prompt_id == row.prompt_id)
+        ids = build_turn_input(setup.tokenizer, [(prompt.turns[0], first.output_text)], prompt.turns[1])
+        assert len(ids) == second.input_tokens
         fresh = setup.baseline.generate([ids], max_new_tokens=6)
-        assert fresh.output_ids[0] == second["output_token_ids"]
+        assert fresh.output_ids[0] == second.output_token_ids
 
 
 def test_batches_give_the_same_greedy_tokens(tmp_path):
@@ -154,10 +155,10 @@ def test_batches_give_the_same_greedy_tokens(tmp_path):
                    name="b3")
 
     def tokens(result):
-        return {(r["prompt_id"], r["method"]): r["output_token_ids"] for r in result.rows}
+        return {(r.prompt_id, r.method): r.output_token_ids for r in result.rows}
 
     assert tokens(single) == tokens(batched)
-    wall = sum(r["wall_s"] for r in batched.rows if r["method"] == "draft")
+    wall = sum(r.wall_s for r in batched.rows if r.method == "draft")
     assert math.isclose(batched.summary["methods"]["draft"]["overall"]["wall_s"], wall)
 
 
@@ -214,16 +215,16 @@ def test_ttft_is_a_latency_each_row_of_a_batch_shares(tmp_path):
     batch = [Prompt(str(i), "qa", ("a question",)) for i in range(3)]
     rows = experiment.run_batch(FixedTimes([0.3]), "baseline", batch, cfg, 0, tokenizer)
     # every row's first token came at the end of the batch's prefill, 0.3 s in
-    assert [r["ttft_s"] for r in rows] == [0.3, 0.3, 0.3]
-    assert totals(rows)["ttft_s"] == pytest.approx(0.3)
+    assert [r.ttft_s for r in rows] == [0.3, 0.3, 0.3]
+    assert Totals.of(rows).ttft_s == pytest.approx(0.3)
     # wall time is a share of the batch (the three add up to its 1.0 s); latency is each row's own
-    assert [r["wall_s"] for r in rows] == pytest.approx([1 / 3] * 3)
-    assert [r["latency_s"] for r in rows] == pytest.approx([1 / 3, 2 / 3, 1.0])
+    assert [r.wall_s for r in rows] == pytest.approx([1 / 3] * 3)
+    assert [r.latency_s for r in rows] == pytest.approx([1 / 3, 2 / 3, 1.0])
     # two turns: TTFT 0.2 s then 0.4 s; a prompt's TTFT is the mean over its turns
     chats = [Prompt(str(i), "conversation", ("first", "second")) for i in range(2)]
     rows = experiment.run_batch(FixedTimes([0.2, 0.4]), "baseline", chats, cfg, 0, tokenizer)
-    assert [r["ttft_s"] for r in rows] == pytest.approx([0.3, 0.3])
-    assert [r["wall_s"] for r in rows] == pytest.approx([(1.0 + 2.0) / 2] * 2)
+    assert [r.ttft_s for r in rows] == pytest.approx([0.3, 0.3])
+    assert [r.wall_s for r in rows] == pytest.approx([(1.0 + 2.0) / 2] * 2)
 
 
 @pytest.mark.parametrize(("method", "k"), [("hf_assisted", 3), ("hf_prompt_lookup", 5), ("draft", 2),
@@ -238,7 +239,7 @@ def test_summary_records_the_k_of_every_drafting_method(method, k):
 
 
 def _turns_reused(rows: list[dict], method: str) -> list[int]:
-    return [o["reused_cache_tokens"] for r in rows if r["method"] == method for o in r["turn_outputs"]]
+    return [o.reused_cache_tokens for r in rows if r.method == method for o in r.turn_outputs]
 
 
 def test_anchors_and_specdec_share_one_cache_policy(tmp_path):
@@ -360,12 +361,13 @@ def test_sigterm_from_outside_ends_the_process_as_killed(tmp_path, wandb_env):
 
 
 def _row(method, prompt_id="p", category="qa", steps=10, proposed=0, accepted=0, emitted=10, wall=1.0,
-         draft=0.0, verify=0.5, acc_at=(), reached_at=(), out=(1, 2, 3), lossless=True):
-    return {"prompt_id": prompt_id, "category": category, "method": method, "new_tokens": emitted + 1,
+         draft=0.0, verify=0.5, acc_at=(), reached_at=(), out=(1, 2, 3), lossless=True) -> PromptResult:
+    """A result as an older version wrote it to results.jsonl (no per-step lists): it still reads."""
+    return PromptResult.from_dict({"prompt_id": prompt_id, "category": category, "method": method, "new_tokens": emitted + 1,
             "wall_s": wall, "ttft_s": 0.1, "steps": steps, "proposed": proposed, "accepted": accepted,
             "emitted": emitted, "draft_s": draft, "verify_s": verify, "accepted_per_position": list(acc_at),
             "reached_per_position": list(reached_at), "output_token_ids": list(out), "lossless": lossless,
-            "verifier": "greedy" if lossless else "typical"}
+            "verifier": "greedy" if lossless else "typical"})
 
 
 def test_expected_tokens_per_step():
@@ -382,18 +384,21 @@ def test_cost_model_and_predicted_speedup():
     base = _row("autoregressive", steps=20, emitted=20, wall=1.2, verify=1.0)
     method = _row("draft", steps=5, proposed=10, accepted=7, emitted=12, wall=0.6, draft=0.1, verify=0.4,
                   acc_at=(5, 2), reached_at=(5, 4))
-    m = metrics([method], [base], greedy=True)
+    m = MethodSummary.measure([method], [base], greedy=True)
     t_base = 1.0 / 20
-    assert m["per_position_acceptance"] == [1.0, 0.5]
-    assert m["acceptance_rate"] == 0.7 and m["mean_accepted_length"] == 12 / 5
-    assert m["c"] == pytest.approx((0.1 / 10) / t_base)  # one draft token costs 0.2 target steps
-    assert m["verify_cost"] == pytest.approx((0.4 / 5) / t_base)
+    assert m.per_position_acceptance == [1.0, 0.5]
+    assert m.acceptance_rate == 0.7 and m.mean_accepted_length == 12 / 5
+    assert m.c == pytest.approx((0.1 / 10) / t_base)  # one draft token costs 0.2 target steps
+    assert m.verify_cost == pytest.approx((0.4 / 5) / t_base)
     expected = 1 + 1.0 + 0.5
-    assert m["predicted_speedup"] == pytest.approx(expected * t_base / (0.1 / 5 + 0.4 / 5))
+    assert m.predicted_speedup == pytest.approx(expected * t_base / (0.1 / 5 + 0.4 / 5))
     # the same through the Leviathan form E / (c k + verify_cost)
-    assert m["predicted_speedup"] == pytest.approx(expected / (m["c"] * 2 + m["verify_cost"]))
-    assert m["speedup"] == pytest.approx((13 / 0.6) / (21 / 1.2))
-    assert m["matches_baseline"] == 1.0
+    assert m.predicted_speedup == pytest.approx(expected / (m.c * 2 + m.verify_cost))
+    assert m.speedup == pytest.approx((13 / 0.6) / (21 / 1.2))
+    assert m.matches_baseline == 1.0
+    assert m.measured_over_predicted == pytest.approx(m.speedup / m.predicted_speedup)
+    written = _jsonable(m.to_dict())  # as summary.json holds it (NaN as null): it reads back
+    assert _jsonable(MethodSummary.from_dict(json.loads(json.dumps(written))).to_dict()) == written
 
 
 def test_summary_marks_lossy_methods_and_counts_mismatches():
@@ -416,5 +421,5 @@ def test_hf_source_with_a_local_file(tmp_path):
     result = _run(tmp_path, "data=hf", f"data.path={data}", "data.text_field=question",
                   "data.category_field=topic", "data.limit=null")
     assert result.summary["categories"] == ["a", "b"] and result.summary["num_prompts"] == 3
-    assert sorted({r["prompt_id"] for r in result.rows}) == ["0", "1", "2"]  # no id_field: the row index
-    assert sorted(r["turns"] for r in result.rows) == [1, 1, 1, 1, 2, 2]
+    assert sorted({r.prompt_id for r in result.rows}) == ["0", "1", "2"]  # no id_field: the row index
+    assert sorted(r.turns for r in result.rows) == [1, 1, 1, 1, 2, 2]

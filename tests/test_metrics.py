@@ -1,8 +1,9 @@
 """Every metric against a hand-computed case: five steps of one row, one of which drafted nothing and
 two of which were cut (EOS inside the accepted drafts, max_new_tokens right after the first draft).
-The same counts give the same numbers through the decoder's statistics, the experiment's rows and
-the report's summary, since all three apply the one definition in `specdec.metrics`."""
+The same counts give the same numbers through the decoder's statistics, the typed per-prompt result
+and the method's summary, since all three apply the one definition in `specdec.metrics`."""
 
+import json
 import math
 
 import pytest
@@ -19,7 +20,7 @@ from specdec.metrics import (
     predicted_speedup_with_prefill,
 )
 from specdec.proposers.draft_model import DraftModelProposer
-from specdec.report import metrics
+from specdec.results import MethodSummary, PromptResult
 
 # (proposed, accepted by the verifier, emitted after the EOS / max_new_tokens cut)
 STEPS = [
@@ -90,34 +91,51 @@ def test_merged_rows_add_counts_and_concatenate_steps(row):
     assert total.mean_acceptance_length == pytest.approx(1 + 11 / 5)
 
 
-def _result_row(r: RowStats, method: str) -> dict:
-    """A results.jsonl row carrying these counts (the fields the report reads)."""
-    return {"prompt_id": "p", "category": "c", "method": method, "new_tokens": r.emitted + 1, "wall_s": 1.0,
-            "steps": r.steps, "proposed": r.proposed, "accepted": r.accepted, "emitted": r.emitted,
-            "draft_s": 0.1, "verify_s": 0.5, "ttft_s": 0.1, "accepted_per_position": r.accepted_at,
-            "reached_per_position": r.reached_at, "proposed_per_position": r.proposed_at,
-            "draft_lengths": r.draft_lengths, "accepted_lengths": r.accepted_lengths,
-            "output_token_ids": [], "lossless": True}
+def _result(r: RowStats, method: str) -> PromptResult:
+    """A prompt's result carrying these counts."""
+    return PromptResult("p", "c", method, new_tokens=r.emitted + 1, wall_s=1.0, steps=r.steps, proposed=r.proposed,
+                        accepted=r.accepted, emitted=r.emitted, bonus=r.bonus, recovered=r.recovered, draft_s=0.1,
+                        verify_s=0.5, ttft_s=0.1, accepted_per_position=r.accepted_at, reached_per_position=r.reached_at,
+                        proposed_per_position=r.proposed_at, draft_lengths=r.draft_lengths,
+                        accepted_lengths=r.accepted_lengths)
 
 
-def test_the_report_applies_the_same_definitions(row):
+def test_a_prompt_result_applies_the_same_definitions_and_reads_back(row):
+    result = _result(row, "draft")
+    for name in PromptResult.DERIVED[1:]:
+        assert getattr(result, name) == getattr(row, name), name
+    assert result.tokens_per_s == 13.0  # 13 tokens in 1 s
+    line = json.loads(json.dumps(result.to_dict()))  # a line of results.jsonl
+    assert line["acceptance_rate"] == row.acceptance_rate and line["accepted_per_position"] == [4, 3, 1, 1]
+    assert PromptResult.from_dict(line) == result
+    # a line an older version wrote, without the per-step lists: it reads, with what it lacks empty
+    old = {k: v for k, v in line.items() if k not in ("draft_lengths", "accepted_lengths", "proposed_per_position")}
+    assert PromptResult.from_dict(old).acceptance_rate == row.acceptance_rate
+
+
+def test_the_summary_applies_the_same_definitions(row):
     base = RowStats()
     for _ in range(12):
         base.record(0, 0, 1)
-    m = metrics([_result_row(row, "draft")], [_result_row(base, "autoregressive")], greedy=True)
-    assert m["acceptance_rate"] == row.acceptance_rate
-    assert m["mean_accepted_length"] == row.mean_accepted_length
-    assert m["mean_acceptance_length"] == row.mean_acceptance_length
-    assert m["per_position_acceptance"] == row.per_position_acceptance
-    assert m["per_position_acceptance_rate"] == row.per_position_acceptance_rate
-    assert m["acceptance_histogram"] == [0, 1, 2, 0, 1]
-    assert m["acceptance_histogram_by_draft_length"] == {3: [0, 0, 1, 0], 4: [0, 1, 1, 0, 1]}
-    assert m["num_spec_steps"] == 4
+    m = MethodSummary.measure([_result(row, "draft")], [_result(base, "autoregressive")], greedy=True)
+    assert m.acceptance_rate == row.acceptance_rate
+    assert m.mean_accepted_length == row.mean_accepted_length
+    assert m.mean_acceptance_length == row.mean_acceptance_length
+    assert m.per_position_acceptance == row.per_position_acceptance
+    assert m.per_position_acceptance_rate == row.per_position_acceptance_rate
+    assert m.acceptance_histogram == [0, 1, 2, 0, 1]
+    assert m.acceptance_histogram_by_draft_length == {3: [0, 0, 1, 0], 4: [0, 1, 1, 0, 1]}
+    assert m.num_spec_steps == 4
     # costs: the baseline's 12 steps in 0.5 s, the method's 5 in 0.1 + 0.5 s; prefill 0.1 s, 13 tokens
-    e = m["expected_tokens_per_step"]
-    assert m["predicted_speedup"] == pytest.approx(predicted_speedup(e, 0.5 / 12, 0.6 / 5))
-    assert m["predicted_speedup_with_prefill"] == pytest.approx(
+    e = m.expected_tokens_per_step
+    assert m.predicted_speedup == pytest.approx(predicted_speedup(e, 0.5 / 12, 0.6 / 5))
+    assert m.predicted_speedup_with_prefill == pytest.approx(
         predicted_speedup_with_prefill(e, 0.6 / 5, 0.1, 13, 1, 13 / 1.0))
+    assert m.speedup == pytest.approx(13 / 13)
+    assert m.c == pytest.approx((0.1 / 15) / (0.5 / 12))  # drafting seconds per drafted token, per baseline step
+    # a block of summary.json: the histogram's draft lengths come back as numbers
+    assert MethodSummary.from_dict(json.loads(json.dumps(m.to_dict()))).acceptance_histogram_by_draft_length == \
+        {3: [0, 0, 1, 0], 4: [0, 1, 1, 0, 1]}
 
 
 def test_decoder_does_not_count_drafts_past_max_new_tokens(engine_factory):
