@@ -8,7 +8,7 @@ from specdec.decoding import SpeculativeDecoder
 from specdec.engine import Engine
 from specdec.models import tiny_random_model
 from specdec.proposers.draft_model import DraftModelProposer
-from specdec.proposers.hybrid import HybridProposer
+from specdec.proposers.hybrid import LEAD_EVIDENCE, SWITCH, HybridProposer
 from specdec.proposers.ngram import NgramProposer
 from specdec.proposers.suffix import SuffixProposer
 from tests.conftest import RAGGED_PROMPTS
@@ -92,8 +92,10 @@ def test_a_draft_model_as_costly_as_the_target_is_never_run(make_engine):
     # The target drafting for itself: priced at its share of the target's parameters (1.0) before
     # any measurement, a draft token costs a plain step and can never pay, so it is not even tried.
     engine = make_engine("self")
-    hybrid = HybridProposer(engine, _parts())
+    hybrid = HybridProposer(engine, _parts(), window=512)
     assert hybrid.hints == {"draft": pytest.approx(1.0)}
+    for name in ("suffix", "ngram"):  # widths told flat (tiny models' clocks are noise); the draft left untimed
+        _fed(hybrid._planner(K), 0.5, lambda t: 0.01, b=len(REPEATING), source=name, rounds=300)
     dec = SpeculativeDecoder(engine, hybrid, num_speculative_tokens=K)
     for turn in range(2):
         prompts = [p + [30 + turn] for p in REPEATING]
@@ -109,6 +111,34 @@ def test_a_small_draft_model_is_priced_at_its_share_of_the_target(make_engine, u
     hybrid = HybridProposer(engine, _parts())
     assert 0 < ratio < 1 and hybrid.hints == {"draft": pytest.approx(ratio)}
     assert hybrid._planner(K).costs.draft_cost("draft", 1, 3) == pytest.approx(3 * ratio)  # until measured
+
+
+def test_it_follows_a_part_that_does_better_alone_and_comes_back_when_switching_pays(make_engine):
+    hybrid = HybridProposer(make_engine(), _parts(draft_kind="none"))
+    hybrid._planner(K)
+    hybrid._step = {"follow": SWITCH}
+    for _ in range(10):  # switching 1.2 tokens per plain step, suffix alone 1.5, n-gram alone 1.1
+        hybrid._stand(1, {SWITCH: (1.2, 1.0), "suffix": (1.5, 1.0), "ngram": (1.1, 1.0)})
+    assert hybrid.follow.get(1, SWITCH) == SWITCH  # under LEAD_EVIDENCE plain steps: not yet
+    for _ in range(int(LEAD_EVIDENCE)):
+        hybrid._stand(1, {SWITCH: (1.2, 1.0), "suffix": (1.5, 1.0), "ngram": (1.1, 1.0)})
+    assert hybrid.follow[1] == "suffix" and 4 not in hybrid.follow  # per batch size
+    for _ in range(300):  # switching now does better than suffix alone
+        hybrid._stand(1, {SWITCH: (1.8, 1.0), "suffix": (1.5, 1.0), "ngram": (1.1, 1.0)})
+    assert hybrid.follow[1] == SWITCH
+
+
+def test_following_one_part_chooses_only_that_part_or_plain_and_keeps_the_output(make_engine):
+    engine = make_engine()
+    hybrid = _hybrid(engine, len(REPEATING), _parts(draft_kind="none"))
+    hybrid.follow[len(REPEATING)] = "ngram"
+    hybrid.standing[len(REPEATING)] = {"ngram": [1e9, 1e8], SWITCH: [1e8, 1e8]}  # n-gram leads by far
+    ref = SpeculativeDecoder(engine).generate(REPEATING, max_new_tokens=30)
+    out = SpeculativeDecoder(engine, hybrid, num_speculative_tokens=K).generate(REPEATING, max_new_tokens=30)
+    assert out.output_ids == ref.output_ids
+    report = out.reports["proposer"]
+    assert set(report["choices"]) == {"ngram", "plain"} and report["followed"].get("ngram", 0) > 0
+    assert set(report["followed"]) <= {"ngram", SWITCH}
 
 
 def test_parts_must_be_given_and_plain_is_reserved(make_engine):

@@ -22,12 +22,20 @@ chosen are judged anyway, against the tokens the step emitted (for a draft with 
 sampling; a draft longer than what was emitted is censored, not rejected), so their estimates
 keep up without exploring.
 
+Per-step choices rest on estimates that can be off (pooled acceptance, one part's drafts valued
+against another's), so the hybrid also follows the leader among strategies: switching per step, or
+one part alone (taking plain steps where it cannot pay). Every step values each strategy as the
+hindsight comparison below does, over decayed sums kept across generations per batch size, and
+follows another strategy once it leads the one followed by `margin` (`_stand`): by its own
+estimates, never lastingly slower than its best part.
+
 `report()` gives, per generation, the part chosen at each step ("plain" for none), how often each
 won, each fixed option's speed and that of the choices made (relative to plain decoding), and the
 regret against the best single option in hindsight: 1 - (speed of the choices made) / (speed of
 the best fixed option), all valued at the end of the step (exact counterfactual tokens where a
 lookup's draft was judged against the emitted tokens, the model's expectation elsewhere; the cost
-model's step costs). Negative regret: switching beat every fixed option.
+model's step costs; a part with no plan in a step counts a plain step), and the steps that
+followed each strategy. Negative regret: switching beat every fixed option.
 
 The choice depends on the past and on deterministic proposals (functions of the past) only, and a
 sampled draft is never cut, so every verifier stays lossless. Proposers are chains.
@@ -59,6 +67,11 @@ def model_cost_hint(part, engine) -> float | None:
     return sum(p.numel() for p in model.parameters()) / sum(p.numel() for p in target.parameters())
 
 
+SWITCH = "switch"  # the strategy of choosing a part per step (the others: one part alone)
+STANDING_DECAY = 0.99  # per step: strategies are compared over about the last 100 steps
+LEAD_EVIDENCE = 16.0  # plain steps of valued time before a strategy's standing counts
+
+
 class HybridProposer:
     """parts: name -> a proposer, or a factory called with `engine=` (Hydra `_partial_: true`).
     Other arguments are the policy's (see `specdec.schedules.CostAwareSchedule`)."""
@@ -84,6 +97,11 @@ class HybridProposer:
         self._step: dict = {}
         self.choices: list[str] = []
         self.hindsight: dict[str, list[float]] = {}  # option -> [tokens, plain steps of time] this generation
+        # Per batch size, decayed over steps and kept across generations: strategy ("switch", or a
+        # part used alone) -> [tokens, plain steps of time], valued as in the hindsight comparison.
+        self.standing: dict[int, dict[str, list[float]]] = {}
+        self.follow: dict[int, str] = {}  # batch size -> the strategy followed now
+        self.followed: list[str] = []  # per step of this generation
 
     def reset(self, state) -> None:
         for part in self.parts.values():
@@ -91,7 +109,7 @@ class HybridProposer:
         self.clock.reset()
         if self.planner is not None:
             self.planner.new_generation()
-        self._step, self.choices, self.hindsight = {}, [], {}
+        self._step, self.choices, self.hindsight, self.followed = {}, [], {}, []
         self._drafted_before: set[str] = set()  # parts that drafted in the previous step
 
     # ---------------------------------------------------------------- choosing
@@ -140,8 +158,15 @@ class HybridProposer:
                 options.append((name, planner.best_ask(name, b, rows, state.sampling.greedy, spent, cap=k,
                                                        switching=name not in self._drafted_before)))
         plain = planner.plain(b, rows, spent)
-        name, plan = planner.choose(options, plain)
-        self._step["options"] = {n: p for n, p in options if p is not None} | {"plain": plain}
+        name, plan = switch = planner.choose(options, plain)
+        follow = self.follow.get(b, SWITCH)
+        if follow != SWITCH:  # a single part has done better than switching lately: that part, or plain
+            name, plan = planner.choose([o for o in options if o[0] == follow], plain)
+        self._step.update(switch=switch, follow=follow)
+        # A part with no plan this step (a lookup that offered or could offer nothing that pays, a
+        # draft that cannot pay) would have taken a plain step as a fixed option too.
+        self._step["options"] = {n: (p if p is not None else plain) for n, p in options} | \
+            {n: plain for n in skipped} | {"plain": plain}
         self._step["lookups"] = {n: p for n, p in lookups.items() if n != name}
         if name is None:
             return Proposal.empty(b, state.tokens.device)
@@ -209,24 +234,56 @@ class HybridProposer:
             counterfactual[part_name] = tokens
         self._step["counterfactual"] = counterfactual
 
+    def _value(self, option: str, plan: Plan, chosen: str, outcome, counterfactual: dict) -> float:
+        """Tokens the step gave, or would have given, under `option`: realized for the choice made,
+        one per row for a plain step, the counterfactual for a lookup judged this step, else the
+        model's expectation."""
+        if option == chosen:
+            return float(sum(outcome.emitted))
+        if plan.k == 0:
+            return float(sum(outcome.active))
+        return counterfactual.get(option, plan.tokens)
+
     def _record_hindsight(self, name: str, outcome) -> None:
-        """The step's value under each option: realized tokens for the choice, counterfactual ones
-        for lookups judged this step, the model's expectation otherwise; predicted seconds."""
+        """The step's value under each option (`_value`), over its predicted cost in plain steps."""
         options = self._step.get("options", {})
         if not options:
             return  # a step that tried an untimed part: nothing to compare
-        realized = float(sum(outcome.emitted))
         counterfactual = self._step.get("counterfactual", {})
-        for option, plan in options.items():
-            tokens = realized if option == name else counterfactual.get(option, plan.tokens)
-            if option == "plain" and option != name:
-                tokens = float(sum(outcome.active))
+        values = {o: (self._value(o, plan, name, outcome, counterfactual), plan.cost) for o, plan in options.items()}
+        values["chosen"] = (float(sum(outcome.emitted)), options[name].cost)
+        for option, (tokens, cost) in values.items():
             total = self.hindsight.setdefault(option, [0.0, 0.0])
             total[0] += tokens
-            total[1] += plan.cost
-        chosen = self.hindsight.setdefault("chosen", [0.0, 0.0])
-        chosen[0] += realized
-        chosen[1] += options[name].cost
+            total[1] += cost
+        sw_name, sw_plan = self._step["switch"]
+        strategies = {SWITCH: (self._value(sw_name or "plain", sw_plan, name, outcome, counterfactual), sw_plan.cost)}
+        strategies |= {part: values[part] for part in self.parts if part in values}
+        self._stand(len(outcome.active), strategies)
+
+    def _stand(self, b: int, values: dict[str, tuple[float, float]]) -> None:
+        """Follow the leader among strategies: switching per step, or one part alone (plain where
+        it cannot pay). `values`: each strategy's (tokens, plain steps) this step, as in the
+        hindsight comparison (switching: realized when it was followed, else the value of the part
+        it would have chosen). Sums decay per step and are kept across generations at this batch
+        size; another strategy is followed once it leads the one followed by `margin`, with at
+        least `LEAD_EVIDENCE` plain steps of evidence. So, by its own estimates, the hybrid is not
+        lastingly slower than its best part, and switches per step where that pays."""
+        table = self.standing.setdefault(b, {})
+        for total in table.values():
+            total[0] *= STANDING_DECAY
+            total[1] *= STANDING_DECAY
+        for strategy, (tokens, cost) in values.items():
+            total = table.setdefault(strategy, [0.0, 0.0])
+            total[0] += tokens
+            total[1] += cost
+        rates = {s: t / c for s, (t, c) in table.items() if c >= LEAD_EVIDENCE}
+        follow = self.follow.get(b, SWITCH)
+        if rates:
+            best = max(rates, key=rates.get)
+            if rates[best] > rates.get(follow, 0.0) * (1 + self.planner.margin):
+                self.follow[b] = best
+        self.followed.append(self._step["follow"])
 
     def report(self) -> dict:
         """Choices per step, wins per part, and the regret against the best fixed option in hindsight."""
@@ -241,5 +298,7 @@ class HybridProposer:
             "speed_vs_plain": {o: round(r / plain, 3) for o, r in [*rates.items(), ("chosen", chosen)]
                                if plain and r is not None},
             "best_in_hindsight": best,
+            # steps that followed each strategy: switching per step, or one part alone
+            "followed": {s: self.followed.count(s) for s in dict.fromkeys(self.followed)},
             "regret": round(1.0 - chosen / rates[best], 4) if chosen and best else None,
         }
