@@ -97,13 +97,12 @@ def run(cfg: DictConfig) -> dict:
     phase("teacher")
 
     draft = make_draft(target, cfg.draft.num_layers)
-    eval_ids = first_turn_ids(tokenizer, evaluation)
-    report: dict = {"train_prompts": len(train), "train_tokens": n_tokens, "eval_prompts": len(eval_ids),
+    report: dict = {"train_prompts": len(train), "train_tokens": n_tokens, "eval_prompts": len(evaluation),
                     "num_layers": cfg.draft.num_layers,
                     "trainable_params": sum(q.numel() for q in draft.parameters() if q.requires_grad)}
-    if eval_ids and cfg.eval.init:
-        report["init"] = evaluate_draft(target, draft, eval_ids, cfg.eval.k, cfg.eval.max_new_tokens,
-                                        cfg.dtype, eos, cfg.progress)
+    if evaluation and cfg.eval.init:
+        report["init"] = evaluate_draft(target, draft, tokenizer, evaluation, cfg.eval.k, cfg.eval.max_new_tokens,
+                                        cfg.dtype, cfg.progress)
         log.info("untrained draft: %s", _fmt(report["init"]))
         phase("eval_init")
 
@@ -120,9 +119,9 @@ def run(cfg: DictConfig) -> dict:
     out = resolve_path(cfg.out)
     save_draft(draft, tokenizer, out)
     phase("save")
-    if eval_ids:
-        report["trained"] = evaluate_draft(target, draft, eval_ids, cfg.eval.k, cfg.eval.max_new_tokens,
-                                           cfg.dtype, eos, cfg.progress)
+    if evaluation:
+        report["trained"] = evaluate_draft(target, draft, tokenizer, evaluation, cfg.eval.k, cfg.eval.max_new_tokens,
+                                           cfg.dtype, cfg.progress)
         log.info("trained draft: %s", _fmt(report["trained"]))
         phase("eval_trained")
     report["seconds"] = times

@@ -13,7 +13,8 @@ The recipe, in the order `scripts/train_draft.py` runs it:
 4. draft     `make_draft`: the target's architecture with `num_layers` layers, initialised from the
              target's first layers, final norm, embeddings and (tied) head; embeddings and head frozen.
 5. distil    `distill`: minimise KL(p_target || q_draft) at the continuation positions.
-6. evaluate  `evaluate_draft`: speculative decoding against plain decoding on held-out prompts.
+6. evaluate  `evaluate_draft`: speculative decoding against plain decoding on held-out prompts,
+             measured by the experiment's harness.
 
 Why this shape: on a CPU the draft's cost is per-layer overhead plus the [576 x 49152] head, so a
 draft with 2 layers costs a fraction of the 30-layer target whatever its width; keeping the
@@ -264,44 +265,36 @@ def distill(draft, head: torch.nn.Module, examples: list[Example], epochs: int =
 # ---------------------------------------------------------------- 6. evaluate
 
 
-def evaluate_draft(target, draft, prompt_ids: list[list[int]], k: int = 4, max_new_tokens: int = 64,
-                   dtype: str = "float32", eos_token_id=None, progress: bool = True) -> dict[str, float]:
-    """Greedy speculative decoding with `draft` against plain decoding, one prompt at a time (each
-    method runs a prompt right after the other, so slow periods of a shared machine hit both):
-    acceptance rate, mean accepted length, per-position acceptance, the measured speedup and the
-    fraction of prompts whose output equals the baseline's."""
+def evaluate_draft(target, draft, tokenizer, prompts: list[Prompt], k: int = 4, max_new_tokens: int = 64,
+                   dtype: str = "float32", progress: bool = True, exact_greedy: bool = True) -> dict:
+    """Greedy speculative decoding with `draft` against plain decoding on the first turn of each
+    prompt, through the experiment's harness (`specdec.experiment.measure`: a warm-up, then the two
+    alternating batch by batch, so slow periods of a shared machine hit both; exact greedy as in an
+    experiment). Returns what an experiment writes to summary.json (`specdec.report.summarize`):
+    speedup, acceptance, tokens/s of both, the fraction of outputs equal to the baseline's, and the
+    method's `MethodResults` under `methods`."""
+    from omegaconf import OmegaConf
+
     from specdec.decoding import SpeculativeDecoder
     from specdec.engine import Engine
-    from specdec.metrics import RowStats
+    from specdec.experiment import Setup, exact_greedy_state, measure, set_exact_greedy, warm_up
     from specdec.proposers.draft_model import DraftModelProposer
+    from specdec.report import BASELINE, summarize
 
     engine = Engine(target, copy.deepcopy(draft), dtype=dtype)  # a copy: Engine casts the model it gets
-    spec = SpeculativeDecoder(engine, DraftModelProposer(engine), num_speculative_tokens=k, eos_token_id=eos_token_id)
-    base = SpeculativeDecoder(engine, eos_token_id=eos_token_id)
-    spec.generate(prompt_ids[:1], max_new_tokens=8)  # warm-up
-    base.generate(prompt_ids[:1], max_new_tokens=8)
-    rows, spec_s, base_s, spec_tokens, base_tokens, same = [], 0.0, 0.0, 0, 0, 0
-    for ids in tqdm(prompt_ids, desc="evaluate", unit="prompt", disable=not progress):
-        out = spec.generate([ids], max_new_tokens=max_new_tokens)
-        ref = base.generate([ids], max_new_tokens=max_new_tokens)
-        # float32: always equal (the tests prove it); bfloat16: a k+1-token pass may round a near-tie
-        # differently from a 1-token pass, so an output may drift from the baseline's.
-        same += out.output_ids == ref.output_ids
-        rows += out.stats.rows
-        spec_s += out.stats.wall_s
-        base_s += ref.stats.wall_s
-        spec_tokens += len(out.output_ids[0])
-        base_tokens += len(ref.output_ids[0])
-    total = RowStats.merged(rows)
-    return {
-        "acceptance_rate": total.acceptance_rate,
-        "mean_accepted_length": total.mean_accepted_length,
-        "per_position_acceptance": total.per_position_acceptance,
-        "tokens_per_s": spec_tokens / spec_s,
-        "baseline_tokens_per_s": base_tokens / base_s,
-        "speedup": (spec_tokens / spec_s) / (base_tokens / base_s),
-        "matches_baseline": same / len(prompt_ids),
-    }
+    spec = SpeculativeDecoder(engine, DraftModelProposer(engine), num_speculative_tokens=k, tokenizer=tokenizer)
+    base = SpeculativeDecoder(engine, tokenizer=tokenizer)
+    set_exact_greedy([spec, base], exact_greedy)
+    setup = Setup(engine, tokenizer, {"draft": spec}, base)
+    cfg = OmegaConf.create({"generation": {"max_new_tokens": max_new_tokens, "temperature": 0.0, "top_k": 0,
+                                           "top_p": 1.0, "batch_size": 1},
+                            "data": {"system_prompt": None}, "seed": 0, "progress": progress,
+                            "exact_greedy": exact_greedy})
+    prompts = [Prompt(p.prompt_id, p.category, p.turns[:1]) for p in prompts]
+    warm_up([spec, base], prompts[0], cfg, tokenizer)
+    rows = measure(setup, prompts, cfg)
+    exact = {name: exact_greedy_state(d, cfg) for name, d in (("draft", spec), (BASELINE, base))}
+    return summarize(rows, "draft", {"num_speculative_tokens": k, "dtype": dtype}, greedy=True, exact_greedy=exact)
 
 
 def save_draft(draft, tokenizer, path) -> None:

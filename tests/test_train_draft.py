@@ -53,6 +53,10 @@ def test_train_draft_script_end_to_end(tmp_path, spec_bench_file):
     assert report["train_prompts"] == 12 and report["eval_prompts"] == 4
     assert report["loss_by_epoch"][-1] < 0.7 * report["loss_by_epoch"][0]  # the KL falls
     assert 0.0 <= report["trained"]["acceptance_rate"] <= 1.0 and report["trained"]["speedup"] > 0
+    # measured by the experiment's harness: both methods on every held-out prompt, greedy and lossless
+    trained = report["trained"]["methods"]
+    assert trained["draft"]["overall"]["num_prompts"] == trained["autoregressive"]["overall"]["num_prompts"] == 4
+    assert report["trained"]["matches_baseline"] == 1.0 and trained["draft"]["exact_greedy"] == "on"
     assert json.loads((out / "train_report.json").read_text())["num_layers"] == 1
 
     draft, _ = load_model(ModelSpec(path=str(out)))
