@@ -38,6 +38,7 @@ import specdec.verify as verify
 from specdec.compiled import CompiledForward
 from specdec.decoding import SpeculativeDecoder
 from specdec.engine import Engine, synchronize
+from specdec.metrics import draft_token_cost, expected_tokens_per_step, predicted_speedup, tokens_per_s
 from specdec.proposers.draft_model import DraftModelProposer
 
 SHAPES = {
@@ -78,13 +79,6 @@ def time_forward(cached, tokens: torch.Tensor, context: int, repeats: int) -> fl
     return statistics.median(times[2:])
 
 
-def predicted_speedup(alpha: float, k: int, c: float, verify_ratio: float) -> float:
-    """Expected tokens per step (1 - alpha^(k+1)) / (1 - alpha), over the step's cost in target
-    steps: k draft tokens at c each plus one verification of k+1 tokens (verify_ratio)."""
-    tokens = k + 1 if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
-    return tokens / (k * c + verify_ratio)
-
-
 def measure_bandwidth(device: torch.device, gib: float = 1.0, repeats: int = 5) -> float | None:
     """GB/s of a device-to-device copy of `gib` GiB (read + write), median of repeats; None on a CPU,
     where the name-based table has no entry and a copy measures caches as much as memory."""
@@ -117,7 +111,7 @@ def interleaved(variants: dict, repeats: int) -> dict[str, list[float]]:
 def decode_rate(decoder: SpeculativeDecoder, prompts: list[list[int]], new_tokens: int) -> float:
     """Tokens per second of the decoding phase (prefill excluded), all rows together."""
     s = decoder.generate(prompts, max_new_tokens=new_tokens).stats
-    return (s.new_tokens - len(prompts)) / (s.wall_s - s.ttft_s)
+    return tokens_per_s(s.new_tokens - len(prompts), s.wall_s - s.ttft_s)
 
 
 def hf_rate(model, prompt: torch.Tensor, new_tokens: int, **kwargs) -> float:
@@ -246,7 +240,7 @@ def main(argv: list[str] | None = None) -> dict:
     wbytes = weight_bytes(target)
     limit = bandwidth * 1e9 / wbytes if bandwidth else None
     med = statistics.median
-    c = {n: draft_cost[n] / costs[n][1] for n in engines}
+    c = {n: draft_token_cost(draft_cost[n], 1, costs[n][1]) for n in engines}
     plain_med = {b: {v: med(x) for v, x in rates.items()} for b, rates in plain_rates.items()}
     result = {
         "device": name, "dtype": args.dtype, "shape": shape, "context": args.context, "new_tokens": args.new_tokens,
@@ -271,8 +265,11 @@ def main(argv: list[str] | None = None) -> dict:
                                             for v, x in spec_rates.items() if v != "plain compiled"}},
         "forced_note": spec_note,
         "compile_report": engines["compiled"].compile_report(),
+        # specdec.metrics' cost model in units of one target step: E tokens per step of k draft
+        # tokens at c each plus one scoring pass of k+1 tokens (Leviathan et al., measured costs)
         "predicted_speedup": {
-            f"alpha={a},k={k}": predicted_speedup(a, k, c["compiled"], costs["compiled"][k + 1] / costs["compiled"][1])
+            f"alpha={a},k={k}": predicted_speedup(expected_tokens_per_step([a] * k), 1.0,
+                                                  k * c["compiled"] + costs["compiled"][k + 1] / costs["compiled"][1])
             for a in (0.6, 0.8, 0.9) for k in (2, 4, 8) if k <= args.k_max
         },
         "seconds": time.perf_counter() - began,

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 
@@ -48,9 +50,13 @@ def test_device_benchmark_imports_no_experiment_stack():
     assert out.stdout.strip() == "[]"
 
 
-def test_predicted_speedup_formula():
+def test_predicted_speedup_is_the_cost_model_of_specdec_metrics(tmp_path):
+    """The script's predictions apply specdec.metrics (no formula of its own), in target steps."""
     bench = _load("bench_gpu")
-    # free drafts and free verification: the speedup is the expected tokens per step
-    assert bench.predicted_speedup(0.5, 2, 0.0, 1.0) == 1 + 0.5 + 0.25
-    assert bench.predicted_speedup(1.0, 4, 0.0, 1.0) == 5
-    assert bench.predicted_speedup(0.0, 4, 0.1, 1.2) < 1  # nothing accepted: pure overhead
+    out = bench.main(["--device", "cpu", "--tiny", "--dtype", "float32", "--context", "8", "--k-max", "2",
+                      "--new-tokens", "2", "--repeats", "1", "--batch-sizes", "1", "--k", "2", "--skip-hf",
+                      "--compile-backend", "eager"])
+    e = 1 + 0.8 + 0.8 * 0.8  # expected tokens per step, alpha = 0.8, k = 2
+    step = 2 * out["compiled_c"] + out["compiled_verify_ratio"][3]  # 2 draft tokens, a 3-token scoring pass
+    assert out["predicted_speedup"]["alpha=0.8,k=2"] == pytest.approx(e / step)
+    assert set(out["predicted_speedup"]) == {"alpha=0.6,k=2", "alpha=0.8,k=2", "alpha=0.9,k=2"}
