@@ -275,6 +275,25 @@ def _check_part(key: str, folder: str, spec: Any, args: Any = None, offered: Any
 
 
 
+def _check_tree_verifier(key: str, m: DictConfig, verifier: Any, params: Any) -> None:
+    """A proposer that drafts token trees takes only the verifiers with a tree form, at any temperature
+    (block verification and lossy rules would otherwise be swapped silently for the tree rule)."""
+    from specdec.sampling import SamplingParams
+    from specdec.tree_verify import TREE_VERIFIERS
+    from specdec.verify import make_verifier
+
+    names = {verifier.name}
+    if params.greedy:  # the rule it would be at temperature > 0, where rules differ
+        try:
+            names.add(make_verifier(m.verifier, SamplingParams(1.0), **m.verifier_args).name)
+        except ValueError:  # a greedy-only rule
+            pass
+    if not names <= set(TREE_VERIFIERS):
+        spec = m.verifier if isinstance(m.verifier, str) else ", ".join(sorted(names))
+        _fail(f"{key}.verifier", f"{key}={m.name} drafts token trees, which take verifier=auto, greedy or "
+                                 f"speculative_sampling (the rules with a tree form); verifier={spec} has none")
+
+
 def method_configs(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
     """(config key, method config) of `method` and of every `compare` entry, in that order."""
     return [("method", cfg.method)] + [(f"compare.{name}", m) for name, m in cfg.compare.items()]
@@ -307,6 +326,10 @@ def _validate_method(key: str, m: DictConfig, cfg: DictConfig, params: Any) -> N
             verifier.check_k(m.num_speculative_tokens)
     except (ValueError, TypeError) as err:
         _fail(f"{key}.verifier", str(err))
+    from specdec.registry import target_of
+
+    if m.proposer is not None and getattr(target_of(m.proposer._target_, f"{key}.proposer"), "drafts_trees", False):
+        _check_tree_verifier(key, m, verifier, params)
     if m.proposer is not None and "heads_path" in m.proposer:
         if not m.heads_path:
             _fail(f"{key}.heads_path", f"{key}={m.name} needs trained heads: set {key}.heads_path=<checkpoint> "

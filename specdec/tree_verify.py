@@ -152,6 +152,12 @@ class TreeSamplingVerifier:
 
 
 
+# The chain verifiers that have a tree form here (by `name`), and so the ones a proposer that drafts
+# trees takes: greedy (tree greedy) and speculative sampling (recursive rejection sampling). Block
+# verification judges a chain's block jointly and has no tree rule; lossy rules have none either.
+TREE_VERIFIERS = ("greedy", "speculative_sampling")
+
+
 class TreeVerifier:
     """What the decoding loop uses for a proposer that drafts trees: a `TreeProposal` goes to the
     tree rule, a plain `Proposal` (the prefill, a step that drafted a chain or nothing) to the
@@ -165,7 +171,7 @@ class TreeVerifier:
     lossless = True
 
     def __init__(self, chain, tree=None):
-        if not chain.lossless:
+        if not chain.lossless or chain.name not in TREE_VERIFIERS:
             raise ValueError(f"verifier={chain.name} has no tree form; methods that draft trees take "
                              "verifier=auto, greedy or speculative_sampling")
         self.chain = chain

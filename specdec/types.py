@@ -147,7 +147,9 @@ class Generation:
 
 
 class Proposer(Protocol):
-    """What the decoding loop needs from a way of drafting."""
+    """What the decoding loop needs from a way of drafting. A proposer whose `propose` returns
+    `TreeProposal`s says so with a class attribute `drafts_trees = True` (absent: False), which the
+    config's validation reads before any model loads: trees take only verifiers with a tree form."""
 
     name: str
 

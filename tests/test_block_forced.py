@@ -334,3 +334,39 @@ def test_forced_runs_are_marked_lossy_in_results_and_table(tmp_path):
         bad = compose("config", overrides=[*FAST, "method=draft_forced", "method.num_speculative_tokens=8"])
     with pytest.raises(ConfigError, match="method.verifier: .*k = 8"):
         experiment.run(bad, tmp_path / "bad")
+
+
+@pytest.mark.parametrize(("method", "overrides"), [
+    ("medusa", ["method.verifier=block", "generation.temperature=1.0"]),
+    ("medusa", ["method.verifier=block"]),  # greedy at temperature 0, but block verification has no tree form
+    ("eagle", ["method.verifier=forced", "+method.verifier_args.acceptance=0.5"]),
+    ("eagle", ["method.verifier=typical", "generation.temperature=1.0"]),
+])
+def test_tree_proposers_refuse_verifiers_without_a_tree_form_before_any_model_loads(method, overrides, tmp_path,
+                                                                                    monkeypatch):
+    from hydra import compose, initialize_config_dir
+
+    from specdec import experiment
+    from specdec.config import validate
+    from tests.test_experiment import CONF, FAST
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model loaded before the config was refused")
+
+    monkeypatch.setattr(experiment, "load_model", no_model)
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=[*FAST, f"method={method}", *overrides])
+        fine = compose("config", overrides=[*FAST, f"method={method}", "method.verifier=speculative_sampling",
+                                            "generation.temperature=1.0"])
+    with pytest.raises(ConfigError, match=f"method.verifier: method={method} drafts token trees, which take "
+                                          "verifier=auto, greedy or speculative_sampling"):
+        experiment.run(cfg, tmp_path)
+    validate(fine)  # the rules with a tree form pass
+
+
+def test_the_decoder_refuses_block_verification_of_a_tree():
+    from specdec.tree_verify import TreeVerifier
+
+    with pytest.raises(ValueError, match="verifier=block has no tree form"):
+        TreeVerifier(BlockVerifier())
+    assert TreeVerifier(GreedyVerifier()).name == "greedy"

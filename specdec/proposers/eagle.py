@@ -89,6 +89,7 @@ class EagleProposer:
     """
 
     name = "eagle"
+    drafts_trees = True  # its proposals are TreeProposals: only verifiers with a tree form (config checks it)
 
     def __init__(self, engine: Engine, heads_path: str, budget: int = 12, topk: int = 4, width: int = 4,
                  depth: int = 5):

@@ -55,6 +55,7 @@ class MedusaProposer:
     heads) from Medusa heads loaded from `heads_path`. The schedule's k caps the tree's depth (k = 0: no draft this step)."""
 
     name = "medusa"
+    drafts_trees = True  # its proposals are TreeProposals: only verifiers with a tree form (config checks it)
 
     def __init__(self, engine: Engine, heads_path: str, tree: list | None = None):
         target = engine.target
