@@ -20,7 +20,6 @@ fall back, in `method_configs_of` only, to the composed config Hydra saved besid
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import sys
@@ -29,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specdec.report import BASELINE, OVERALL, _model, markdown_table
+from specdec.report import BASELINE, OVERALL, _model, markdown_table, write_csv
 from specdec.results import MethodResults
 
 CSV_NAME = "compare.csv"
@@ -273,15 +272,6 @@ def format_table(rows: list[dict], columns: list[str], categories: list[str]) ->
 
 
 # ---------------------------------------------------------------- files
-
-
-def write_csv(rows: list[dict], path: Path) -> Path:
-    columns = list(dict.fromkeys(c for r in rows for c in r))
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
-    return path
 
 
 def row_label(row: dict) -> str:

@@ -49,6 +49,7 @@ there, totals exact.
 
 from __future__ import annotations
 
+import csv
 import math
 from collections.abc import Collection
 from pathlib import Path
@@ -101,6 +102,16 @@ def markdown_table(head: list[str], rows: list[list[str]], left: Collection[int]
     align = ["---" if i in left else "---:" for i in range(len(head))]
     return ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|",
             *("| " + " | ".join(cells) + " |" for cells in rows)]
+
+
+def write_csv(rows: list[dict], path: Path) -> Path:
+    """`rows` as a CSV file, one column per key seen in any row (a run's or a sweep's table)."""
+    columns = list(dict.fromkeys(c for r in rows for c in r))
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
 
 
 # ---------------------------------------------------------------- the table

@@ -58,6 +58,16 @@ def _int_keys(histograms: dict | None) -> dict[int, list[int]]:
     return {int(k): list(v) for k, v in (histograms or {}).items()}
 
 
+class _FromCounts:
+    """A derived metric of a `PromptResult`: the `RowStats` property of the same name on its counts."""
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, result, owner=None):
+        return self if result is None else getattr(result.counts, self.name)
+
+
 # ---------------------------------------------------------------- one prompt
 
 
@@ -178,25 +188,12 @@ class PromptResult:
     def tokens_per_s(self) -> float:
         return m.tokens_per_s(self.new_tokens, self.wall_s)
 
-    @property
-    def acceptance_rate(self) -> float:
-        return self.counts.acceptance_rate
-
-    @property
-    def mean_accepted_length(self) -> float:
-        return self.counts.mean_accepted_length
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        return self.counts.mean_acceptance_length
-
-    @property
-    def acceptance_histogram(self) -> list[int]:
-        return self.counts.acceptance_histogram
-
-    @property
-    def acceptance_histogram_by_draft_length(self) -> dict[int, list[int]]:
-        return self.counts.acceptance_histogram_by_draft_length
+    # alpha, tau, vLLM's mean_acceptance_length and histograms: RowStats's, on these counts
+    acceptance_rate = _FromCounts()
+    mean_accepted_length = _FromCounts()
+    mean_acceptance_length = _FromCounts()
+    acceptance_histogram = _FromCounts()
+    acceptance_histogram_by_draft_length = _FromCounts()
 
     DERIVED = ("tokens_per_s", "acceptance_rate", "mean_accepted_length", "mean_acceptance_length",
                "acceptance_histogram", "acceptance_histogram_by_draft_length")

@@ -25,7 +25,6 @@ If a job failed, Hydra stops before the callback's turn; rebuild the summary fro
 
 from __future__ import annotations
 
-import csv
 import itertools
 import logging
 import math
@@ -36,7 +35,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from specdec.report import markdown_table
+from specdec.report import markdown_table, write_csv
 from specdec.results import HEADLINE
 
 log = logging.getLogger("specdec")
@@ -167,15 +166,6 @@ def collect(sweep_dir: Path, keys: list[str] | None = None) -> tuple[list[str], 
 
 def _job_order(job: str) -> tuple:
     return tuple(int(p) if p.isdigit() else p for p in Path(job).parts)
-
-
-def write_csv(rows: list[dict], path: Path) -> Path:
-    columns = list(dict.fromkeys(c for r in rows for c in r))
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
-    return path
 
 
 def _as_number(value: Any) -> float | None:

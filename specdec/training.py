@@ -105,7 +105,7 @@ def generate_continuations(engine, prompt_ids: list[list[int]], max_new_tokens: 
         for r, generated in zip(rows, out.output_ids):
             examples[r] = Example(torch.tensor(prompt_ids[r] + generated), len(prompt_ids[r]))
         bar.update(len(rows))
-        bar.set_postfix(tok_s=f"{sum(len(o) for o in out.output_ids) / out.stats.wall_s:.0f}")
+        bar.set_postfix(tok_s=f"{out.stats.tokens_per_s:.0f}")
     bar.close()
     return examples
 
