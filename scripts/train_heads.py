@@ -32,6 +32,7 @@ from specdec.data import build_turn_input, load_builtin, load_spec_bench
 from specdec.decoding import SpeculativeDecoder
 from specdec.engine import Engine
 from specdec.head_training import (
+    FamilyPlan,
     check_disjoint,
     eagle_accuracy,
     eagle_sequences,
@@ -78,20 +79,28 @@ def run(cfg: DictConfig) -> dict:
     phase("load")
 
     # 1. prompts: written here, optionally by the target too; never an evaluation prompt
-    texts = training_prompts(cfg.prompts.count, cfg.seed)
-    if cfg.prompts.target_written:
-        texts += target_written_prompts(lambda asks: _answers(engine, tokenizer, asks, eos),
-                                        cfg.prompts.target_written, cfg.seed)
-    check_disjoint(texts, [turn for p in load_spec_bench() + load_builtin() for turn in p.turns])
-    random.Random(cfg.seed).shuffle(texts)
+    # 2. data: the target's continuations of them, and its final hidden states over them
+    evaluation = [turn for p in load_spec_bench() + load_builtin() for turn in p.turns]
+    if cfg.prompts.families:
+        texts, raw = _family_data(cfg, engine, tokenizer, eos, evaluation)
+    else:
+        texts = training_prompts(cfg.prompts.count, cfg.seed)
+        if cfg.prompts.target_written:
+            texts += target_written_prompts(lambda asks: _answers(engine, tokenizer, asks, eos),
+                                            cfg.prompts.target_written, cfg.seed)
+        check_disjoint(texts, evaluation)
+        random.Random(cfg.seed).shuffle(texts)
+        raw = None
     held_n = cfg.prompts.held_out
     if not 0 < held_n < len(texts):
         raise ValueError(f"prompts.held_out={held_n} must be in [1, {len(texts) - 1}] for {len(texts)} prompts")
-    prompt_ids = [build_turn_input(tokenizer, [], t) for t in texts]
-    phase("prompts")
-
-    # 2. data: continuations and the target's final hidden states over them
-    examples = [truncate(e, cfg.train.max_seq_len) for e in _continuations(cfg, engine, prompt_ids, eos)]
+    if raw is None:
+        prompt_ids = [build_turn_input(tokenizer, [], t) for t in texts]
+        phase("prompts")
+        raw = _continuations(cfg, engine, prompt_ids, eos)
+    else:
+        prompt_ids = [e.tokens[: e.start].tolist() for e in raw]
+    examples = [truncate(e, cfg.train.max_seq_len) for e in raw]
     starts = [e.start for e in examples]
     examples = [Example(e.tokens, 1) for e in examples]  # hidden states at every position
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -173,7 +182,8 @@ def _train_medusa(cfg, target, examples, starts, held_n, head_weight, index):
 
 def _train_eagle(cfg, target, examples, starts, held_n, head_weight, index):
     """The EAGLE-style drafter on the examples' hidden states -> (tensors, shape, losses, held-out curve)."""
-    sequences = [eagle_sequences(e, s, index) if len(e.tokens) > 2 else None for e, s in zip(examples, starts)]
+    full_head = target.get_output_embeddings().weight.detach() if cfg.train.prompt_labels else None
+    sequences = [eagle_sequences(e, s, index, full_head) if len(e.tokens) > 2 else None for e, s in zip(examples, starts)]
     held = [x for x in sequences[:held_n] if x is not None]
     train = [x for x in sequences[held_n:] if x is not None]
     drafter = EagleDrafter(target)
@@ -186,8 +196,32 @@ def _train_eagle(cfg, target, examples, starts, held_n, head_weight, index):
         log.info("held out after epoch %d: %s", epoch + 1, _fmt(curve[-1]))
 
     losses = train_eagle(drafter, embed, head_weight, train, cfg.train.epochs, cfg.train.lr,
-                         cfg.train.max_tokens, cfg.seed, cfg.progress, cfg.train.autocast, on_epoch)
+                         cfg.train.max_tokens, cfg.seed, cfg.progress, cfg.train.autocast, on_epoch,
+                         cfg.train.unroll, cfg.train.noise)
     return dict(drafter.state_dict()), {"num_layers": 1}, losses, curve
+
+
+def _family_data(cfg: DictConfig, engine, tokenizer, eos, evaluation: list[str]) -> tuple[list[str], list[Example]]:
+    """The staged task families (`FamilyPlan`): each stage's requests are checked against the
+    evaluation prompts, answered by the target, and its answers make the next stage's requests.
+    Returns the last user turns and the examples, shuffled with the seed (held-out ones first)."""
+    fam = cfg.prompts.families
+    plan = FamilyPlan(fam.written, fam.math, fam.qa, fam.follow_ups, fam.passages, fam.code, fam.get("derived"),
+                      cfg.seed)
+    texts, examples, answers = [], [], []
+    while requests := plan.stage(answers):
+        check_disjoint([turn for history, user in requests for turn in [*(u for u, _ in history), user]], evaluation)
+        ids = [build_turn_input(tokenizer, history, user) for history, user in requests]
+        new = _continuations(cfg, engine, ids, eos)
+        answers = [tokenizer.decode(e.tokens[e.start :], skip_special_tokens=True) for e in new]
+        texts += [user for _, user in requests]
+        examples += new
+        log.info("stage %d: %d requests (%s), %d new tokens", plan.step, len(requests),
+                 ", ".join(f"{k} {plan.kinds.count(k)}" for k in dict.fromkeys(plan.kinds)),
+                 sum(len(e.tokens) - e.start for e in new))
+    order = list(range(len(texts)))
+    random.Random(cfg.seed).shuffle(order)
+    return [texts[i] for i in order], [examples[i] for i in order]
 
 
 def _answers(engine, tokenizer, asks: list[str], eos, max_new_tokens: int = 40) -> list[str]:

@@ -88,6 +88,143 @@ def target_written_prompts(write: Callable[[list[str]], list[str]], n: int, seed
     return out
 
 
+# Task families shaped like the workloads speculative decoding is measured on (instructions, multi-turn
+# follow-ups, translation, summaries of long text, questions about passages, arithmetic word problems),
+# built from text this project writes or the target writes: `FamilyPlan` runs them in stages, each
+# stage's prompts made from the target's answers to the previous one.
+
+PASSAGE_ASKS = (
+    "Write a short news report about {topic}.",
+    "Write an encyclopedia-style paragraph about {topic}.",
+    "Write a blog post about {topic}.",
+)
+
+FOLLOW_UPS = (
+    "Now explain the same thing to a ten-year-old.", "Summarize your answer in two sentences.",
+    "Rewrite your answer in a more formal tone.", "Give one concrete example of what you said.",
+    "What is the most important point in your answer, and why?", "Turn your answer into a short list.",
+    "Critique your own answer: what is missing?", "Make your answer shorter and funnier.",
+    "Now write the opposite point of view.", "Translate the first sentence of your answer into French.",
+)
+
+QA_TEMPLATES = (
+    "What is {topic}?", "Who first studied {topic}?", "When did people start caring about {topic}?",
+    "Why does {topic} matter?", "Where can I learn more about {topic}?", "How does {topic} work?",
+)
+
+RAG_QUESTIONS = (
+    "What is the main point of the text above?", "According to the text, why does this matter?",
+    "What does the text say happened first?", "Which detail in the text is the most surprising?",
+    "Who or what is the text mostly about?",
+)
+
+CODE_TASKS = (
+    "reverses the words of a sentence", "counts the vowels in a string", "checks whether a number is prime",
+    "merges two sorted lists", "finds the most common word in a text file", "computes a moving average",
+    "parses a date like 2024-03-01 and returns the weekday", "removes duplicates from a list keeping order",
+    "returns the n-th Fibonacci number", "flattens a nested list", "validates an email address",
+    "converts Celsius to Fahrenheit for a list of values",
+)
+CODE_ASKS = ("Write a Python function that {task}.", "Write a JavaScript function that {task}, with a short example.",
+             "Explain how you would write a program that {task}.")
+
+_NAMES = ("Maria", "Tom", "Aisha", "Kenji", "Lucas", "Priya", "Omar", "Elena", "Sam", "Fatima")
+_ITEMS = ("apples", "notebooks", "tickets", "cupcakes", "marbles", "books", "plants", "stickers")
+MATH_TEMPLATES = (
+    "{name} buys {a} {item} at ${b} each and pays with a ${c} bill. How much change does {name} get?",
+    "{name} has {a} {item}. {name} gives away {b} and then buys {c} more. How many {item} does {name} have now?",
+    "A shop sells {item} for ${b} each. On Monday it sold {a} and on Tuesday {c} more than on Monday. "
+    "How much money did it make on the two days?",
+    "{name} reads {b} pages a day. The book has {a} pages more than {c} times that. How many days does "
+    "{name} need to finish it?",
+    "{name} saves ${b} a week. After {c} weeks {name} spends {a} percent of the savings. How much is left?",
+    "A train travels at {b} miles per hour for {c} hours, then at {a} miles per hour for 2 hours. "
+    "How far does it go in total?",
+    "{name} splits {a} {item} equally among {c} friends and keeps the remainder. How many does each "
+    "friend get, and how many are left?",
+)
+
+
+def math_problems(n: int, seed: int = 0) -> list[str]:
+    """`n` arithmetic word problems written from templates with random names and numbers."""
+    rng = random.Random(seed + 2)
+    out = []
+    for i in range(n):
+        template = MATH_TEMPLATES[i % len(MATH_TEMPLATES)]
+        out.append(template.format(name=rng.choice(_NAMES), item=rng.choice(_ITEMS), a=rng.randint(12, 90),
+                                   b=rng.randint(2, 15), c=rng.randint(3, 9)))
+    return out
+
+
+def _sentences(text: str) -> list[str]:
+    parts = [p.strip() for p in text.replace("\n", " ").split(". ")]
+    return [p.rstrip(".") + "." for p in parts if 6 <= len(p.split()) <= 30]
+
+
+class FamilyPlan:
+    """The staged task families. A request is (history, user_turn): history holds earlier
+    (user, assistant) turns. `stage(answers)` takes the target's answers to the previous stage's
+    requests (none for the first) and returns the next stage's requests ([] when done).
+
+    stage 1: written instructions, math problems, short questions, coding tasks, passages to write, questions
+             the target writes about a topic;
+    stage 2: summarise one to three of its passages ("Summarize: ..."), answer a question about
+             them, translate one of its sentences into German, a follow-up turn after an answer;
+    stage 3: translate its German back ("Translate German to English: ...").
+    """
+
+    def __init__(self, written: int, math: int, qa: int, follow_ups: int, passages: int, code: int,
+                 derived: int | None = None, seed: int = 0):
+        self.rng = random.Random(seed)
+        self.counts = {"written": written, "math": math, "qa": qa, "follow_ups": follow_ups,
+                       "passages": passages, "code": code, "derived": derived}
+        self.seed = seed
+        self.step = 0
+        self.requests: list[tuple[list[tuple[str, str]], str]] = []
+        self.kinds: list[str] = []
+
+    def stage(self, answers: list[str]) -> list[tuple[list[tuple[str, str]], str]]:
+        rng, seed = self.rng, self.seed
+        prev = list(zip(self.kinds, self.requests, answers))
+        out: list[tuple[str, tuple[list, str]]] = []
+        if self.step == 0:
+            out += [("written", ([], t)) for t in training_prompts(self.counts["written"], seed)]
+            out += [("math", ([], t)) for t in math_problems(self.counts["math"], seed)]
+            qa = [q.format(topic=t) for t in TOPICS for q in QA_TEMPLATES]
+            out += [("qa", ([], t)) for t in rng.sample(qa, min(self.counts["qa"], len(qa)))]
+            code = [a.format(task=t) for t in CODE_TASKS for a in CODE_ASKS]
+            out += [("code", ([], t)) for t in rng.sample(code, min(self.counts["code"], len(code)))]
+            passages = [a.format(topic=t) for t in TOPICS for a in PASSAGE_ASKS]
+            out += [("passage", ([], t)) for t in rng.sample(passages, min(self.counts["passages"], len(passages)))]
+            topics = rng.sample(TOPICS, min(self.counts["passages"], len(TOPICS)))
+            out += [("ask", ([], ASK_FOR_INSTRUCTION.format(topic=t))) for t in topics]
+        elif self.step == 1:
+            passages = [a.strip() for kind, _, a in prev if kind == "passage" and len(a.split()) > 40]
+            if self.counts["derived"] is not None:  # summaries, questions and translations from this many
+                passages = rng.sample(passages, min(self.counts["derived"], len(passages)))
+            questions = [a.strip().split("\n")[0] for kind, _, a in prev if kind == "ask" and a.strip()]
+            for i, passage in enumerate(passages):
+                more = rng.sample(passages, rng.randint(0, 2))
+                text = "\n\n".join([passage, *more])
+                out.append(("summarize", ([], f"Summarize: {text}")))
+                question = rng.choice(questions) if questions and i % 2 else rng.choice(RAG_QUESTIONS)
+                out.append(("rag", ([], f"{text}\n{question}")))
+                for sentence in rng.sample(_sentences(passage), min(1, len(_sentences(passage)))):
+                    out.append(("to_german", ([], f"Translate English to German: {sentence}")))
+            firsts = [(r, a) for kind, r, a in prev if kind in ("written", "qa", "math", "code") and a.strip()]
+            for (history, user), answer in rng.sample(firsts, min(self.counts["follow_ups"], len(firsts))):
+                out.append(("follow_up", ([*history, (user, answer.strip())], rng.choice(FOLLOW_UPS))))
+        elif self.step == 2:
+            for kind, _, answer in prev:
+                german = answer.strip().split("\n")[0].strip()
+                if kind == "to_german" and len(german.split()) >= 4:
+                    out.append(("to_english", ([], f"Translate German to English: {german}")))
+        self.step += 1
+        self.kinds = [k for k, _ in out]
+        self.requests = [r for _, r in out]
+        return self.requests
+
+
 def _normal(text: str) -> str:
     return " ".join(text.lower().split())
 
@@ -194,14 +331,23 @@ def head_accuracy(heads, head_weight: torch.Tensor, examples: list[Example], lab
 # ---------------------------------------------------------------- 4'. EAGLE
 
 
-def eagle_sequences(example: Example, continuation_start: int, index: torch.Tensor) -> dict:
+def eagle_sequences(example: Example, continuation_start: int, index: torch.Tensor,
+                    head_weight: torch.Tensor | None = None) -> dict:
     """The drafter's training sequence from an example whose `hidden` holds f_0..f_{L-2} (`start` = 1):
     at t = 0..L-3 it reads (x_{t+1}, f_t) and learns f_{t+1} (regression) and the target's token
-    x_{t+2} (classification, only inside the continuation: the prompt's tokens are not the target's)."""
+    x_{t+2} (classification). Inside the continuation that token is the target's greedy choice. The
+    prompt's tokens are not the target's: there the label is the target's own top-1 prediction
+    (`head_weight` [V, H], the whole output head, applied to f_{t+1}), or nothing (-100) without it."""
     tokens, hidden = example.tokens, example.hidden
     n = len(tokens) - 2
     labels = index[tokens[2:]].clone()
-    labels[: max(continuation_start - 2, 0)] = -100
+    cut = max(continuation_start - 2, 0)
+    if head_weight is None or cut == 0:
+        labels[:cut] = -100
+    else:
+        with torch.no_grad():
+            predicted = (hidden[1 : cut + 1].to(head_weight.dtype) @ head_weight.T).argmax(-1)
+        labels[:cut] = index[predicted]
     return {"tokens": tokens[1 : n + 1], "features": hidden[:n], "next": hidden[1 : n + 1], "labels": labels}
 
 
@@ -231,23 +377,38 @@ def _eagle_batches(sequences: list[dict], max_tokens: int, rng: random.Random):
 
 
 def eagle_loss(drafter, embed, head_weight: torch.Tensor, batch: dict, valid: torch.Tensor,
-               cls_weight: float = 0.1) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (total loss, classification loss): smooth-L1 between predicted and true next features
-    over valid positions, plus `cls_weight` x cross-entropy on the target's next tokens (EAGLE's mix)."""
+               cls_weight: float = 0.1, unroll: int = 1, noise: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (total loss, classification loss of the first pass): smooth-L1 between predicted and true
+    next features over valid positions, plus `cls_weight` x cross-entropy on the target's next tokens
+    (EAGLE's mix).
+
+    unroll > 1 trains as the drafter is used below the tree's first level: pass j reads, at position
+    t, the feature that pass j-1 predicted for t (not the target's), so the drafter learns to draft
+    from its own features (the training-time test of EAGLE-3); the passes' losses are averaged.
+    noise: uniform noise of that amplitude on the target's features (EAGLE-1), for robustness."""
     b, t = batch["tokens"].shape
     positions = torch.arange(t)[None].expand(b, t)
     with torch.no_grad():  # the target's embedding is frozen
         embeds = embed(batch["tokens"])
-    predicted = drafter(embeds, batch["features"], positions)  # causal, no cache
-    reg = F.smooth_l1_loss(predicted[valid].float(), batch["next"][valid].float())
-    logits = predicted[valid] @ head_weight.T
-    cls = F.cross_entropy(logits.float(), batch["labels"][valid], ignore_index=-100)
-    return reg + cls_weight * cls, cls
+    features = batch["features"]
+    if noise:
+        features = features + (torch.rand_like(features) * 2 - 1) * noise
+    total, first_cls = 0.0, None
+    for _ in range(unroll):
+        predicted = drafter(embeds, features, positions)  # causal, no cache
+        reg = F.smooth_l1_loss(predicted[valid].float(), batch["next"][valid].float())
+        logits = predicted[valid] @ head_weight.T
+        cls = F.cross_entropy(logits.float(), batch["labels"][valid], ignore_index=-100)
+        total = total + reg + cls_weight * cls
+        first_cls = cls if first_cls is None else first_cls
+        # the next pass: position t reads the feature predicted for it from t - 1
+        features = torch.cat([batch["features"][:, :1], predicted[:, :-1].to(batch["features"].dtype)], 1)
+    return total / unroll, first_cls
 
 
 def train_eagle(drafter, embed, head_weight: torch.Tensor, sequences: list[dict], epochs: int, lr: float,
                 max_tokens: int, seed: int = 0, progress: bool = True, autocast: str | None = None,
-                on_epoch: Callable[[int], None] | None = None) -> list[float]:
+                on_epoch: Callable[[int], None] | None = None, unroll: int = 1, noise: float = 0.0) -> list[float]:
     """AdamW on the drafter (embedding and output head frozen); returns the loss of every step."""
     opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     rng = random.Random(seed)
@@ -257,7 +418,7 @@ def train_eagle(drafter, embed, head_weight: torch.Tensor, sequences: list[dict]
         batches = list(_eagle_batches(sequences, max_tokens, rng))
         for batch, valid in tqdm(batches, desc=f"eagle epoch {epoch + 1}/{epochs}", disable=not progress):
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast is not None):
-                loss, _ = eagle_loss(drafter, embed, head_weight, batch, valid)
+                loss, _ = eagle_loss(drafter, embed, head_weight, batch, valid, unroll=unroll, noise=noise)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)

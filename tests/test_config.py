@@ -56,7 +56,7 @@ def test_every_config_composes_and_validates(override, monkeypatch, tmp_path):
 def test_spec_bench_presets_need_nothing_beside_the_package(preset, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("SPECDEC_SPEC_BENCH", raising=False)
-    cfg = _compose([f"experiment={preset}", *TINY])
+    cfg = _compose([f"experiment={preset}", *TINY[1:]])  # the preset replaces the default one
     assert cfg.data.path is None  # the copy shipped in the package
     validate(cfg)
     prompts = experiment.load_data(cfg)
@@ -79,7 +79,14 @@ def test_launchers_compose(launcher):
 
 def test_defaults():
     cfg = _compose([], hydra_config=True)
-    assert cfg.target.path == "embedded" and cfg.method.name == "draft" and cfg.draft.path == "self"
+    # the default run: plain decoding, n-gram lookup and the shipped Medusa heads on the embedded target
+    assert cfg.target.path == "embedded" and cfg.method.name == "medusa" and list(cfg.compare) == ["ngram"]
+    assert cfg.method.heads_path == "embedded"
+    # without the preset: the self-draft, a check of the machinery (also experiment=self_draft)
+    for overrides in (["~experiment"], ["experiment=self_draft"]):
+        cfg = _compose(overrides)
+        assert cfg.method.name == "draft" and cfg.draft.path == "self" and not cfg.compare
+    cfg = _compose([], hydra_config=True)
     assert cfg.data.source == "builtin" and cfg.logger.kind == "wandb"
     assert cfg.hydra.callbacks.sweep_summary._target_ == "specdec.sweep.SweepSummary"
 
@@ -121,7 +128,7 @@ def test_unknown_method_lists_the_methods():
     assert "method/medusa_v9" in str(err.value) and "draft" in str(err.value)
 
 
-TINY = ["target=tiny_random", "draft=tiny_random", "logger=none"]
+TINY = ["~experiment", "target=tiny_random", "draft=tiny_random", "logger=none"]  # method=draft alone
 
 
 @pytest.mark.parametrize("override, key", [

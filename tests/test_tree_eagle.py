@@ -16,6 +16,7 @@ from specdec.decoding import SpeculativeDecoder
 from specdec.engine import Engine
 from specdec.models import tiny_random_model
 from specdec.proposers.eagle import EagleDrafter, EagleProposer
+from specdec.head_training import FOLLOW_UPS
 from specdec.proposers.heads import save_checkpoint
 from tests.conftest import RAGGED_PROMPTS
 
@@ -138,3 +139,85 @@ def test_eagle_runs_as_an_experiment_method(tmp_path):
 def test_a_medusa_checkpoint_is_not_an_eagle_drafter(target):
     with pytest.raises(ValueError, match="holds medusa heads, not eagle"):
         EagleProposer(Engine(target, dtype="float32"), str(ROOT / "tests" / "assets" / "tiny_random_medusa.safetensors"))
+
+
+def test_family_plan_builds_each_stage_from_the_targets_answers():
+    from specdec.data import load_builtin, load_spec_bench
+    from specdec.head_training import FamilyPlan, check_disjoint
+
+    evaluation = [t for p in load_spec_bench() + load_builtin() for t in p.turns]
+    plan = FamilyPlan(written=5, math=4, qa=3, follow_ups=4, passages=3, code=2, derived=2, seed=0)
+    first = plan.stage([])
+    assert {k: plan.kinds.count(k) for k in set(plan.kinds)} == {"written": 5, "math": 4, "qa": 3, "code": 2,
+                                                                  "passage": 3, "ask": 3}
+    assert all(history == [] for history, _ in first)
+    check_disjoint([u for _, u in first], evaluation)
+    passage = "The river rose after three days of rain and the town closed its bridge. " * 6
+    answers = [passage if k == "passage" else f"answer {i}" for i, k in enumerate(plan.kinds)]
+    second = plan.stage(answers)
+    kinds = plan.kinds
+    assert kinds.count("summarize") == 2 and kinds.count("rag") == 2 and kinds.count("follow_up") == 4
+    assert all(u.startswith("Summarize: The river rose") for (_, u), k in zip(second, kinds) if k == "summarize")
+    # a follow-up continues a conversation: the first turn and the target's own answer to it
+    follow = [(h, u) for (h, u), k in zip(second, kinds) if k == "follow_up"]
+    assert all(len(h) == 1 and h[0][1].startswith("answer ") for h, _ in follow)
+    german = ["Der Fluss stieg nach drei Tagen Regen." if k == "to_german" else "x" for k in kinds]
+    third = plan.stage(german)
+    assert third and all(u == "Translate German to English: Der Fluss stieg nach drei Tagen Regen." for _, u in third)
+    assert plan.stage(["y"] * len(third)) == []  # three stages, then done
+    check_disjoint([u for _, u in second + third], evaluation)
+
+
+def test_eagle_labels_at_prompt_positions_are_the_targets_own_predictions():
+    from specdec.head_training import eagle_sequences, vocab_index
+    from specdec.training import Example
+
+    torch.manual_seed(0)
+    head = torch.randn(32, 8)
+    example = Example(torch.tensor([3, 4, 5, 6, 7, 8, 9]), 1, torch.randn(6, 8))  # hidden: f_0..f_5
+    plain = eagle_sequences(example, 4, vocab_index(None, 32))
+    assert plain["labels"].tolist() == [-100, -100, 7, 8, 9]  # the continuation starts at index 4 (token 7)
+    labelled = eagle_sequences(example, 4, vocab_index(None, 32), head)
+    # position t learns x_{t+2}; inside the prompt that is the target's top-1 at f_{t+1}
+    assert labelled["labels"].tolist() == [*(example.hidden[1:3] @ head.T).argmax(-1).tolist(), 7, 8, 9]
+
+
+def test_unrolled_eagle_loss_reads_its_own_predicted_features(target):
+    from specdec.head_training import eagle_loss
+
+    torch.manual_seed(0)
+    drafter = EagleDrafter(target)
+    embed = target.get_input_embeddings()
+    h = target.config.hidden_size
+    batch = {"tokens": torch.randint(0, 200, (2, 6)), "features": torch.randn(2, 6, h), "next": torch.randn(2, 6, h),
+             "labels": torch.randint(0, 50, (2, 6))}
+    valid = torch.ones(2, 6, dtype=torch.bool)
+    weight = target.get_output_embeddings().weight[:50]
+    one, _ = eagle_loss(drafter, embed, weight, batch, valid, unroll=1)
+    two, cls = eagle_loss(drafter, embed, weight, batch, valid, unroll=2)
+    positions = torch.arange(6)[None].expand(2, 6)
+    with torch.no_grad():
+        first = drafter(embed(batch["tokens"]), batch["features"], positions)
+        second_features = torch.cat([batch["features"][:, :1], first[:, :-1]], 1)
+        second = eagle_loss(drafter, embed, weight, {**batch, "features": second_features}, valid, unroll=1)[0]
+    assert torch.allclose(two, (one + second) / 2, atol=1e-5)
+    assert not torch.allclose(one, second)
+
+
+def test_train_heads_script_runs_the_task_families(tmp_path):
+    spec = importlib.util.spec_from_file_location("train_heads", ROOT / "scripts" / "train_heads.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("train_heads", overrides=[
+            "kind=eagle", "target.path=tiny_random", "dtype=float32",
+            "prompts.families={written: 4, math: 2, qa: 2, follow_ups: 3, passages: 2, code: 1, derived: 2}",
+            "prompts.held_out=3", "generation.max_new_tokens=12", "generation.batch_size=8", "generation.cache=false",
+            "heads.vocab=128", "train.epochs=2", "train.max_tokens=256", "train.autocast=null", "train.unroll=2",
+            "train.prompt_labels=true", "eval.prompts=2", "eval.max_new_tokens=6", "eagle.budget=4", "eagle.topk=2",
+            "eagle.width=2", "eagle.depth=2", f"out={tmp_path / 'e.safetensors'}", "progress=false"])
+    report = script.run(cfg)
+    # stage 1 (4 written, 2 math, 2 qa, 1 code, 2 passages, 2 asks) and 3 follow-up turns at least
+    assert report["train_prompts"] + report["held_out_prompts"] >= 16
+    assert any(p in report["prompts"] for p in FOLLOW_UPS)
+    assert report["decode_check"]["equal_to_plain"] == 1.0
