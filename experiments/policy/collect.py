@@ -155,21 +155,24 @@ def main(root: Path) -> None:
             print(f"| {LABELS[m]} | {speedup(rows, m, 'cpu_s'):.2f}x | " + " | ".join(cells) + " |")
 
     print("\n## The hybrid: choices per step and regret against the best fixed option in hindsight\n")
-    print("| batch | steps | suffix | ngram | draft | plain | regret median (min-max) | best in hindsight |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---|")
+    print("| batch | steps | suffix | ngram | draft | plain | regret median (min-max) | best in hindsight "
+          "| strategy followed (steps) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---|---|")
     for b, (_, rows) in data.items():
-        counts, regrets, best = Counter(), [], Counter()
+        counts, regrets, best, followed = Counter(), [], Counter(), Counter()
         for group in batches(rows, "hybrid"):
             for rep in group[0]["reports"]:
                 p = rep["proposer"]
                 counts.update(p["counts"])
+                followed.update(p.get("followed", {}))
                 if p["regret"] is not None:
                     regrets.append(p["regret"])
                     best[p["best_in_hindsight"]] += 1
         n = sum(counts.values()) or 1
         reg = f"{statistics.median(regrets):.3f} ({min(regrets):.3f}-{max(regrets):.3f})" if regrets else "-"
         print(f"| {b} | {n} | " + " | ".join(f"{counts[p] / n:.0%}" for p in ("suffix", "ngram", "draft", "plain"))
-              + f" | {reg} | " + ", ".join(f"{k} {v}" for k, v in best.most_common()) + " |")
+              + f" | {reg} | " + ", ".join(f"{k} {v}" for k, v in best.most_common()) + " | "
+              + ", ".join(f"{k} {v}" for k, v in followed.most_common()) + " |")
 
 
 if __name__ == "__main__":
