@@ -6,8 +6,9 @@
 # decoding one token wide (exact_greedy=false: the fastest plain decoding, not the padded exact one).
 # Run from the repository root; results in $RUNS/b{1,4,16}; then `python experiments/policy/collect.py`.
 set -euo pipefail
+# ~experiment: no preset (the default one adds methods of its own)
 RUNS=${RUNS:-experiments/policy/runs}
-COMMON="experiment=null data=spec_bench generation.max_new_tokens=32 exact_greedy=false logger=none plots=false progress=false draft=self"
+COMMON="~experiment data=spec_bench generation.max_new_tokens=32 exact_greedy=false logger=none plots=false progress=false draft=self"
 METHODS="method=ngram method.num_speculative_tokens=8
   +method@compare.ngram_ca=ngram compare.ngram_ca.name=ngram_ca compare.ngram_ca.num_speculative_tokens=8 compare.ngram_ca.schedule=cost_aware
   +method@compare.suffix=suffix
