@@ -22,6 +22,7 @@ import torch
 
 from specdec import Engine, ModelSpec, SpeculativeDecoder, load_model
 from specdec.data import build_turn_input, load_prompts
+from specdec.metrics import speedup, tokens_per_s
 
 
 def hf_generate(model, ids: list[int], max_new_tokens: int) -> list[int]:
@@ -70,8 +71,9 @@ def main() -> None:
         (o, to), (h, th) = (a, b) if i % 2 == 0 else (b, a)
         if len(o) != len(h):
             raise SystemExit(f"prompt {prompts[i].prompt_id}: output lengths differ; the benchmark is void")
+        ours_rate, hf_rate = tokens_per_s(len(o), to), tokens_per_s(len(h), th)
         rows.append({"prompt_id": prompts[i].prompt_id, "new_tokens": len(o), "same_tokens": o == h,
-                     "specdec_tok_s": len(o) / to, "hf_tok_s": len(h) / th, "ratio": th / to})
+                     "specdec_tok_s": ours_rate, "hf_tok_s": hf_rate, "ratio": speedup(ours_rate, hf_rate)})
 
     med = {k: statistics.median(r[k] for r in rows) for k in ("specdec_tok_s", "hf_tok_s", "ratio")}
     spread = (min(r["ratio"] for r in rows), max(r["ratio"] for r in rows))
