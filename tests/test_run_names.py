@@ -13,7 +13,7 @@ from specdec import experiment
 from specdec.models import ModelSpec, describe_model, tiny_random_model, tiny_random_tokenizer
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-FAST = ["logger=none", "data.limit=1", "data.categories=[qa]", "generation.max_new_tokens=2", "plots=false",
+FAST = ["~experiment", "logger=none", "data.limit=1", "data.categories=[qa]", "generation.max_new_tokens=2", "plots=false",
         "warmup=false", "dtype=float32"]
 
 
