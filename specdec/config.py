@@ -336,7 +336,8 @@ def _validate_method(key: str, m: DictConfig, cfg: DictConfig, params: Any) -> N
                                        "(train one with scripts/train_heads.py)")
         from specdec.proposers.heads import resolve_heads_path
 
-        heads = resolve_heads_path(m.heads_path, m.name) if m.heads_path == "embedded" else resolve_path(m.heads_path)
+        kind = getattr(target_of(m.proposer._target_, f"{key}.proposer"), "name", m.name)  # a renamed variant keeps its kind
+        heads = resolve_heads_path(m.heads_path, kind) if m.heads_path == "embedded" else resolve_path(m.heads_path)
         if not heads.is_file():
             _fail(f"{key}.heads_path", f"file not found: {heads}")
     if m.tree is not None:
