@@ -173,6 +173,21 @@ def test_a_draft_that_cannot_pay_even_if_always_accepted_is_not_explored():
     assert cheaper.best_ask(SRC, 1, [0], trimmable=False) is not None
 
 
+def test_a_position_never_reached_takes_the_estimate_of_the_one_before():
+    m = AcceptanceModel(4, prior=0.5, prior_weight=2.0, decay=1.0)
+    for _ in range(20):  # first drafts right a fifth of the time; nothing known beyond
+        m.observe({0: (0, 1)})
+        m.observe({0: (0, 1)})
+        m.observe({0: (0, 1)})
+        m.observe({0: (0, 1)})
+        m.observe({0: (1, 1)})
+    a = m.rates()
+    assert a[0] == pytest.approx((20 + 1) / (100 + 2)) and a == pytest.approx([a[0]] * 4)  # not 0.5 beyond
+    m.observe({0: (2, 2)})  # the second position judged once, accepted: pulled up from a_1, not to 1
+    b = m.rates()
+    assert b[0] < b[1] < 1.0 and b[1] == pytest.approx((1 + 2 * b[0]) / (1 + 2)) and b[2] == pytest.approx(b[1])
+
+
 def test_timings_take_medians_interpolate_and_extrapolate():
     t = Timings(window=5)
     for s in (0.010, 0.011, 0.500):  # a spike from a busy machine

@@ -1,6 +1,9 @@
 """Tables of the policy study from its run folders (experiments/policy/run.sh):
 
-    python experiments/policy/collect.py [experiments/policy/runs]
+    python experiments/policy/collect.py [RUN_FOLDER ...]    # default experiments/policy/runs
+
+Several folders (repetitions of run.sh): speedups are taken per repetition and summarised by their
+median (min-max); draft lengths, tau and the hybrid's choices are pooled.
 
 speedup against batch size for every method, the policy's draft lengths (per step, from
 results.jsonl), suffix decoding against n-gram lookup per category, and the hybrid's choices and
@@ -91,89 +94,116 @@ def tau(rows: list[dict], method: str) -> float:
     return sum(r["emitted"] for r in mine) / steps if steps else float("nan")
 
 
-def main(root: Path) -> None:
-    runs = {b: root / f"b{b}" for b in (1, 4, 16) if (root / f"b{b}" / "summary.json").exists()}
-    data = {b: load(p) for b, p in runs.items()}
+def spread(xs: list[float], fmt: str = "{:.2f}") -> str:
+    """median (min-max), or the value alone for one."""
+    xs = [x for x in xs if x == x]
+    if not xs:
+        return "-"
+    if len(xs) == 1:
+        return fmt.format(xs[0])
+    return f"{fmt.format(statistics.median(xs))} ({fmt.format(min(xs))}-{fmt.format(max(xs))})"
 
-    print("## Speedup against batch size: CPU time (wall time), tau\n")
-    print("| method | " + " | ".join(f"batch {b}" for b in data) + " |")
-    print("|---|" + "---:|" * len(data))
+
+def main(roots: list[Path]) -> None:
+    """`roots`: one folder per repetition of run.sh, each holding b1, b4, b16. Speedups are per
+    repetition (each against plain decoding interleaved in that run), then median (min-max) over
+    repetitions; draft lengths, tau and the hybrid's choices are pooled."""
+    sizes = [b for b in (1, 4, 16) if any((r / f"b{b}" / "summary.json").exists() for r in roots)]
+    reps = {b: [load(r / f"b{b}")[1] for r in roots if (r / f"b{b}" / "summary.json").exists()] for b in sizes}
+    pooled = {b: [row for rows in reps[b] for row in rows] for b in sizes}
+    n = max(len(v) for v in reps.values())
+    cell = "median (min-max) over repetitions" if n > 1 else "one run"
+
+    print(f"## Speedup against batch size: CPU time, {cell}; wall time median; tau\n")
+    print("| method | " + " | ".join(f"batch {b}" for b in sizes) + " |")
+    print("|---|" + "---:|" * len(sizes))
     for m in METHODS:
-        cells = [f"{speedup(rows, m, 'cpu_s'):.2f}x ({speedup(rows, m, 'wall_s'):.2f}x), {tau(rows, m):.2f}"
-                 for _, rows in data.values()]
+        cells = [f"{spread([speedup(rows, m, 'cpu_s') for rows in reps[b]], '{:.2f}x')} "
+                 f"({statistics.median(speedup(rows, m, 'wall_s') for rows in reps[b]):.2f}x), {tau(pooled[b], m):.2f}"
+                 for b in sizes]
         print(f"| {LABELS[m]} | " + " | ".join(cells) + " |")
     print("\nplain decoding: " + ", ".join(
-        f"batch {b}: {speed([r for r in rows if r['method'] == BASE], 'cpu_s'):.1f} tok/CPU-s, "
-        f"{speed([r for r in rows if r['method'] == BASE], 'wall_s'):.1f} tok/s wall" for b, (_, rows) in data.items()))
+        f"batch {b}: {spread([speed([r for r in rows if r['method'] == BASE], 'cpu_s') for rows in reps[b]], '{:.1f}')} "
+        f"tok/CPU-s, {spread([speed([r for r in rows if r['method'] == BASE], 'wall_s') for rows in reps[b]], '{:.1f}')}"
+        " tok/s wall" for b in sizes))
 
-    print("\n## Per-batch CPU-time speedup: median (min-max)\n")
-    print("| method | " + " | ".join(f"batch {b}" for b in data) + " |")
-    print("|---|" + "---:|" * len(data))
+    print("\n## Per-batch CPU-time speedup, all batches of all repetitions: median (min-max)\n")
+    print("| method | " + " | ".join(f"batch {b}" for b in sizes) + " |")
+    print("|---|" + "---:|" * len(sizes))
     for m in METHODS:
-        cells = []
-        for _, rows in data.values():
-            xs = per_batch(rows, m, "cpu_s")
-            cells.append(f"{statistics.median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})" if xs else "-")
+        cells = [spread([x for rows in reps[b] for x in per_batch(rows, m, "cpu_s")]) for b in sizes]
         print(f"| {LABELS[m]} | " + " | ".join(cells) + " |")
 
     print("\n## Draft lengths the policy chose (scored drafts per step, from results.jsonl)\n")
     print("| method | batch | steps | plain steps | 1-2 | 3-4 | 5-8 | rows differ |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for m in POLICY:
-        for b, (_, rows) in data.items():
-            hist, mixed, steps = draft_lengths(rows, m)
-            n = sum(hist.values()) or 1
-            share = [sum(c for k, c in hist.items() if lo <= k <= hi) / n for lo, hi in ((0, 0), (1, 2), (3, 4), (5, 8))]
-            print(f"| {LABELS[m]} | {b} | {n} | " + " | ".join(f"{x:.0%}" for x in share) + f" | {mixed:.0%} |")
+        for b in sizes:
+            hist, mixed, steps = Counter(), 0.0, 0
+            for rows in reps[b]:
+                h, x, s_ = draft_lengths(rows, m)
+                hist.update(h)
+                mixed, steps = mixed + x * s_, steps + s_
+            total = sum(hist.values()) or 1
+            share = [sum(c for k, c in hist.items() if lo <= k <= hi) / total
+                     for lo, hi in ((0, 0), (1, 2), (3, 4), (5, 8))]
+            print(f"| {LABELS[m]} | {b} | {total} | " + " | ".join(f"{x:.0%}" for x in share)
+                  + f" | {mixed / max(steps, 1):.0%} |")
 
-    print("\n## Goals (CPU time; wall time in brackets)\n")
+    print(f"\n## Goals (CPU time, {cell})\n")
     for m, fixed in POLICY.items():
-        for b, (_, rows) in data.items():
-            x, w = speedup(rows, m, "cpu_s"), speedup(rows, m, "wall_s")
-            line = f"- {LABELS[m]}, batch {b}: {x:.2f}x ({w:.2f}x) vs plain ({'>=' if x >= 0.97 else '<'} 0.97)"
+        for b in sizes:
+            xs = [speedup(rows, m, "cpu_s") for rows in reps[b]]
+            x = statistics.median(xs)
+            line = f"- {LABELS[m]}, batch {b}: {spread(xs, '{:.2f}x')} vs plain ({'>=' if x >= 0.97 else '<'} 0.97)"
             if b == 1:
-                f = speedup(rows, fixed, "cpu_s")
-                line += f"; fixed {LABELS[fixed]} {f:.2f}x: ratio {x / f:.3f}"
+                ratios = [speedup(rows, m, "cpu_s") / speedup(rows, fixed, "cpu_s") for rows in reps[b]]
+                line += f"; over fixed {LABELS[fixed]}: {spread(ratios, '{:.3f}')}"
             print(line)
-    for b, (_, rows) in data.items():
-        parts = {m: speedup(rows, m, "cpu_s") for m in ("suffix", "ngram", "draft1")}
-        best = max(parts, key=parts.get)
-        print(f"- hybrid, batch {b}: {speedup(rows, 'hybrid', 'cpu_s'):.2f}x; best part {LABELS[best]} {parts[best]:.2f}x")
+    for b in sizes:  # the hybrid's parts run alone: with their fixed k, and also with the policy
+        hybrid = [speedup(rows, "hybrid", "cpu_s") for rows in reps[b]]
+        for kind, names in (("alone", ("suffix", "ngram", "draft1")),
+                            ("alone or with the policy", ("suffix", "ngram", "draft1", "suffix_ca", "ngram_ca", "draft_ca"))):
+            parts = {m: [speedup(rows, m, "cpu_s") for rows in reps[b]] for m in names}
+            best = max(parts, key=lambda m: statistics.median(parts[m]))
+            ratio = [h / max(speedup(rows, m, "cpu_s") for m in names) for h, rows in zip(hybrid, reps[b])]
+            print(f"- hybrid, batch {b}: {spread(hybrid, '{:.2f}x')}; best part {kind}: {LABELS[best]} "
+                  f"{spread(parts[best], '{:.2f}x')}; hybrid over the best of them in the same run: {spread(ratio, '{:.3f}')}")
 
-    if 1 in data:
-        _, rows = data[1]
-        cats = list(dict.fromkeys(r["category"] for r in rows))
-        print("\n## Suffix decoding against n-gram lookup per category (batch 1, requests in sequence)\n")
+    if 1 in sizes:
+        cats = list(dict.fromkeys(r["category"] for r in pooled[1]))
+        print(f"\n## Suffix decoding against n-gram lookup per category (batch 1, requests in sequence), {cell}\n")
         print("CPU-time speedup (tau)\n")
         print("| method | overall | " + " | ".join(cats) + " |")
         print("|---|---:|" + "---:|" * len(cats))
-        for m in ("ngram", "suffix", "ngram_ca", "suffix_ca"):
+        for m in ("ngram", "suffix", "ngram_ca", "suffix_ca", "hybrid"):
             cells = []
             for c in cats:
-                sub = [r for r in rows if r["category"] == c]
-                cells.append(f"{speedup(sub, m, 'cpu_s'):.2f}x ({tau(sub, m):.2f})")
-            print(f"| {LABELS[m]} | {speedup(rows, m, 'cpu_s'):.2f}x | " + " | ".join(cells) + " |")
+                xs = [speedup([r for r in rows if r["category"] == c], m, "cpu_s") for rows in reps[1]]
+                cells.append(f"{statistics.median(xs):.2f}x ({tau([r for r in pooled[1] if r['category'] == c], m):.2f})")
+            overall = statistics.median(speedup(rows, m, "cpu_s") for rows in reps[1])
+            print(f"| {LABELS[m]} | {overall:.2f}x | " + " | ".join(cells) + " |")
 
     print("\n## The hybrid: choices per step and regret against the best fixed option in hindsight\n")
     print("| batch | steps | suffix | ngram | draft | plain | regret median (min-max) | best in hindsight "
           "| strategy followed (steps) |")
     print("|---:|---:|---:|---:|---:|---:|---:|---|---|")
-    for b, (_, rows) in data.items():
+    for b in sizes:
         counts, regrets, best, followed = Counter(), [], Counter(), Counter()
-        for group in batches(rows, "hybrid"):
-            for rep in group[0]["reports"]:
-                p = rep["proposer"]
-                counts.update(p["counts"])
-                followed.update(p.get("followed", {}))
-                if p["regret"] is not None:
-                    regrets.append(p["regret"])
-                    best[p["best_in_hindsight"]] += 1
-        n = sum(counts.values()) or 1
-        reg = f"{statistics.median(regrets):.3f} ({min(regrets):.3f}-{max(regrets):.3f})" if regrets else "-"
-        print(f"| {b} | {n} | " + " | ".join(f"{counts[p] / n:.0%}" for p in ("suffix", "ngram", "draft", "plain"))
-              + f" | {reg} | " + ", ".join(f"{k} {v}" for k, v in best.most_common()) + " | "
+        for rows in reps[b]:
+            for group in batches(rows, "hybrid"):
+                for rep in group[0]["reports"]:
+                    p = rep["proposer"]
+                    counts.update(p["counts"])
+                    followed.update(p.get("followed", {}))
+                    if p["regret"] is not None:
+                        regrets.append(p["regret"])
+                        best[p["best_in_hindsight"]] += 1
+        total = sum(counts.values()) or 1
+        print(f"| {b} | {total} | " + " | ".join(f"{counts[p] / total:.0%}" for p in ("suffix", "ngram", "draft", "plain"))
+              + f" | {spread(regrets, '{:.3f}')} | " + ", ".join(f"{k} {v}" for k, v in best.most_common()) + " | "
               + ", ".join(f"{k} {v}" for k, v in followed.most_common()) + " |")
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path("experiments/policy/runs"))
+    main([Path(a) for a in sys.argv[1:]] or [Path("experiments/policy/runs")])
