@@ -1,6 +1,7 @@
-"""The default experiment on the embedded SmolLM2-135M through the real command line (slow): the
-target drafting for itself accepts (nearly) everything, the table is printed, results are written, and
-the second turn of a conversation continues the first turn's cache."""
+"""The embedded SmolLM2-135M through the real command line (slow). The self-draft check
+(`experiment=self_draft`): the target drafting for itself accepts (nearly) everything, the table is
+printed, results are written, and the second turn of a conversation continues the first turn's cache.
+The default run (no overrides): plain decoding, n-gram lookup and the shipped Medusa heads, in one run."""
 
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_default_run_on_the_embedded_model(tmp_path):
+def test_self_draft_run_on_the_embedded_model(tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "offline"}
-    cmd = [sys.executable, "-m", "specdec", "data.limit=1", "data.categories=[conversation,qa]",
+    cmd = [sys.executable, "-m", "specdec", "experiment=self_draft", "data.limit=1", "data.categories=[conversation,qa]",
            "generation.max_new_tokens=16", "threads=1", f"hydra.run.dir={out}"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, text=True, capture_output=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -37,3 +38,19 @@ def test_default_run_on_the_embedded_model(tmp_path):
     assert all(r["turn_outputs"][1]["reused_cache_tokens"] > 0 for r in conversation)
     assert "| **overall** |" in proc.stdout and "draft, k=4" in proc.stdout
     assert list((out / "wandb").glob("offline-run-*"))  # the default logger: W&B, offline
+
+
+def test_default_run_compares_plain_ngram_and_trained_heads(tmp_path):
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "offline"}
+    cmd = [sys.executable, "-m", "specdec", "data.limit=1", "data.categories=[qa]", "generation.max_new_tokens=16",
+           "threads=1", "logger=none", f"hydra.run.dir={out}"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, text=True, capture_output=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["method"] == "medusa" and set(summary["methods"]) == {"medusa", "ngram", "autoregressive"}
+    assert summary["lossless"] is True and summary["complete"] is True
+    medusa = summary["methods"]["medusa"]["overall"]
+    assert medusa["mean_accepted_length"] > 1.0  # the shipped heads get drafts accepted
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert sorted(r["method"] for r in rows) == ["autoregressive", "medusa", "ngram"]
