@@ -2,14 +2,14 @@
 # The trees study: Medusa heads (static tree) and the EAGLE-style drafter (dynamic tree), against plain
 # decoding and n-gram lookup on the same Spec-Bench prompts, interleaved in one run per line below.
 # Run from the repository root; every run keeps its folder under $RUNS; the last line prints the table.
-#   experiments/trees/run.sh                 # everything (about 1.5 h on a busy 2-core CPU)
+#   experiments/trees/run.sh                 # everything (about 1 h on a busy 2-core CPU)
 #   LIMIT=10 experiments/trees/run.sh        # Spec-Bench's 60 prompts for the main runs
 #   ONLY="greedy t07" experiments/trees/run.sh
 set -euo pipefail -f   # -f: no globbing of the bracketed overrides
 RUNS=${RUNS:-experiments/trees/runs}
-LIMIT=${LIMIT:-2}           # prompts per category in the main runs (10: Spec-Bench's 60 prompts)
+LIMIT=${LIMIT:-1}           # prompts per category in the main runs (10: Spec-Bench's 60 prompts; 1 fits a busy 2-core CPU)
 SWEEP_LIMIT=${SWEEP_LIMIT:-1}  # prompts per category in the float32 check and the tree shapes
-ONLY=${ONLY:-"greedy t07 greedy_float32 shapes"}
+ONLY=${ONLY:-"greedy t07 greedy_float32 shapes depth"}
 COMMON="experiment=spec_bench_greedy generation.max_new_tokens=128 logger=none plots=false threads=1"
 run() {
     local name=$1 limit=$2; shift 2
@@ -35,6 +35,10 @@ run shapes "$SWEEP_LIMIT" method=eagle \
     $(variant eagle_b4 eagle proposer.budget=4) $(variant eagle_b8 eagle proposer.budget=8) \
     $(variant eagle_b20 eagle proposer.budget=20) \
     +method@compare.medusa=medusa $(variant medusa_chain medusa 'tree=[[0],[0,0],[0,0,0],[0,0,0,0]]')
+# tree depth: levels 4 and 5 are rarely accepted but each costs a drafter pass and an output head
+run depth "$SWEEP_LIMIT" method=eagle $(variant eagle_d3 eagle proposer.depth=3 num_speculative_tokens=3) \
+    $(variant eagle_d3_b6 eagle proposer.depth=3 proposer.budget=6 num_speculative_tokens=3) \
+    $(variant eagle_d2_b4 eagle proposer.depth=2 proposer.budget=4 num_speculative_tokens=2)
 
 python -m specdec.compare "$RUNS" \
     --columns run,method,args,temperature,dtype,lossless,speedup,tau,alpha,predicted,measured/predicted,c,verify_cost,tok/s,base_tok/s,=baseline
