@@ -139,7 +139,7 @@ class CostAwareSchedule(ConstantSchedule):
     name = "cost_aware"
     source = "proposer"
 
-    def __init__(self, num_speculative_tokens: int = 8, min_k: int = 0, start: int = 1, margin: float = 0.02,
+    def __init__(self, num_speculative_tokens: int = 8, min_k: int = 0, start: int = 1, margin: float = 0.1,
                  explore: float = 0.01, prior: float = 0.5, prior_weight: float = 2.0, decay: float = 0.98,
                  window: int = 16, cheap: float = 0.01, probe: int = 32):
         super().__init__(num_speculative_tokens)

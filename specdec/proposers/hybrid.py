@@ -78,7 +78,7 @@ class HybridProposer:
 
     name = "hybrid"
 
-    def __init__(self, engine=None, parts: Mapping | None = None, margin: float = 0.02, explore: float = 0.01,
+    def __init__(self, engine=None, parts: Mapping | None = None, margin: float = 0.1, explore: float = 0.01,
                  prior: float = 0.5, prior_weight: float = 2.0, decay: float = 0.98, window: int = 16,
                  cheap: float = 0.01, probe: int = 32):
         if not parts:
