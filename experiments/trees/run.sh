@@ -28,15 +28,18 @@ run greedy "$LIMIT" $TREES $OLD
 run t07 "$LIMIT" $TREES generation.temperature=0.7
 # token identity in float32 (bfloat16 trees are scored at their own width: near-ties may flip)
 run greedy_float32 "$SWEEP_LIMIT" $TREES dtype=float32
-# tree shapes in one interleaved run: EAGLE's dynamic tree at budgets 4, 8, 12 (default), 20 and as a
-# chain (topk 1, width 1: one path of depth 5); Medusa's default static tree and its chain
-run shapes "$SWEEP_LIMIT" method=eagle \
-    $(variant eagle_chain eagle proposer.topk=1 proposer.width=1 proposer.budget=5) \
-    $(variant eagle_b4 eagle proposer.budget=4) $(variant eagle_b8 eagle proposer.budget=8) \
-    $(variant eagle_b20 eagle proposer.budget=20) \
+# tree shapes in one interleaved run, all 5 levels deep: EAGLE's dynamic tree at budgets 4, 8, 12, 20 and
+# as a chain (topk 1, width 1: one path of depth 5); Medusa's default static tree and its chain
+D5="proposer.depth=5 num_speculative_tokens=5"
+EAGLE_B12_D5="method=eagle method.proposer.budget=12 method.proposer.depth=5 method.num_speculative_tokens=5"
+run shapes "$SWEEP_LIMIT" $EAGLE_B12_D5 \
+    $(variant eagle_chain eagle proposer.topk=1 proposer.width=1 proposer.budget=5 $D5) \
+    $(variant eagle_b4 eagle proposer.budget=4 $D5) $(variant eagle_b8 eagle proposer.budget=8 $D5) \
+    $(variant eagle_b20 eagle proposer.budget=20 $D5) \
     +method@compare.medusa=medusa $(variant medusa_chain medusa 'tree=[[0],[0,0],[0,0,0],[0,0,0,0]]')
 # tree depth: levels 4 and 5 are rarely accepted but each costs a drafter pass and an output head
-run depth "$SWEEP_LIMIT" method=eagle $(variant eagle_d3 eagle proposer.depth=3 num_speculative_tokens=3) \
+# (depth 2, budget 4 measured fastest: the default of conf/method/eagle.yaml since)
+run depth "$SWEEP_LIMIT" $EAGLE_B12_D5 $(variant eagle_d3 eagle proposer.budget=12 proposer.depth=3 num_speculative_tokens=3) \
     $(variant eagle_d3_b6 eagle proposer.depth=3 proposer.budget=6 num_speculative_tokens=3) \
     $(variant eagle_d2_b4 eagle proposer.depth=2 proposer.budget=4 num_speculative_tokens=2)
 
