@@ -79,8 +79,8 @@ def test_launchers_compose(launcher):
 
 def test_defaults():
     cfg = _compose([], hydra_config=True)
-    # the default run: plain decoding, n-gram lookup and the shipped Medusa heads on the embedded target
-    assert cfg.target.path == "embedded" and cfg.method.name == "medusa" and list(cfg.compare) == ["ngram"]
+    # the default run: plain decoding, n-gram lookup and the shipped EAGLE-style drafter on the embedded target
+    assert cfg.target.path == "embedded" and cfg.method.name == "eagle" and list(cfg.compare) == ["ngram"]
     assert cfg.method.heads_path == "embedded"
     # without the preset: the self-draft, a check of the machinery (also experiment=self_draft)
     for overrides in (["~experiment"], ["experiment=self_draft"]):

@@ -1,7 +1,7 @@
 """The embedded SmolLM2-135M through the real command line (slow). The self-draft check
 (`experiment=self_draft`): the target drafting for itself accepts (nearly) everything, the table is
 printed, results are written, and the second turn of a conversation continues the first turn's cache.
-The default run (no overrides): plain decoding, n-gram lookup and the shipped Medusa heads, in one run."""
+The default run (no overrides): plain decoding, n-gram lookup and the shipped EAGLE-style drafter, in one run."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def test_self_draft_run_on_the_embedded_model(tmp_path):
     assert list((out / "wandb").glob("offline-run-*"))  # the default logger: W&B, offline
 
 
-def test_default_run_compares_plain_ngram_and_trained_heads(tmp_path):
+def test_default_run_compares_plain_ngram_and_the_trained_drafter(tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "offline"}
     cmd = [sys.executable, "-m", "specdec", "data.limit=1", "data.categories=[qa]", "generation.max_new_tokens=16",
@@ -48,9 +48,9 @@ def test_default_run_compares_plain_ngram_and_trained_heads(tmp_path):
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, text=True, capture_output=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["method"] == "medusa" and set(summary["methods"]) == {"medusa", "ngram", "autoregressive"}
+    assert summary["method"] == "eagle" and set(summary["methods"]) == {"eagle", "ngram", "autoregressive"}
     assert summary["lossless"] is True and summary["complete"] is True
-    medusa = summary["methods"]["medusa"]["overall"]
-    assert medusa["mean_accepted_length"] > 1.0  # the shipped heads get drafts accepted
+    eagle = summary["methods"]["eagle"]["overall"]
+    assert eagle["mean_accepted_length"] > 1.0  # the shipped drafter gets drafts accepted
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    assert sorted(r["method"] for r in rows) == ["autoregressive", "medusa", "ngram"]
+    assert sorted(r["method"] for r in rows) == ["autoregressive", "eagle", "ngram"]
