@@ -18,10 +18,11 @@ T = 1 at batch 1, 2.8x at batch 16). Row b emits E_b(l) = 1 + sum_{i<=l} prod_{j
 tokens when it offers l drafts, with a_{b,j} the acceptance of draft j given the ones before it
 were accepted (`AcceptanceModel`). The plan with the highest sum_b E_b / cost wins; plain decoding
 (k = 0, T = 1, cost 1) is always a candidate, and a speculative plan must beat it by `margin`, so
-when drafting cannot pay the step is a plain one. The margin (10%) is the error seen in the step
-costs: at batch 4 the policy learned that a 2-wide step costs 1.17 plain steps, an isolated pass
-measured 1.15, and the run's drafting steps cost 1.27 in process CPU time; with 2%, steps predicted
-to gain a few percent were taken and lost (experiments/policy).
+when drafting cannot pay the step is a plain one. Decisions price the extra cost of width, rho - 1,
+at 1 + `width_error` (1.5) times what was learned (`Planner.rest`): at batch 4 the policy learned
+that a 2-wide step costs 1.17 plain steps, an isolated pass measured 1.15, and the run's drafting
+steps cost 1.27 in process CPU time, so steps predicted to gain a few percent were taken and lost
+(experiments/policy). A flat 10% margin instead also dropped batch 1's cheap drafts.
 
 Learning without losing:
 - Costs: the first step at a new batch size is a plain step (no loss), and so is one in every
@@ -351,19 +352,19 @@ class Planner:
     which proposer to use (the hybrid), and when to explore. One `AcceptanceModel` per source
     (proposer name), one `CostModel`."""
 
-    def __init__(self, k_max: int, min_k: int = 0, start: int = 1, margin: float = 0.1, explore: float = 0.01,
+    def __init__(self, k_max: int, min_k: int = 0, start: int = 1, margin: float = 0.02, explore: float = 0.01,
                  prior: float = 0.5, prior_weight: float = 2.0, decay: float = 0.98, window: int = 16,
-                 cheap: float = 0.01, probe: int = 32):
+                 cheap: float = 0.01, probe: int = 32, width_error: float = 0.5):
         if not 0 <= min_k <= k_max:
             raise ValueError(f"min_k must be in [0, {k_max}], got {min_k}")
         if not 1 <= start <= k_max:
             raise ValueError(f"start must be in [1, {k_max}], got {start}")
         if margin < 0 or not 0 <= explore < 1 or not 0 < prior < 1 or prior_weight <= 0 or not 0 < decay <= 1 \
-                or window < 1 or cheap < 0 or probe < 0:
+                or window < 1 or cheap < 0 or probe < 0 or width_error < 0:
             raise ValueError("need margin >= 0, 0 <= explore < 1, 0 < prior < 1, prior_weight > 0, "
-                             "0 < decay <= 1, window >= 1, cheap >= 0, probe >= 0")
+                             "0 < decay <= 1, window >= 1, cheap >= 0, probe >= 0, width_error >= 0")
         self.k_max, self.min_k, self.start = k_max, min_k, start
-        self.margin, self.explore, self.cheap, self.probe = margin, explore, cheap, probe
+        self.margin, self.explore, self.cheap, self.probe, self.width_error = margin, explore, cheap, probe, width_error
         self.model_args = {"prior": prior, "prior_weight": prior_weight, "decay": decay}
         self.costs = CostModel(window)
         self.models: dict[str, AcceptanceModel] = {}
@@ -411,6 +412,15 @@ class Planner:
     def plain(self, b: int, rows: list[int], sunk: float = 0.0) -> Plan:
         return Plan(0, float(len(rows)), sunk + 1.0)
 
+    def rest(self, b: int, t: int) -> float:
+        """rho(B, T) as decisions price it: what scoring T > 1 tokens per row costs beyond a plain
+        step, times 1 + `width_error` (the error seen in that extra: at batch 4 the policy learned
+        1.17 plain steps for a 2-wide step, and the run's drafting steps cost 1.27 in process CPU
+        time, 60% more extra). The base step is known well (it is the unit); only the extra is
+        uncertain, so batch 1's nearly free widths stay nearly free."""
+        rho = self.costs.rest(b, t)
+        return 1.0 + (rho - 1.0) * (1.0 + self.width_error) if rho > 1.0 else rho
+
     def widest(self, b: int) -> int:
         """The most drafts a step at batch size b may score: one more than the widest measured step
         scored (T = widest + 1), so that a width is tried only next to a measured one; k_max once
@@ -426,7 +436,7 @@ class Planner:
             curves = [model.curve(r, asked) for r in rows]
         caps = [lengths[r] for r in rows] if lengths is not None else [cap] * len(rows)
         longest = max(caps, default=0)
-        rest = [self.costs.rest(b, 1 + min(j, longest)) for j in range(cap + 1)]
+        rest = [self.rest(b, 1 + min(j, longest)) for j in range(cap + 1)]
         return [Plan(j, sum(c[min(j, n)] for c, n in zip(curves, caps)), draft + rest[j]) for j in range(cap + 1)]
 
     def best_ask(self, source: str, b: int, rows: list[int], trimmable: bool, sunk: float = 0.0,
@@ -454,7 +464,7 @@ class Planner:
         """The best rate any k <= cap (k_max) could reach if every draft were accepted, in steady
         drafting (no switch cost; widths beyond the measured ones extrapolated)."""
         top = self.k_max if cap is None else min(cap, self.k_max)
-        return max(((k + 1) * len(rows) / max(sunk + self.costs.draft_cost(source, b, k) + self.costs.rest(b, 1 + k),
+        return max(((k + 1) * len(rows) / max(sunk + self.costs.draft_cost(source, b, k) + self.rest(b, 1 + k),
                                                1e-12) for k in range(1, top + 1)), default=0.0)
 
     def best_keep(self, source: str, b: int, rows: list[int], lengths: list[int], draft: float) -> Plan | None:

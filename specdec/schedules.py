@@ -133,19 +133,20 @@ class CostAwareSchedule(ConstantSchedule):
     budget for exploring when drafting looks unprofitable), `prior`, `prior_weight`, `decay`
     (acceptance estimates), `window` (timings kept per measured key), `cheap` (drafting under this
     fraction of a plain step counts as free), `probe` (a plain step at least every `probe` steps, to
-    keep measuring what the costs are ratios to).
+    keep measuring what the costs are ratios to), `width_error` (decisions price the learned extra
+    cost of width at 1 + this times itself).
     """
 
     name = "cost_aware"
     source = "proposer"
 
-    def __init__(self, num_speculative_tokens: int = 8, min_k: int = 0, start: int = 1, margin: float = 0.1,
+    def __init__(self, num_speculative_tokens: int = 8, min_k: int = 0, start: int = 1, margin: float = 0.02,
                  explore: float = 0.01, prior: float = 0.5, prior_weight: float = 2.0, decay: float = 0.98,
-                 window: int = 16, cheap: float = 0.01, probe: int = 32):
+                 window: int = 16, cheap: float = 0.01, probe: int = 32, width_error: float = 0.5):
         super().__init__(num_speculative_tokens)
         try:
             self.planner = Planner(self.k_max, min_k, start, margin, explore, prior, prior_weight, decay, window,
-                                   cheap, probe)
+                                   cheap, probe, width_error)
         except ValueError as err:
             raise ValueError(f"schedule_args: {err}") from None
         self.min_k = min_k

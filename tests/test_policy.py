@@ -142,14 +142,26 @@ def test_widths_are_learned_upwards_one_at_a_time():
     assert Planner(8, min_k=3).widest(16) == 3  # a forced minimum is always allowed
 
 
+def test_decisions_price_the_extra_cost_of_width_with_its_error():
+    # learned: a 2-wide step costs 1.2 plain steps; priced at 1 + 0.2 * 1.5 = 1.3, so one draft
+    # accepted a quarter of the time (1.25 tokens) pays at width_error 0 and not at 0.5
+    p = _fed(Planner(1, explore=0, width_error=0.5), 0.25, lambda t: 0.1 * (1 + 0.2 * (t - 1)))
+    assert p.costs.rest(1, 2) == pytest.approx(1.2) and p.rest(1, 2) == pytest.approx(1.3)
+    assert p.rest(1, 1) == 1.0 and p.keep(SRC, 1, [0], [1], asked=1).k == 0
+    p.width_error = 0.0
+    assert p.keep(SRC, 1, [0], [1], asked=1).k == 1
+    with pytest.raises(ValueError, match="width_error"):
+        Planner(8, width_error=-1)
+
+
 def test_a_lookup_that_cannot_pay_is_not_asked_to_propose():
     rows = list(range(16))
-    steep = _fed(Planner(8, explore=0), 0.3, lambda t: 0.1 * (1 + 0.65 * (t - 1)), b=16)  # batch 16 widths
-    assert steep.is_cheap(SRC, 16) and steep.ask(SRC, 16, rows, trimmable=True).k == 0
-    good = _fed(Planner(8, explore=0), 0.9, lambda t: 0.1 * (1 + 0.65 * (t - 1)), b=16)
+    steep = _fed(Planner(8, explore=0, width_error=0), 0.3, lambda t: 0.1 * (1 + 0.65 * (t - 1)), b=16)
+    assert steep.is_cheap(SRC, 16) and steep.ask(SRC, 16, rows, trimmable=True).k == 0  # batch 16 widths
+    good = _fed(Planner(8, explore=0, width_error=0), 0.9, lambda t: 0.1 * (1 + 0.65 * (t - 1)), b=16)
     assert good.ask(SRC, 16, rows, trimmable=True).k == 8  # the same widths, drafts that pay: ask for all
     # exploring still runs it now and then (its acceptance is learned from what it proposes)
-    explorer = _fed(Planner(8, explore=0.01), 0.3, lambda t: 0.1 * (1 + 0.65 * (t - 1)), b=16)
+    explorer = _fed(Planner(8, explore=0.01, width_error=0), 0.3, lambda t: 0.1 * (1 + 0.65 * (t - 1)), b=16)
     asked = []
     for _ in range(400):
         explorer.next_step()
@@ -305,7 +317,7 @@ def test_skipping_a_lookup_that_cannot_pay_gives_plain_decodings_tokens(make_eng
     # and every step is plain; with 95% it runs. The output is plain decoding's either way.
     engine = make_engine("self")
     ref = SpeculativeDecoder(engine).generate(REPEATING, max_new_tokens=30)
-    sched = CostAwareSchedule(6, explore=0.0)
+    sched = CostAwareSchedule(6, explore=0.0, width_error=0.0)
     _fed(sched.planner, accept, lambda t: 0.01 * (1 + 0.65 * (t - 1)), b=len(REPEATING), source=sched.source)
     lookup = Counting(NgramProposer(engine))
     out = SpeculativeDecoder(engine, lookup, num_speculative_tokens=6, schedule=sched).generate(

@@ -78,9 +78,9 @@ class HybridProposer:
 
     name = "hybrid"
 
-    def __init__(self, engine=None, parts: Mapping | None = None, margin: float = 0.1, explore: float = 0.01,
+    def __init__(self, engine=None, parts: Mapping | None = None, margin: float = 0.02, explore: float = 0.01,
                  prior: float = 0.5, prior_weight: float = 2.0, decay: float = 0.98, window: int = 16,
-                 cheap: float = 0.01, probe: int = 32):
+                 cheap: float = 0.01, probe: int = 32, width_error: float = 0.5):
         if not parts:
             raise ValueError("method.proposer.parts: the hybrid needs at least one proposer, e.g. "
                              "{suffix: {_target_: specdec.proposers.suffix.SuffixProposer, _partial_: true}}")
@@ -90,7 +90,8 @@ class HybridProposer:
             raise ValueError("method.proposer.parts: 'plain' names plain decoding; call the part something else")
         self.hints = {n: c for n, c in ((n, model_cost_hint(p, engine)) for n, p in self.parts.items()) if c is not None}
         self.args = {"margin": margin, "explore": explore, "prior": prior, "prior_weight": prior_weight,
-                     "decay": decay, "window": window, "cheap": cheap, "probe": probe}
+                     "decay": decay, "window": window, "cheap": cheap, "probe": probe,
+                     "width_error": width_error}
         self.planner: Planner | None = None  # made at the first step, when k_max is known
         self.clock = StepClock()
         self._drafted_before: set[str] = set()
