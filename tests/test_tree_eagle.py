@@ -14,9 +14,9 @@ from hydra import compose, initialize_config_dir
 from specdec import experiment
 from specdec.decoding import SpeculativeDecoder
 from specdec.engine import Engine
+from specdec.head_training import FOLLOW_UPS
 from specdec.models import tiny_random_model
 from specdec.proposers.eagle import EagleDrafter, EagleProposer
-from specdec.head_training import FOLLOW_UPS
 from specdec.proposers.heads import save_checkpoint
 from tests.conftest import RAGGED_PROMPTS
 
