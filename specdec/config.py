@@ -337,6 +337,12 @@ def _validate_method(key: str, m: DictConfig, cfg: DictConfig, params: Any) -> N
         from specdec.proposers.heads import resolve_heads_path
 
         kind = getattr(target_of(m.proposer._target_, f"{key}.proposer"), "name", m.name)  # a renamed variant keeps its kind
+        if m.heads_path == "embedded" and cfg.target.path != "embedded":
+            _fail(f"{key}.heads_path", f"`embedded` is the {kind} checkpoint trained for the embedded target "
+                                       f"(SmolLM2-135M), not for target.path={cfg.target.path}. Train one for this target "
+                                       f"(scripts/train_heads.py kind={kind} target.path=...) and set {key}.heads_path=<it>, "
+                                       "or leave this method out: the default run (experiment=overview) includes it, "
+                                       "`~experiment method=<name>` runs one method alone")
         heads = resolve_heads_path(m.heads_path, kind) if m.heads_path == "embedded" else resolve_path(m.heads_path)
         if not heads.is_file():
             _fail(f"{key}.heads_path", f"file not found: {heads}")

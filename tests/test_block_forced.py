@@ -357,7 +357,7 @@ def test_tree_proposers_refuse_verifiers_without_a_tree_form_before_any_model_lo
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=[*FAST, f"method={method}", *overrides])
         fine = compose("config", overrides=[*FAST, f"method={method}", "method.verifier=speculative_sampling",
-                                            "generation.temperature=1.0"])
+                                            "generation.temperature=1.0", "target=smollm2_135m"])  # the heads' target
     with pytest.raises(ConfigError, match=f"method.verifier: method={method} drafts token trees, which take "
                                           "verifier=auto, greedy or speculative_sampling"):
         experiment.run(cfg, tmp_path)

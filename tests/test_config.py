@@ -38,8 +38,10 @@ def test_every_group_has_options():
 @pytest.mark.parametrize("override", [f"{g}={o}" for g in GROUPS for o in _options(g)])
 def test_every_config_composes_and_validates(override, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)  # from anywhere: no default may point at a file beside the repository
-    cfg = _compose([override])
     group, option = override.split("=")
+    # The default run (experiment=overview) includes the heads trained for the embedded target: another
+    # target runs its methods alone (that refusal is tested below).
+    cfg = _compose(["~experiment", override] if group == "target" and option != "smollm2_135m" else [override])
     if group == "method":
         assert cfg.method.name == option
         assert cfg.method.proposer is None or "_target_" in cfg.method.proposer
@@ -260,3 +262,14 @@ def test_k_too_large_for_the_context_blames_k_not_the_prompts(tmp_path):
     cfg = _compose([*TINY, "generation.max_new_tokens=600", "data.limit=1", "warmup=false", "plots=false"])
     with pytest.raises(ConfigError, match=r"^generation.max_new_tokens: .*lower generation.max_new_tokens"):
         experiment.run(cfg, tmp_path / "second")
+
+
+@pytest.mark.parametrize("overrides", [["target=tiny_random"], ["~experiment", "method=medusa", "target=tiny_random"]])
+def test_embedded_heads_are_refused_for_another_target_before_any_model_loads(overrides):
+    cfg = _compose(overrides)
+    with pytest.raises(ConfigError, match="heads_path: `embedded` is the (eagle|medusa) checkpoint trained for the "
+                                          "embedded target .* not for target.path=tiny_random.*~experiment"):
+        validate(cfg)
+    cfg.target.path = "embedded"
+    validate(cfg)  # the same config on the embedded target passes
+
