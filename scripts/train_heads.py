@@ -27,6 +27,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from specdec import metrics
 from specdec.config import resolve_path
 from specdec.data import build_turn_input, load_builtin, load_spec_bench
 from specdec.decoding import SpeculativeDecoder
@@ -271,9 +272,9 @@ def _decode_check(engine, proposer, depth: int, prompt_ids: list[list[int]], max
         steps += pair["heads"].stats.steps
         emitted += sum(r.emitted for r in pair["heads"].stats.rows)
         equal += pair["heads"].output_ids == pair["plain"].output_ids
-    rate = {n: tokens[n] / wall[n] for n in wall}
-    return {"prompts": len(prompt_ids), "mean_accepted_length": emitted / max(steps, 1),
-            "speedup": rate["heads"] / rate["plain"], "tokens_per_s": rate["heads"],
+    rate = {n: metrics.tokens_per_s(tokens[n], wall[n]) for n in wall}
+    return {"prompts": len(prompt_ids), "mean_accepted_length": metrics.mean_accepted_length(emitted, steps),
+            "speedup": metrics.speedup(rate["heads"], rate["plain"]), "tokens_per_s": rate["heads"],
             "baseline_tokens_per_s": rate["plain"], "equal_to_plain": equal / len(prompt_ids)}
 
 
