@@ -16,7 +16,6 @@ import hashlib
 import json
 import logging
 import pickle
-import time
 from pathlib import Path
 
 import hydra
@@ -30,6 +29,7 @@ from specdec.engine import Engine
 from specdec.models import ModelSpec, cache_dir, load_model
 from specdec.training import (
     Example,
+    PhaseTimer,
     distill,
     evaluate_draft,
     first_turn_ids,
@@ -50,15 +50,8 @@ def run(cfg: DictConfig) -> dict:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    times: dict[str, float] = {}
-    clock = time.perf_counter()
-
-    def phase(name: str) -> None:
-        nonlocal clock
-        now = time.perf_counter()
-        times[name] = round(now - clock, 1)
-        log.info("%s: %.1f s", name, now - clock)
-        clock = now
+    phase = PhaseTimer(log)
+    times = phase.times
 
     p = cfg.prompts
     cmap = dict(p.category_map or {})

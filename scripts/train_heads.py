@@ -19,7 +19,6 @@ import json
 import logging
 import random
 import sys
-import time
 from pathlib import Path
 
 import hydra
@@ -50,7 +49,7 @@ from specdec.proposers.eagle import EagleDrafter, EagleProposer
 from specdec.proposers.heads import frequent_tokens, save_checkpoint
 from specdec.proposers.medusa import MedusaHeads, MedusaProposer
 from specdec.tracking import make_tracker
-from specdec.training import Example, generate_continuations, teacher_targets, truncate
+from specdec.training import Example, PhaseTimer, generate_continuations, teacher_targets, truncate
 
 log = logging.getLogger("train_heads")
 METHODS = ("medusa", "eagle")
@@ -63,15 +62,8 @@ def run(cfg: DictConfig) -> dict:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    times: dict[str, float] = {}
-    clock = time.perf_counter()
-
-    def phase(name: str) -> None:
-        nonlocal clock
-        now = time.perf_counter()
-        times[name] = round(now - clock, 1)
-        log.info("%s: %.1f s", name, now - clock)
-        clock = now
+    phase = PhaseTimer(log)
+    times = phase.times
 
     model, tokenizer = load_model(ModelSpec(path=cfg.target.path, gguf_file=cfg.target.gguf_file))
     engine = Engine(model, dtype=cfg.dtype)

@@ -86,6 +86,22 @@ def first_turn_ids(tokenizer, prompts: Iterable[Prompt]) -> list[list[int]]:
     return [build_turn_input(tokenizer, [], p.turns[0]) for p in prompts]
 
 
+
+class PhaseTimer:
+    """Seconds per named phase of a training recipe (`timer("train")` ends the phase that began at the
+    previous call), logged as each ends; `times` goes into the recipe's report."""
+
+    def __init__(self, log):
+        self.times: dict[str, float] = {}
+        self._log = log
+        self._clock = time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.times[name] = round(now - self._clock, 1)
+        self._log.info("%s: %.1f s", name, now - self._clock)
+        self._clock = now
+
 # ---------------------------------------------------------------- 2. data
 
 
