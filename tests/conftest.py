@@ -1,5 +1,8 @@
 """Shared fixtures: tiny random Llama models built in-process (no download)."""
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -31,3 +34,12 @@ def engine_factory(target):
         return Engine(target, target if draft == "self" else draft, dtype="float32")
 
     return make
+
+
+def load_script(name: str):
+    """scripts/<name>.py as a module (the scripts are not a package), so tests call its functions."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+

@@ -1,6 +1,5 @@
 """Plumbing of the benchmark scripts on tiny shapes (no timing is asserted)."""
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -8,14 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import load_script
+
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(name)
 
 
 def test_device_benchmark_runs_on_cpu_with_tiny_shapes(tmp_path):

@@ -1,7 +1,6 @@
 """The draft-training script on a tiny target: it runs end to end in seconds, the KL loss falls,
 and the saved directory loads with `load_model` and drafts losslessly for the target."""
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -15,15 +14,13 @@ from specdec.engine import Engine
 from specdec.models import ModelSpec, load_model, tiny_random_model
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.training import distill, make_draft, split_prompts, take_per_category, teacher_targets
+from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("train_draft", ROOT / "scripts" / "train_draft.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("train_draft")
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 `torch.load(weights_only=True)` whatever the installed torch defaults to, and a file that is not plain
 data is regenerated with a warning instead of being unpickled."""
 
-import importlib.util
 import os
 from pathlib import Path
 
@@ -10,15 +9,13 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from specdec.models import tiny_random_model
+from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("train_draft", ROOT / "scripts" / "train_draft.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("train_draft")
 
 
 class _Payload:

@@ -4,7 +4,6 @@ drafter's cache are right); greedy decoding with dynamic trees of several shapes
 to plain greedy at batch size 1 and in a ragged batch; the training script's loss falls and its
 checkpoint runs as `method=eagle`."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from specdec.head_training import FOLLOW_UPS
 from specdec.models import tiny_random_model
 from specdec.proposers.eagle import EagleDrafter, EagleProposer
 from specdec.proposers.heads import save_checkpoint
-from tests.conftest import RAGGED_PROMPTS
+from tests.conftest import RAGGED_PROMPTS, load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_EAGLE = ROOT / "tests" / "assets" / "tiny_random_eagle.safetensors"
@@ -110,9 +109,7 @@ def test_trained_drafter_is_accepted_on_text_like_its_training_text(target):
 
 
 def test_train_heads_script_trains_an_eagle_drafter(tmp_path):
-    spec = importlib.util.spec_from_file_location("train_heads", ROOT / "scripts" / "train_heads.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("train_heads")
     out = tmp_path / "eagle.safetensors"
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("train_heads", overrides=[
@@ -205,9 +202,7 @@ def test_unrolled_eagle_loss_reads_its_own_predicted_features(target):
 
 
 def test_train_heads_script_runs_the_task_families(tmp_path):
-    spec = importlib.util.spec_from_file_location("train_heads", ROOT / "scripts" / "train_heads.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("train_heads")
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("train_heads", overrides=[
             "kind=eagle", "target.path=tiny_random", "dtype=float32",

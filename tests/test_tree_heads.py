@@ -3,7 +3,6 @@ falls and the held-out agreement rises; the checkpoint loads as `method=medusa` 
 the target's greedy output at batch size 1 and in a ragged batch; a checkpoint for another target,
 a missing one and a bad tree are refused before any decoding."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -18,17 +17,14 @@ from specdec.head_training import check_disjoint, medusa_labels, training_prompt
 from specdec.models import tiny_random_model
 from specdec.proposers.medusa import MedusaHeads, MedusaProposer
 from specdec.training import Example
-from tests.conftest import RAGGED_PROMPTS
+from tests.conftest import RAGGED_PROMPTS, load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_MEDUSA = ROOT / "tests" / "assets" / "tiny_random_medusa.safetensors"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("train_heads", ROOT / "scripts" / "train_heads.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("train_heads")
 
 
 def _train_cfg(out: Path, *extra: str):
