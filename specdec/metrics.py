@@ -110,13 +110,20 @@ def expected_tokens_per_step(per_position: Sequence[float], drafted: Sequence[fl
     accepted. d_i is the fraction of steps that proposed a draft at position i (1 for a fixed k; less
     for proposers that draft only when they have something, such as n-gram lookup, and for adaptive
     schedules). Leviathan et al.'s (1 - alpha^(k+1)) / (1 - alpha) when every a_i = alpha, d_i = 1."""
-    expected, reach = 1.0, 1.0
+    return expected_tokens_curve(per_position, drafted)[-1]
+
+
+def expected_tokens_curve(per_position: Sequence[float], drafted: Sequence[float] | None = None) -> list[float]:
+    """[E(0), E(1), ...]: `expected_tokens_per_step` with only the first l positions drafted, for
+    each l up to the first unknown a_i (what a policy compares when it chooses how many to draft)."""
+    out, expected, reach = [1.0], 1.0, 1.0
     for i, a in enumerate(per_position):
         if a is None or not math.isfinite(a):
             break
         reach *= a
         expected += reach * (drafted[i] if drafted is not None else 1.0)
-    return expected
+        out.append(expected)
+    return out
 
 
 def tokens_per_s(tokens: int, seconds: float) -> float:

@@ -57,6 +57,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specdec import metrics
+
 
 def interpolate(pts: dict[int, float], x: int) -> float | None:
     """pts at x if known; else linear between the nearest known keys, beyond the largest along the
@@ -294,13 +296,8 @@ class AcceptanceModel:
 
     def curve(self, row: int | None = None, asked: bool = False) -> list[float]:
         """E(l) for l = 0..k_max: expected tokens from l drafts offered (asked=True: l asked for)."""
-        out, run, total = [1.0], 1.0, 1.0
-        offers = self.offer_rates() if asked else [1.0] * self.k_max
-        for a, o in zip(self.rates(row), offers):
-            run *= a
-            total += run * o
-            out.append(total)
-        return out
+        offers = self.offer_rates() if asked else None
+        return metrics.expected_tokens_curve(self.rates(row), offers)
 
     def observe_offers(self, asked: int, offered: list[int]) -> None:
         """Rows that were asked for `asked` drafts offered `offered[r]` (before any cut)."""

@@ -160,3 +160,12 @@ def test_generation_stats_sum_the_rows(engine_factory):
     rows = out.stats.rows
     assert out.stats.acceptance_rate == pytest.approx(sum(r.accepted for r in rows) / sum(r.proposed for r in rows))
     assert out.stats.total.draft_lengths == rows[0].draft_lengths + rows[1].draft_lengths
+
+
+def test_expected_tokens_curve_by_hand():
+    from specdec.metrics import expected_tokens_curve, expected_tokens_per_step
+
+    # E(0) = 1; E(1) = 1 + 0.5; E(2) = 1.5 + 0.5 * 0.5 * 0.5 (position 2 offered half the time)
+    assert expected_tokens_curve([0.5, 0.5], [1.0, 0.5]) == [1.0, 1.5, 1.625]
+    assert expected_tokens_per_step([0.5, 0.5], [1.0, 0.5]) == 1.625
+    assert expected_tokens_curve([0.8, float("nan"), 0.9]) == [1.0, 1.8]  # stops at the first unknown a_i
