@@ -21,6 +21,9 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from specdec import metrics
+from specdec.report import markdown_table
+
 METHODS = ["ngram", "ngram_ca", "suffix", "suffix_ca", "draft1", "draft_ca", "hybrid"]
 LABELS = {"ngram": "ngram k=8", "ngram_ca": "ngram k<=8 + policy", "suffix": "suffix k<=8",
           "suffix_ca": "suffix k<=8 + policy", "draft1": "draft=self k=1", "draft_ca": "draft=self k<=4 + policy",
@@ -67,8 +70,7 @@ BASE = "autoregressive"
 
 def speed(rows: list[dict], clock: str) -> float:
     """Tokens per second of `clock` (wall_s or cpu_s) over the given rows."""
-    seconds = sum(r[clock] for r in rows)
-    return sum(r["new_tokens"] for r in rows) / seconds if seconds else float("nan")
+    return metrics.tokens_per_s(sum(r["new_tokens"] for r in rows), sum(r[clock] for r in rows))
 
 
 def speedup(rows: list[dict], method: str, clock: str, keep=lambda r: True) -> float:
@@ -76,7 +78,7 @@ def speedup(rows: list[dict], method: str, clock: str, keep=lambda r: True) -> f
     mine = [r for r in rows if r["method"] == method and keep(r)]
     ids = {r["prompt_id"] for r in mine}
     base = [r for r in rows if r["method"] == BASE and r["prompt_id"] in ids]
-    return speed(mine, clock) / speed(base, clock) if mine and base else float("nan")
+    return metrics.speedup(speed(mine, clock), speed(base, clock)) if mine and base else float("nan")
 
 
 def per_batch(rows: list[dict], method: str, clock: str) -> list[float]:
@@ -90,8 +92,11 @@ def per_batch(rows: list[dict], method: str, clock: str) -> list[float]:
 
 def tau(rows: list[dict], method: str) -> float:
     mine = [r for r in rows if r["method"] == method]
-    steps = sum(r["steps"] for r in mine)
-    return sum(r["emitted"] for r in mine) / steps if steps else float("nan")
+    return metrics.mean_accepted_length(sum(r["emitted"] for r in mine), sum(r["steps"] for r in mine))
+
+
+def table(head: list[str], rows: list[list[str]], left=(0,)) -> None:
+    print("\n".join(markdown_table(head, rows, left)))
 
 
 def spread(xs: list[float], fmt: str = "{:.2f}") -> str:
@@ -115,28 +120,21 @@ def main(roots: list[Path]) -> None:
     cell = "median (min-max) over repetitions" if n > 1 else "one run"
 
     print(f"## Speedup against batch size: CPU time, {cell}; wall time median; tau\n")
-    print("| method | " + " | ".join(f"batch {b}" for b in sizes) + " |")
-    print("|---|" + "---:|" * len(sizes))
-    for m in METHODS:
-        cells = [f"{spread([speedup(rows, m, 'cpu_s') for rows in reps[b]], '{:.2f}x')} "
-                 f"({statistics.median(speedup(rows, m, 'wall_s') for rows in reps[b]):.2f}x), {tau(pooled[b], m):.2f}"
-                 for b in sizes]
-        print(f"| {LABELS[m]} | " + " | ".join(cells) + " |")
+    by_size = ["method", *(f"batch {b}" for b in sizes)]
+    table(by_size, [[LABELS[m], *(f"{spread([speedup(rows, m, 'cpu_s') for rows in reps[b]], '{:.2f}x')} "
+                                   f"({statistics.median(speedup(rows, m, 'wall_s') for rows in reps[b]):.2f}x), "
+                                   f"{tau(pooled[b], m):.2f}" for b in sizes)] for m in METHODS])
     print("\nplain decoding: " + ", ".join(
         f"batch {b}: {spread([speed([r for r in rows if r['method'] == BASE], 'cpu_s') for rows in reps[b]], '{:.1f}')} "
         f"tok/CPU-s, {spread([speed([r for r in rows if r['method'] == BASE], 'wall_s') for rows in reps[b]], '{:.1f}')}"
         " tok/s wall" for b in sizes))
 
     print("\n## Per-batch CPU-time speedup, all batches of all repetitions: median (min-max)\n")
-    print("| method | " + " | ".join(f"batch {b}" for b in sizes) + " |")
-    print("|---|" + "---:|" * len(sizes))
-    for m in METHODS:
-        cells = [spread([x for rows in reps[b] for x in per_batch(rows, m, "cpu_s")]) for b in sizes]
-        print(f"| {LABELS[m]} | " + " | ".join(cells) + " |")
+    table(by_size, [[LABELS[m], *(spread([x for rows in reps[b] for x in per_batch(rows, m, "cpu_s")]) for b in sizes)]
+                    for m in METHODS])
 
     print("\n## Draft lengths the policy chose (scored drafts per step, from results.jsonl)\n")
-    print("| method | batch | steps | plain steps | 1-2 | 3-4 | 5-8 | rows differ |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    lines = []
     for m in POLICY:
         for b in sizes:
             hist, mixed, steps = Counter(), 0.0, 0
@@ -147,8 +145,9 @@ def main(roots: list[Path]) -> None:
             total = sum(hist.values()) or 1
             share = [sum(c for k, c in hist.items() if lo <= k <= hi) / total
                      for lo, hi in ((0, 0), (1, 2), (3, 4), (5, 8))]
-            print(f"| {LABELS[m]} | {b} | {total} | " + " | ".join(f"{x:.0%}" for x in share)
-                  + f" | {mixed / max(steps, 1):.0%} |")
+            lines.append([LABELS[m], str(b), str(total), *(f"{x:.0%}" for x in share),
+                          f"{metrics.ratio(mixed, steps):.0%}"])
+    table(["method", "batch", "steps", "plain steps", "1-2", "3-4", "5-8", "rows differ"], lines)
 
     print(f"\n## Goals (CPU time, {cell})\n")
     for m, fixed in POLICY.items():
@@ -174,20 +173,18 @@ def main(roots: list[Path]) -> None:
         cats = list(dict.fromkeys(r["category"] for r in pooled[1]))
         print(f"\n## Suffix decoding against n-gram lookup per category (batch 1, requests in sequence), {cell}\n")
         print("CPU-time speedup (tau)\n")
-        print("| method | overall | " + " | ".join(cats) + " |")
-        print("|---|---:|" + "---:|" * len(cats))
+        lines = []
         for m in ("ngram", "suffix", "ngram_ca", "suffix_ca", "hybrid"):
             cells = []
             for c in cats:
                 xs = [speedup([r for r in rows if r["category"] == c], m, "cpu_s") for rows in reps[1]]
                 cells.append(f"{statistics.median(xs):.2f}x ({tau([r for r in pooled[1] if r['category'] == c], m):.2f})")
             overall = statistics.median(speedup(rows, m, "cpu_s") for rows in reps[1])
-            print(f"| {LABELS[m]} | {overall:.2f}x | " + " | ".join(cells) + " |")
+            lines.append([LABELS[m], f"{overall:.2f}x", *cells])
+        table(["method", "overall", *cats], lines)
 
     print("\n## The hybrid: choices per step and regret against the best fixed option in hindsight\n")
-    print("| batch | steps | suffix | ngram | draft | plain | regret median (min-max) | best in hindsight "
-          "| strategy followed (steps) |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---|---|")
+    lines = []
     for b in sizes:
         counts, regrets, best, followed = Counter(), [], Counter(), Counter()
         for rows in reps[b]:
@@ -200,9 +197,11 @@ def main(roots: list[Path]) -> None:
                         regrets.append(p["regret"])
                         best[p["best_in_hindsight"]] += 1
         total = sum(counts.values()) or 1
-        print(f"| {b} | {total} | " + " | ".join(f"{counts[p] / total:.0%}" for p in ("suffix", "ngram", "draft", "plain"))
-              + f" | {spread(regrets, '{:.3f}')} | " + ", ".join(f"{k} {v}" for k, v in best.most_common()) + " | "
-              + ", ".join(f"{k} {v}" for k, v in followed.most_common()) + " |")
+        lines.append([str(b), str(total), *(f"{counts[p] / total:.0%}" for p in ("suffix", "ngram", "draft", "plain")),
+                      spread(regrets, "{:.3f}"), ", ".join(f"{k} {v}" for k, v in best.most_common()),
+                      ", ".join(f"{k} {v}" for k, v in followed.most_common())])
+    table(["batch", "steps", "suffix", "ngram", "draft", "plain", "regret median (min-max)", "best in hindsight",
+           "strategy followed (steps)"], lines, left=(7, 8))
 
 
 if __name__ == "__main__":
