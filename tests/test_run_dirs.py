@@ -51,7 +51,8 @@ def test_default_folders_differ_within_one_second(monkeypatch):
             cfg = compose("config", return_hydra_config=True)
         folders.append((cfg.hydra.run.dir, cfg.hydra.sweep.dir))
     assert folders[0][0] != folders[1][0] and folders[0][1] != folders[1][1]
-    assert folders[0][0].startswith("outputs/2026-01-02/03-04-05") and folders[0][0].endswith("_medusa")  # the default preset (overview) runs method=medusa
+    # named by the time and the run's method (the default preset's)
+    assert folders[0][0].startswith("outputs/2026-01-02/03-04-05") and folders[0][0].endswith(f"_{cfg.method.name}")
 
 
 def test_claims_are_exclusive(tmp_path):
