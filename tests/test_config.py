@@ -273,3 +273,14 @@ def test_embedded_heads_are_refused_for_another_target_before_any_model_loads(ov
     cfg.target.path = "embedded"
     validate(cfg)  # the same config on the embedded target passes
 
+
+
+def test_the_command_line_reports_a_bad_config_in_one_line_without_a_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "specdec", "method.num_speculative_tokens=-1", "logger=none",
+                           f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert "Error: method.num_speculative_tokens: k must be >= 1, got -1" in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
