@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -292,22 +293,35 @@ def train_medusa(heads, head_weight: torch.Tensor, examples: list[Example], labe
                  progress: bool = True, autocast: str | None = None,
                  on_epoch: Callable[[int], None] | None = None) -> list[float]:
     """AdamW on the heads only (the output head is frozen); returns the loss of every step."""
-    opt = torch.optim.AdamW(heads.parameters(), lr=lr, weight_decay=0.0)
     rng = random.Random(seed)
+    return _optimise(heads, list(heads.parameters()), lambda: list(_medusa_batches(examples, labels, max_tokens, rng)),
+                     lambda batch: medusa_loss(heads, head_weight, *batch, decay), epochs, lr, "medusa", progress,
+                     autocast, on_epoch)
+
+
+def _optimise(module: torch.nn.Module, params: list[torch.nn.Parameter], epoch_batches: Callable[[], list],
+              batch_loss: Callable[[Any], torch.Tensor], epochs: int, lr: float, name: str, progress: bool,
+              autocast: str | None, on_epoch: Callable[[int], None] | None,
+              clip_norm: float | None = None) -> list[float]:
+    """The training loop both drafters share: AdamW on `params`, `epoch_batches()` called once per
+    epoch (it shuffles), bfloat16 autocast on the CPU when `autocast` is set, the gradient norm
+    clipped to `clip_norm` when given; returns the loss of every step."""
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     losses = []
-    heads.train()
+    module.train()
     for epoch in range(epochs):
-        batches = list(_medusa_batches(examples, labels, max_tokens, rng))
-        for hidden, y in tqdm(batches, desc=f"medusa epoch {epoch + 1}/{epochs}", disable=not progress):
+        for batch in tqdm(epoch_batches(), desc=f"{name} epoch {epoch + 1}/{epochs}", disable=not progress):
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast is not None):
-                loss = medusa_loss(heads, head_weight, hidden, y, decay)
+                loss = batch_loss(batch)
             opt.zero_grad(set_to_none=True)
             loss.backward()
+            if clip_norm is not None:
+                torch.nn.utils.clip_grad_norm_(module.parameters(), clip_norm)
             opt.step()
             losses.append(float(loss.detach()))
         if on_epoch is not None:
             on_epoch(epoch)
-    heads.eval()
+    module.eval()
     return losses
 
 
@@ -410,24 +424,11 @@ def train_eagle(drafter, embed, head_weight: torch.Tensor, sequences: list[dict]
                 max_tokens: int, seed: int = 0, progress: bool = True, autocast: str | None = None,
                 on_epoch: Callable[[int], None] | None = None, unroll: int = 1, noise: float = 0.0) -> list[float]:
     """AdamW on the drafter (embedding and output head frozen); returns the loss of every step."""
-    opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     rng = random.Random(seed)
-    losses = []
-    drafter.train()
-    for epoch in range(epochs):
-        batches = list(_eagle_batches(sequences, max_tokens, rng))
-        for batch, valid in tqdm(batches, desc=f"eagle epoch {epoch + 1}/{epochs}", disable=not progress):
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast is not None):
-                loss, _ = eagle_loss(drafter, embed, head_weight, batch, valid, unroll=unroll, noise=noise)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-            opt.step()
-            losses.append(float(loss.detach()))
-        if on_epoch is not None:
-            on_epoch(epoch)
-    drafter.eval()
-    return losses
+    return _optimise(drafter, [p for p in drafter.parameters() if p.requires_grad],
+                     lambda: list(_eagle_batches(sequences, max_tokens, rng)),
+                     lambda batch: eagle_loss(drafter, embed, head_weight, *batch, unroll=unroll, noise=noise)[0],
+                     epochs, lr, "eagle", progress, autocast, on_epoch, clip_norm=1.0)
 
 
 @torch.inference_mode()
