@@ -328,22 +328,26 @@ def _validate_method(key: str, m: DictConfig, cfg: DictConfig, params: Any) -> N
         _fail(f"{key}.verifier", str(err))
     from specdec.registry import target_of
 
-    if m.proposer is not None and getattr(target_of(m.proposer._target_, f"{key}.proposer"), "drafts_trees", False):
+    proposer = target_of(m.proposer._target_, f"{key}.proposer") if m.proposer is not None else None
+    if getattr(proposer, "drafts_trees", False):
         _check_tree_verifier(key, m, verifier, params)
-    if m.proposer is not None and "heads_path" in m.proposer:
+    if proposer is not None and "heads_path" in m.proposer:
         if not m.heads_path:
             _fail(f"{key}.heads_path", f"{key}={m.name} needs trained heads: set {key}.heads_path=<checkpoint> "
                                        "(train one with scripts/train_heads.py)")
         from specdec.proposers.heads import resolve_heads_path
 
-        kind = getattr(target_of(m.proposer._target_, f"{key}.proposer"), "name", m.name)  # a renamed variant keeps its kind
-        if m.heads_path == "embedded" and cfg.target.path != "embedded":
+        kind = getattr(proposer, "name", m.name)  # a renamed variant keeps its kind
+        if m.heads_path != "embedded":
+            heads = resolve_path(m.heads_path)
+        elif cfg.target.path != "embedded":
             _fail(f"{key}.heads_path", f"`embedded` is the {kind} checkpoint trained for the embedded target "
                                        f"(SmolLM2-135M), not for target.path={cfg.target.path}. Train one for this target "
                                        f"(scripts/train_heads.py kind={kind} target.path=...) and set {key}.heads_path=<it>, "
                                        "or leave this method out: the default run (experiment=overview) includes it, "
                                        "`~experiment method=<name>` runs one method alone")
-        heads = resolve_heads_path(m.heads_path, kind) if m.heads_path == "embedded" else resolve_path(m.heads_path)
+        else:
+            heads = resolve_heads_path(m.heads_path, kind)
         if not heads.is_file():
             _fail(f"{key}.heads_path", f"file not found: {heads}")
     if m.tree is not None:
