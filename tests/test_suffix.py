@@ -1,5 +1,7 @@
 """Suffix decoding: the two indexes (matches, frequencies, memory bound, eviction), the draft's
-length rule, cross-request reuse, and greedy token identity with plain decoding."""
+length rule, cross-request reuse, and greedy token identity with plain decoding; its tree form
+(`SuffixTreeProposer`): the best-first expansion and greedy identity (its sampling distribution is
+tested in test_strategies_lossless.py)."""
 
 import random
 
@@ -7,8 +9,17 @@ import pytest
 import torch
 
 from specdec.decoding import DecodeState, SpeculativeDecoder
-from specdec.proposers.suffix import OutputCache, SuffixIndex, SuffixProposer, TokenPositions, continuation
+from specdec.proposers.suffix import (
+    OutputCache,
+    SuffixIndex,
+    SuffixProposer,
+    SuffixTreeProposer,
+    TokenPositions,
+    continuation,
+    expansion,
+)
 from specdec.sampling import SamplingParams
+from specdec.tree import TreeProposal
 from tests.conftest import RAGGED_PROMPTS
 
 
@@ -111,12 +122,60 @@ def test_finished_outputs_are_proposed_to_later_requests():
     assert SuffixProposer(max_cached_requests=0).propose(later, 4).max_length == 0
 
 
+def test_tree_expansion_grows_the_most_likely_continuations_first():
+    index = SuffixIndex(max_depth=6)
+    for seq in ([1, 2, 3, 7], [1, 2, 3, 7], [1, 2, 4, 8], [1, 2, 4, 9]):
+        index.add(seq)
+    (m, node), *_ = index.matches([9, 1, 2], longest=5)
+    tokens, parents, probs = expansion(index, node, depth=3, budget=8, min_prob=0.1)
+    # "1 2" went on as 3 7 twice, 4 8 once, 4 9 once: both branches, then their continuations
+    assert tokens == [3, 4, 7, 8, 9] and parents == [-1, -1, 0, 1, 1]
+    assert probs == pytest.approx([0.5, 0.5, 0.5, 0.25, 0.25])
+    assert expansion(index, node, depth=3, budget=3, min_prob=0.1)[0] == [3, 4, 7]  # the budget keeps the likeliest
+    assert expansion(index, node, depth=1, budget=8, min_prob=0.1)[0] == [3, 4]  # one level
+    assert expansion(index, node, depth=3, budget=8, min_prob=0.3)[0] == [3, 4, 7]  # 0.25 < 0.3
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_tree_without_branches_is_the_chain(seed):
+    rng = random.Random(seed)
+    seq = [rng.randrange(50) for _ in range(60)]  # 50 symbols: few repeats, so few branches
+    seq += seq[:20]
+    own = TokenPositions()
+    own.extend(seq)
+    chains = 0
+    for _, ends in own.matches(seq[-8:], 8):
+        chain, chain_probs = continuation(own, ends, 6, 0.1)
+        tokens, parents, probs = expansion(own, ends, 6, 64, 0.1)
+        if all(p == i - 1 for i, p in enumerate(parents)):
+            assert (tokens, probs) == (chain, pytest.approx(chain_probs))
+            chains += 1
+        else:
+            assert tokens[0] == chain[0]  # the branch point's likeliest child leads either way
+    assert chains > 0  # the long matches continue one way only
+
+
+def test_suffix_tree_proposals_are_ragged_trees():
+    state = _state([[1, 2, 3, 4, 5, 1, 2, 3, 6, 7, 1, 2], [9, 9, 9, 9], [5, 6, 7, 8]], [3, 2, 2])
+    p = SuffixTreeProposer(max_spec_factor=2.0, budget=4).propose(state, 4)
+    chain = SuffixProposer(max_spec_factor=2.0).propose(state, 4)
+    assert isinstance(p, TreeProposal) and p.lengths == [4, chain.lengths[1], 0] and chain.lengths[1] > 0
+    # row 0: "1 2" went on as "3 4 5" and "3 6 7": 3, then both branches
+    assert p.tokens[0].tolist() == [3, 4, 6, 5] and p.tree.parents[0].tolist() == [-1, 0, 0, 1]
+    # row 1: "9"s always went on with 9: no branch, so the tree is the chain
+    assert p.tokens[1].tolist() == chain.tokens[1].tolist() and p.tree.parents[1, :2].tolist() == [-1, 0]
+    assert SuffixTreeProposer().propose(state, 0).max_length == 0
+    with pytest.raises(ValueError, match="budget"):
+        SuffixTreeProposer(budget=0)
+
+
 @pytest.mark.parametrize("batch", ["single", "ragged"])
-def test_suffix_greedy_equals_autoregressive_across_requests(engine_factory, batch):
+@pytest.mark.parametrize("kind", [SuffixProposer, SuffixTreeProposer])
+def test_suffix_greedy_equals_autoregressive_across_requests(engine_factory, batch, kind):
     engine = engine_factory()
     prompts = RAGGED_PROMPTS[:1] if batch == "single" else RAGGED_PROMPTS
     plain = SpeculativeDecoder(engine)
-    dec = SpeculativeDecoder(engine, SuffixProposer(max_spec_factor=2.0), num_speculative_tokens=6)
+    dec = SpeculativeDecoder(engine, kind(max_spec_factor=2.0), num_speculative_tokens=6)
     proposed = 0
     for turn in range(3):  # requests in sequence: later ones can draft from earlier outputs
         ps = [p + [turn + 20] for p in prompts]

@@ -25,7 +25,10 @@ follow the most frequent child while the product of the empirical probabilities 
 `min_token_prob`, for at most min(k, floor(max_spec_factor * m + max_spec_offset)) tokens: a
 longer match earns a longer draft, and a frequent continuation a longer draft than a rare one.
 The candidate with the largest expected number of accepted tokens (sum of those products) wins.
-Drafts are chains; trees wait for tree verification in the decoding loop.
+`SuffixProposer` drafts that chain. `SuffixTreeProposer` (`method=suffix_tree`) drafts a tree
+instead, as SuffixDecoding does: from each candidate match it grows the continuations best first by
+that same product, up to `budget` nodes, so that where the past continued a context in two ways both
+are verified in one pass.
 
 There is no q: a deterministic draft is a one-hot q, so speculative sampling stays lossless. The
 indexes hold only committed tokens, so every proposal is a function of the past.
@@ -33,11 +36,13 @@ indexes hold only committed tokens, so every proposal is a function of the past.
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 
 import torch
 
 from specdec.proposers.base import Proposal
+from specdec.tree import TokenTree, TreeProposal
 
 
 class _Node:
@@ -180,6 +185,40 @@ def continuation(index: SuffixIndex | TokenPositions, match, limit: int,
     return tokens, probs
 
 
+def expansion(index: SuffixIndex | TokenPositions, match, depth: int, budget: int,
+              min_prob: float) -> tuple[list[int], list[int], list[float]]:
+    """The continuations of `match` as a tree of at most `budget` nodes and `depth` levels, grown best
+    first by the product of empirical probabilities along each path (kept while >= min_prob).
+    Returns per node its token, its parent (an index into the nodes, -1 for the root) and that
+    product: the chance, under the counts, that the path to the node is right; their sum is the
+    tree's expected number of accepted tokens. Nodes come out in topological order (a child's
+    product is at most its parent's), and siblings most likely first. With one continuation per
+    node it is `continuation`'s chain."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    probs: list[float] = []
+    # (-product, depth, token, parent node, the parent's match): ties go to the shallower node, then
+    # the smaller token id, so the tree does not depend on insertion order
+    heap: list[tuple[float, int, int, int, object]] = []
+
+    def grow(parent: int, at, p: float, d: int) -> None:
+        counts = index.children(at)
+        total = sum(counts.values())
+        for t, c in counts.items():
+            if p * c / total >= min_prob:
+                heapq.heappush(heap, (-p * c / total, d, t, parent, at))
+
+    grow(-1, match, 1.0, 1)
+    while heap and len(tokens) < budget:
+        neg, d, t, parent, at = heapq.heappop(heap)
+        tokens.append(t)
+        parents.append(parent)
+        probs.append(-neg)
+        if d < depth:
+            grow(len(tokens) - 1, index.child(at, t), -neg, d + 1)
+    return tokens, parents, probs
+
+
 class OutputCache:
     """The cross-request index: earlier outputs, oldest forgotten first once more than
     `max_requests` outputs or `max_tokens` tokens are held."""
@@ -278,3 +317,53 @@ class SuffixProposer:
             if was and not now:
                 self.outputs.add(state.output_ids(b))
                 self.rows.pop(b, None)
+
+
+class SuffixTreeProposer(SuffixProposer):
+    """Suffix decoding with token trees: per row, the tree of at most `budget` nodes (see
+    `expansion`) with the most expected accepted tokens over the candidate matches, at most
+    min(k, max_spec_factor x match length + max_spec_offset) deep. Other arguments as `SuffixProposer`.
+
+    A tree costs its node count in scoring width, so on a CPU, where width is not free, a small
+    budget wins; with one continuation per node the tree is the chain `SuffixProposer` drafts."""
+
+    name = "suffix_tree"
+    drafts_trees = True  # its proposals are TreeProposals: only verifiers with a tree form (config checks it)
+
+    def __init__(self, engine=None, budget: int = 8, **args):
+        super().__init__(engine, **args)
+        if budget < 1:
+            raise ValueError(f"method.proposer.budget must be >= 1, got {budget}")
+        self.budget = budget
+        self.num_nodes = budget  # the most a step scores beyond the root: caches make room for it
+
+    def tree_row(self, context: list[int], own: TokenPositions, k: int) -> tuple[list[int], list[int]]:
+        """The best tree for one row: (tokens, parents), as `draft_row` picks the best chain."""
+        best: tuple[float, int, list[int], list[int]] = (0.0, 0, [], [])
+        for index in (own, self.outputs.index):
+            for m, match in index.matches(context, self.max_depth):
+                depth = min(k, int(self.factor * m + self.offset))
+                if depth < 1:
+                    continue
+                tokens, parents, probs = expansion(index, match, depth, self.budget, self.min_prob)
+                if tokens and (sum(probs), m) > best[:2]:
+                    best = (sum(probs), m, tokens, parents)
+        return best[2], best[3]
+
+    @torch.inference_mode()
+    def propose(self, state, k: int) -> Proposal:
+        b, device = state.batch_size, state.tokens.device
+        if k == 0:
+            return Proposal.empty(b, device)
+        trees = [self.tree_row(self._sync(state, row), self.rows[row], k) if state.active[row] else ([], [])
+                 for row in range(b)]
+        n = max(len(tokens) for tokens, _ in trees)
+        if n == 0:
+            return Proposal.empty(b, device)
+        tokens = torch.zeros(b, n, dtype=torch.long)
+        parents = torch.full((b, n), -1, dtype=torch.long)
+        for row, (t, p) in enumerate(trees):
+            tokens[row, : len(t)] = torch.tensor(t, dtype=torch.long)
+            parents[row, : len(p)] = torch.tensor(p, dtype=torch.long)
+        lengths = [len(t) for t, _ in trees]
+        return TreeProposal(tokens.to(device), lengths, None, tree=TokenTree.build(parents.to(device), lengths))
