@@ -23,12 +23,21 @@ A change of k or of the batch's raggedness therefore reuses graphs; a new batch 
 key bucket compiles one more. `CompiledForward.report()` counts the graphs compiled, the passes
 run compiled and eagerly, and the seconds spent in the passes that compiled.
 
-Passes that keep hidden states for a drafter, and token-tree passes, run eagerly.
+Token-tree passes (EAGLE, Medusa, suffix trees) run compiled too, at one width per node budget:
+`tree_width` (the budget + 1, which the decoder sets) rounded up, so that a tree of another size
+this step reuses the graph. Their attention mask is built outside the graph, as the eager path
+builds it (the key-bucket mask from the nodes' positions, the tree's block `[B, N+1, N+1]` overlaid
+on the block's columns; padding slots see only themselves), and is an input of the graph, whose
+shape is fixed by the buckets. Passes that keep the target's hidden states for a drafter return
+them from the graph at the bucketed width, through a forward hook on the decoder installed once
+per model (`_Capture`); they are stored in the cache at the positions the keys went to, padding at
+scratch positions, exactly as an eager ragged pass stores its padding's.
 """
 
 from __future__ import annotations
 
 import time
+import weakref
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -108,11 +117,50 @@ class _BucketView(Cache):
 
 
 def _forward(model: torch.nn.Module, layout, view: _BucketView, tokens: torch.Tensor, positions: torch.Tensor,
-             dtype: torch.dtype) -> torch.Tensor:
-    """The compiled region: masks from `positions: [B, W]` over the bucketed keys, then the model.
-    Returns logits [B, W, V]."""
-    mask = layout.masks(positions, view.kv_len, dtype)
+             dtype: torch.dtype, mask: torch.Tensor | dict[str, torch.Tensor] | None = None,
+             hidden: bool = False) -> torch.Tensor:
+    """The compiled region: masks from `positions: [B, W]` over the bucketed keys (unless `mask`, the
+    additive `[B, 1, W, kv_len]` masks of a tree pass, is given), then the model. Returns logits
+    [B, W, V]. `hidden` only keys the graph: a pass whose decoder output the hook captures is traced
+    with the hook active, and must not reuse a graph traced without it."""
+    if mask is None:
+        mask = layout.masks(positions, view.kv_len, dtype)
     return layout.call(model, tokens, positions, view, mask, None)
+
+
+class _Capture:
+    """Where the decoder's output (the output head's input, `[B, W, H]`) of a compiled pass goes:
+    a forward hook on the decoder, installed once per decoder and kept, writes it here while
+    `active`. The eager path registers a hook around each pass instead; a compiled graph runs the
+    hooks that were there when it was traced (dynamo does not guard on them), so this one is there
+    before the first pass that needs it and stays. One decoder, one hook: engines that share the
+    model share it, and a pass that keeps no hidden states leaves it inactive."""
+
+    def __init__(self, decoder: torch.nn.Module):
+        self.active = False
+        self.value: torch.Tensor | None = None
+        decoder.register_forward_hook(self._hook)
+
+    def _hook(self, module, args, out) -> None:
+        if self.active:
+            self.value = out[0]
+
+    def take(self) -> torch.Tensor:
+        """The captured output of the pass just run (raises if the graph did not capture one)."""
+        value, self.value = self.value, None
+        if value is None:
+            raise RuntimeError("a compiled pass that keeps hidden states captured none: its graph was traced "
+                               "without the decoder's hook")
+        return value
+
+
+_CAPTURES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # decoder module -> its _Capture
+
+
+def _capture(decoder: torch.nn.Module) -> _Capture:
+    if decoder not in _CAPTURES:
+        _CAPTURES[decoder] = _Capture(decoder)
+    return _CAPTURES[decoder]
 
 
 _COMPILED: dict[str, object] = {}
@@ -155,6 +203,9 @@ class CompiledForward:
         self.eager_calls = 0
         self.compile_s = 0.0
         self.shapes: set[tuple[int, int, int]] = set()
+        # The widest token-tree pass of the generation (node budget + 1), set by the decoder: every
+        # tree pass is padded to its bucket, so trees of any size share one graph per key bucket.
+        self.tree_width = 0
 
     def report(self) -> dict:
         """Graphs compiled (recompilations included), passes run compiled / eagerly, seconds spent in
@@ -202,11 +253,10 @@ class CompiledForward:
         owner, cache = self.model, self.model.cache
         self._pool_buffers(cache)
         b, t = tokens.shape
-        if (block_mask is not None or getattr(owner, "_hidden_source", None) is not None or t > MAX_WIDTH
-                or not all(layer.is_initialized for layer in cache.layers)):
+        w = bucket(max(t, self.tree_width) if block_mask is not None else t)
+        if w > MAX_WIDTH or not all(layer.is_initialized for layer in cache.layers):
             self.eager_calls += 1
             return None
-        w = bucket(t)
         counts = list(advance) if advance is not None else [t] * b
         cache.begin_write(w, counts)  # checks each row's capacity for its real tokens
         device = tokens.device
@@ -227,18 +277,44 @@ class CompiledForward:
         view.write_pos = slots.clamp(max=cache.max_len)  # padding past the end goes to the scratch position
         view.kv_len = min(bucket(cache.max_row_len + w, MIN_KV), cache.layers[0].keys.shape[2])
         self.shapes.add((b, w, view.kv_len))
+        mask = None if block_mask is None else self._tree_mask(block_mask, positions, view)
+        source = getattr(owner, "_hidden_source", None)
+        capture = _capture(source) if source is not None else None
 
         before, start = _graphs_compiled(), time.perf_counter()
         if device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()
-        logits = _compiled(device, self.backend)(owner.model, owner.layout, view, tokens, positions, owner.dtype)
+        if capture is not None:
+            capture.active = True
+        try:
+            logits = _compiled(device, self.backend)(owner.model, owner.layout, view, tokens, positions, owner.dtype,
+                                                     mask, capture is not None)
+        finally:
+            if capture is not None:
+                capture.active = False
         compiled_now = _graphs_compiled() - before
         if compiled_now:
             self.graphs += compiled_now
             self.compile_s += time.perf_counter() - start
         self.compiled_calls += 1
+        if capture is not None:  # every written position's, padding to scratch, as the keys were written
+            cache.store_hidden(capture.take())
         cache.advance(counts)
         logits = logits[:, :t]
         if device.type == "cuda":  # a CUDA graph's output is overwritten by its next replay
             logits = logits.clone()
         return logits[:, keep] if keep is not None else logits
+
+    def _tree_mask(self, block_mask: torch.Tensor, positions: torch.Tensor, view: _BucketView):
+        """The additive masks `[B, 1, W, kv_len]` of a tree pass padded to W slots: the key-bucket mask
+        from the nodes' `positions: [B, W]`, with the block's columns (`view.write_pos`) replaced by
+        `block_mask: [B, T, T]` (the eager path's overlay); padding slots see only themselves (and
+        what their positions let them see before the block), and no real node sees them."""
+        owner = self.model
+        b, t, _ = block_mask.shape
+        w = positions.shape[1]
+        block = torch.eye(w, dtype=torch.bool, device=block_mask.device).repeat(b, 1, 1)
+        block[:, :t, :t] = block_mask
+        mask = owner.layout.masks(positions, view.kv_len, owner.dtype)
+        owner._overlay_block(mask, view.write_pos, positions, block)
+        return mask

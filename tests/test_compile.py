@@ -1,21 +1,32 @@
 """compile=on: greedy outputs token-identical to the eager path (float32, tiny models, batch 1 and a
-ragged batch, k in 1, 4, 8), a bounded number of compiled graphs when k changes every step, and
-`compile=off` leaves the eager path alone.
+ragged batch, k in 1, 4, 8; token trees of EAGLE, Medusa and suffix decoding, whose passes also keep
+the target's hidden states), a bounded number of compiled graphs when k or the tree's size changes
+every step, and `compile=off` leaves the eager path alone.
 
 The fast tests compile with dynamo's `eager` backend: the same graph capture, guards, shapes and
 recompilations as `compile=on`, without generating kernels (inductor takes minutes on a busy CPU).
 The inductor run itself is a slow test, and CUDA graphs a CUDA-only one.
 """
 
+import importlib.util
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
-from specdec.compiled import CompiledForward, bucket, resolve_compile
+from specdec.compiled import MIN_KV, CompiledForward, bucket, resolve_compile
 from specdec.decoding import SpeculativeDecoder
 from specdec.engine import Engine
 from specdec.proposers.draft_model import DraftModelProposer
+from specdec.proposers.eagle import EagleDrafter, EagleProposer
+from specdec.proposers.heads import save_checkpoint
+from specdec.proposers.medusa import MedusaProposer
+from specdec.proposers.suffix import SuffixTreeProposer
 from specdec.schedules import HeuristicSchedule
 from tests.conftest import RAGGED_PROMPTS
+
+ASSETS = Path(__file__).resolve().parent / "assets"
 
 
 def _engine(target, draft, compile: str, backend: str = "eager", device: str = "cpu") -> Engine:
@@ -86,6 +97,81 @@ def test_prompts_of_other_lengths_reuse_graphs(target):
     assert report["shapes"] == 2 and report["graphs"] == 2  # key buckets 64 and 128, width 8
 
 
+def _tree_proposer(method: str, engine: Engine, tmp_path: Path):
+    """The tree methods on the tiny target: the trained tiny EAGLE drafter and Medusa heads (drafts
+    that are often accepted), an EAGLE drafter as initialised from the target, and suffix trees."""
+    if method == "eagle":
+        return EagleProposer(engine, str(ASSETS / "tiny_random_eagle.safetensors"), budget=10, topk=3, width=3, depth=4)
+    if method == "eagle_init":
+        path = tmp_path / "init.safetensors"
+        if not path.exists():
+            save_checkpoint(path, "eagle", EagleDrafter(engine.target.model).state_dict(),
+                            {"hidden_size": 64, "vocab_size": 256})
+        return EagleProposer(engine, str(path), budget=6, topk=2, width=2, depth=3)
+    if method == "medusa":
+        return MedusaProposer(engine, str(ASSETS / "tiny_random_medusa.safetensors"),
+                              tree=[[0], [1], [0, 0], [1, 0], [0, 0, 0]])
+    return SuffixTreeProposer(max_spec_factor=2.0, budget=8)
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle_init", "medusa", "suffix_tree"])
+@pytest.mark.parametrize("batch", ["single", "ragged"])
+def test_compiled_tree_greedy_equals_eager(target, tmp_path, method, batch):
+    """Tree passes (and, for EAGLE and Medusa, the hidden states they keep) run compiled: the same
+    tokens, the same accepted lengths step by step (a drafter fed wrong features drafts other
+    trees), the same hidden states in the cache, and no pass but the prefill eager."""
+    prompts = [[2] * 9] if batch == "single" else [[2] * 9, [3, 4], [2] * 5 + [7, 8]]
+    runs = {}
+    for mode in ("off", "on"):
+        engine = _engine(target, None, mode)
+        decoder = SpeculativeDecoder(engine, _tree_proposer(method, engine, tmp_path), num_speculative_tokens=4)
+        # Two requests: suffix trees draft from the first one's output too.
+        outs = [decoder.generate([p + [turn + 20] for p in prompts], max_new_tokens=24) for turn in range(2)]
+        runs[mode] = (outs, engine)
+    (eager_outs, eager_engine), (compiled_outs, engine) = runs["off"], runs["on"]
+    for eager, compiled in zip(eager_outs, compiled_outs):
+        assert compiled.output_ids == eager.output_ids and compiled.lossless
+        assert [r.accepted for r in compiled.stats.rows] == [r.accepted for r in eager.stats.rows]
+        assert compiled.stats.steps == eager.stats.steps
+    assert sum(r.accepted for out in eager_outs for r in out.stats.rows) > 0
+    report = engine.compile_report()["target"]
+    assert report["compiled_calls"] == sum(out.stats.steps for out in compiled_outs)  # every step's tree
+    assert report["eager_calls"] == len(compiled_outs)  # the prefills
+    if method != "suffix_tree":
+        for b, n in enumerate(engine.target.lengths):
+            assert n == eager_engine.target.lengths[b]
+            torch.testing.assert_close(engine.target.cache.hidden[b, :n], eager_engine.target.cache.hidden[b, :n],
+                                       rtol=1e-5, atol=1e-5)
+
+
+def test_tree_passes_of_every_size_share_one_width(target):
+    """Suffix trees change size from step to step (1 to 8 nodes): every tree pass runs at the
+    budget's width bucket (9 -> 16), so the target compiles one graph per key bucket, and a second
+    identical generation compiles nothing."""
+    torch._dynamo.reset()
+    engine = _engine(target, None, "on")
+    sizes = []
+
+    class Recording(SuffixTreeProposer):
+        def propose(self, state, k):
+            proposal = super().propose(state, k)
+            sizes.append(proposal.tokens.shape[1])
+            return proposal
+
+    decoder = SpeculativeDecoder(engine, Recording(max_spec_factor=2.0, budget=8), num_speculative_tokens=6)
+    prompts = [p + [20] for p in RAGGED_PROMPTS]
+    first = decoder.generate(prompts, max_new_tokens=30)
+    second = decoder.generate(prompts, max_new_tokens=30)  # drafts from the first's outputs: other trees
+    report = engine.compile_report()["target"]
+    assert len(set(sizes) - {0}) >= 3  # trees of several sizes were scored
+    assert {w for _, w, _ in engine.target.compiled.shapes} <= {1, 16}  # 1: steps with no tree
+    key_buckets = {kv for _, _, kv in engine.target.compiled.shapes}
+    assert key_buckets == {MIN_KV} and report["graphs"] <= 2
+    third = decoder.generate(prompts, max_new_tokens=30)
+    assert engine.compile_report()["target"]["graphs"] == report["graphs"]
+    assert third.output_ids == second.output_ids == first.output_ids
+
+
 def test_compile_off_is_the_eager_path(target):
     engine = Engine(target, dtype="float32")
     assert not engine.compile and engine.target.compiled is None and engine.compile_report() is None
@@ -113,6 +199,20 @@ def test_inductor_greedy_equals_eager(target, unrelated_draft):
 
 
 @pytest.mark.slow
+def test_inductor_tree_greedy_equals_eager(target, tmp_path):
+    """What compile=on runs on a CPU for token trees that keep hidden states: inductor's kernels,
+    the EAGLE drafter, ragged batch."""
+    prompts = [[2] * 9, [3, 4], [2] * 5 + [7, 8]]
+    outs = []
+    for mode, backend in (("off", "eager"), ("on", "inductor")):
+        engine = _engine(target, None, mode, backend=backend)
+        decoder = SpeculativeDecoder(engine, _tree_proposer("eagle", engine, tmp_path), num_speculative_tokens=4)
+        outs.append(decoder.generate(prompts, max_new_tokens=24))
+    assert outs[1].output_ids == outs[0].output_ids
+    assert [r.accepted for r in outs[1].stats.rows] == [r.accepted for r in outs[0].stats.rows]
+
+
+@pytest.mark.slow
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("k", [1, 4, 8])
 def test_cuda_graphs_greedy_equals_eager(target, unrelated_draft, k):
@@ -124,3 +224,44 @@ def test_cuda_graphs_greedy_equals_eager(target, unrelated_draft, k):
         eager = _generate(_engine(t, d, "off", device="cuda"), k, prompts)
         compiled = _generate(_engine(t, d, "on", backend="inductor", device="cuda"), k, prompts)
         assert compiled.output_ids == eager.output_ids
+
+
+def _study_script():
+    """experiments/gpu/cpu_compile.py as a module (experiments are not a package)."""
+    path = Path(__file__).resolve().parents[1] / "experiments" / "gpu" / "cpu_compile.py"
+    spec = importlib.util.spec_from_file_location("cpu_compile", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+def test_cpu_compile_study_runs_every_method_in_both_modes(tmp_path):
+    """experiments/gpu/cpu_compile.py on the tiny target (dynamo's eager backend, the tiny EAGLE
+    drafter): every (method, compile) pair is timed on every prompt in a rotating order, each method
+    gets a speedup over plain decoding per mode and a compiled/eager ratio, and the warm-up compiled
+    every graph the timed runs needed. No timing is asserted."""
+    script = _study_script()
+    out = tmp_path / "r.json"
+    result = script.main(["--model", "tiny_random", "--heads-path", str(ASSETS / "tiny_random_eagle.safetensors"),
+                          "--backend", "eager", "--dtype", "float32", "--prompts", "2", "--max-new-tokens", "6",
+                          "--out", str(out)])
+    pairs = {f"{m}/{mode}" for m in ("autoregressive", "ngram", "eagle") for mode in ("off", "on")}
+    assert [set(r["order"]) for r in result["rows"]] == [pairs, pairs]
+    assert result["rows"][0]["order"][0] != result["rows"][1]["order"][0]  # rotated
+    summary = result["summary"]
+    for method in ("ngram", "eagle"):
+        assert {"speedup_off_cpu", "speedup_on_cpu", "speedup_off_wall", "speedup_on_wall"} <= set(summary[method])
+    assert "speedup_on_cpu" not in summary["autoregressive"]
+    assert all(summary[m]["compiled_over_eager_cpu"]["median"] > 0 for m in summary)
+    # float32: compiled and eager decode the same tokens
+    assert all(summary[m]["same_tokens_on_off"] == 2 for m in summary)
+    assert all(n == 0 for r in result["graphs_compiled_while_timed"].values() for n in r.values())
+    assert result["compile_report"]["eagle/on"]["target"]["compiled_calls"] > 0
+    assert json.loads(out.read_text())["summary"]["eagle"]["keeps_speedup"].keys() == {"wall", "cpu"}
+
+
+def test_cpu_compile_study_needs_its_baseline():
+    """Every method's speedup is over plain decoding in the same mode: a run without it is refused."""
+    script = _study_script()
+    with pytest.raises(SystemExit):
+        script.parse_args(["--methods", "ngram,eagle"])

@@ -1,79 +1,196 @@
-"""compile=off against compile=on on this CPU: embedded SmolLM2, plain decoding and n-gram drafting.
+"""compile=off against compile=on on this CPU, every method against its own baseline in the same mode.
 
-Both engines share the model (same device and dtype). The compiled engine first runs every prompt
-once untimed (that compiles every graph the timed runs need: each key bucket the prompts reach);
-then, per prompt, the two run interleaved (the order alternates), and the medians of the per-prompt
-tokens/s and of the per-prompt ratio on/off are reported. EOS is ignored, so every call makes
-exactly --max-new-tokens tokens.
+Does `compile=on` keep each speculative method's speedup over plain decoding? One run measures
+every (method, compile) pair on the same prompts: plain decoding, n-gram drafting (k = 4) and the
+EAGLE-style drafter (the shipped checkpoint for the embedded target, `conf/method/eagle.yaml`'s
+default tree: budget 4, topk 4, width 4, depth 2, k = 2), each under `compile=off` and `compile=on`.
 
-    python experiments/gpu/cpu_compile.py --prompts 6 --max-new-tokens 64 --out experiments/gpu/cpu_compile.json
+- Engines: one per (method kind, compile mode), all sharing the model object (same device and
+  dtype). EAGLE gets engines of its own because its target keeps hidden states in every pass, which
+  plain decoding and n-gram must not pay for.
+- Exact greedy is off for every decoder: `compile=on` cannot apply it (its widths and key lengths
+  are bucketed), and on the eager path it would pad plain decoding to 8-wide passes over the whole
+  cache buffer, so `compile=on` would be credited with removing exact greedy's cost. Outputs are
+  greedy; in bfloat16 they may differ at near-ties between modes and methods (`same_tokens`).
+- Warm-up, untimed: every compiled decoder decodes every prompt once (that compiles every graph
+  the timed runs reach: the same greedy tokens, so the same widths and key buckets), and every
+  eager decoder decodes the first prompt briefly.
+- Timed: per prompt, the pairs run one after another, the order rotated by one from prompt to
+  prompt. Per pair and prompt, tokens/s by wall time and by the process's CPU time (what
+  `GenerationStats.cpu_s` records, which other work on the machine disturbs far less).
+- Reported per method: medians over prompts of its speedup over plain decoding in the same compile
+  mode (off and on), of its compiled/eager ratio, and of its tokens/s; and whether its speedup
+  under `on` is at least its speedup under `off`.
+
+EOS is ignored, so every call makes exactly --max-new-tokens tokens.
+
+    python experiments/gpu/cpu_compile.py --prompts 6 --max-new-tokens 64 \\
+        --methods autoregressive,ngram,eagle --out experiments/gpu/cpu_compile_run3.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
 import torch
 
 from specdec import Engine, ModelSpec, SpeculativeDecoder, load_model
+from specdec.compiled import CompiledForward
 from specdec.data import build_turn_input, load_prompts
+from specdec.proposers.eagle import EagleProposer
 from specdec.proposers.ngram import NgramProposer
 
+METHODS = ("autoregressive", "ngram", "eagle")
+MODES = ("off", "on")
+BASELINE = "autoregressive"
+# conf/method/eagle.yaml and conf/method/ngram.yaml
+EAGLE_TREE = dict(budget=4, topk=4, width=4, depth=2)
+EAGLE_K, NGRAM_K = 2, 4
 
-def main() -> None:
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=6)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--methods", default="autoregressive,ngram")
+    ap.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from {', '.join(METHODS)}")
+    ap.add_argument("--model", default="embedded", help="embedded (SmolLM2), or tiny_random for the tests")
+    ap.add_argument("--heads-path", default="embedded", help="the EAGLE drafter's checkpoint")
+    ap.add_argument("--backend", default="inductor", help="torch.compile backend (eager: the tests' quick capture)")
     ap.add_argument("--out", default=None)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    args = ap.parse_args(argv)
+    methods = args.methods.split(",")
+    unknown = sorted(set(methods) - set(METHODS))
+    if unknown or BASELINE not in methods:
+        ap.error(f"--methods {args.methods}: needs {BASELINE} (every method's baseline) and only "
+                 f"{', '.join(METHODS)}; unknown: {', '.join(unknown) or 'none'}")
+    if args.prompts < 1 or args.max_new_tokens < 1:
+        ap.error("--prompts and --max-new-tokens must be >= 1")
+    return args
 
-    model, tok = load_model(ModelSpec(path="embedded"))
+
+def build_decoders(model, tok, args) -> dict[tuple[str, str], SpeculativeDecoder]:
+    """One decoder per (method, compile mode); plain decoding and n-gram share an engine per mode."""
+    engines: dict[tuple[str, str], Engine] = {}
+
+    def engine(kind: str, mode: str) -> Engine:
+        if (kind, mode) not in engines:
+            e = Engine(model, device="cpu", dtype=args.dtype, compile=mode)
+            if e.compile:
+                for m in (e.target, e.draft):
+                    if m is not None:
+                        m.compiled = CompiledForward(m, backend=args.backend)
+            engines[kind, mode] = e
+        return engines[kind, mode]
+
+    decoders = {}
+    for method in args.methods.split(","):
+        for mode in MODES:
+            if method == "eagle":
+                e = engine("eagle", mode)
+                proposer, k = EagleProposer(e, args.heads_path, **EAGLE_TREE), EAGLE_K
+            else:
+                e = engine("chain", mode)
+                proposer, k = (NgramProposer(e), NGRAM_K) if method == "ngram" else (None, 1)
+            d = SpeculativeDecoder(e, proposer, num_speculative_tokens=k, tokenizer=tok, eos_token_id=[])
+            d.exact_greedy = False
+            decoders[method, mode] = d
+    return decoders
+
+
+def median_ratio(rows: list[dict], num: str, den: str, key: str) -> dict:
+    """Median, min and max over prompts of rows[i][num][key] / rows[i][den][key]."""
+    ratios = [r[num][key] / r[den][key] for r in rows]
+    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+
+
+def summarize(rows: list[dict], methods: list[str]) -> dict:
+    """Per method: speedup over plain decoding per mode, compiled/eager, tokens/s medians."""
+    out = {}
+    for method in methods:
+        s = {"tok_s": {f"{mode}_{clock}": statistics.median(r[f"{method}/{mode}"][clock] for r in rows)
+                       for mode in MODES for clock in ("wall", "cpu")}}
+        for clock in ("wall", "cpu"):
+            s[f"compiled_over_eager_{clock}"] = median_ratio(rows, f"{method}/on", f"{method}/off", clock)
+            if method != BASELINE:
+                for mode in MODES:
+                    s[f"speedup_{mode}_{clock}"] = median_ratio(rows, f"{method}/{mode}", f"{BASELINE}/{mode}", clock)
+        if method != BASELINE:
+            s["keeps_speedup"] = {clock: s[f"speedup_on_{clock}"]["median"] >= s[f"speedup_off_{clock}"]["median"]
+                                  for clock in ("wall", "cpu")}
+        s["same_tokens_on_off"] = sum(r[f"{method}/on"]["tokens"] == r[f"{method}/off"]["tokens"] for r in rows)
+        s["mean_accepted_length"] = {mode: statistics.median(r[f"{method}/{mode}"]["tau"] for r in rows)
+                                     for mode in MODES}
+        out[method] = s
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    result = {"args": vars(args), "loadavg": {"start": os.getloadavg()}}
+    model, tok = load_model(ModelSpec(path=args.model))
     model.generation_config.eos_token_id = None
-    engines = {c: Engine(model, device="cpu", dtype=args.dtype, compile=c) for c in ("off", "on")}
+    decoders = build_decoders(model, tok, args)
+    methods = args.methods.split(",")
     prompts = load_prompts("builtin", limit=max(1, args.prompts // 6 + 1))[: args.prompts]
     inputs = [build_turn_input(tok, [], p.turns[0]) for p in prompts]
+    pairs = [(m, mode) for m in methods for mode in MODES]
 
-    def decoder(method: str, engine: Engine) -> SpeculativeDecoder:
-        proposer = NgramProposer(engine) if method == "ngram" else None
-        return SpeculativeDecoder(engine, proposer, num_speculative_tokens=4, tokenizer=tok, eos_token_id=[])
+    start = time.perf_counter()
+    for i, ids in enumerate(inputs):  # untimed: compiles every graph the timed runs reach
+        for method in methods:
+            decoders[method, "on"].generate([ids], max_new_tokens=args.max_new_tokens)
+            print(f"warm-up: prompt {i} ({len(ids)} tokens) {method} compiled, {time.perf_counter() - start:.0f} s",
+                  flush=True)
+    for method in methods:
+        decoders[method, "off"].generate([inputs[0]], max_new_tokens=min(8, args.max_new_tokens))
+    result["warmup_s"] = time.perf_counter() - start
+    result["loadavg"]["after_warmup"] = os.getloadavg()
+    graphs_after_warmup = {f"{m}/on": decoders[m, "on"].engine.compile_report() for m in methods}
 
-    result = {"args": vars(args), "methods": {}}
-    for method in args.methods.split(","):
-        decoders = {c: decoder(method, e) for c, e in engines.items()}
-        t = time.perf_counter()
-        for ids in inputs:  # untimed: compiles every graph the timed runs need (and warms eager)
-            decoders["on"].generate([ids], max_new_tokens=args.max_new_tokens)
-        warm_s = time.perf_counter() - t
-        decoders["off"].generate([inputs[0]], max_new_tokens=8)
-        rows = []
-        for i, ids in enumerate(inputs):
-            order = ("off", "on") if i % 2 == 0 else ("on", "off")
-            out = {}
-            for c in order:
-                g = decoders[c].generate([ids], max_new_tokens=args.max_new_tokens)
-                out[c] = (g.output_ids[0], g.stats.new_tokens / g.stats.wall_s, g.stats.new_tokens / g.stats.cpu_s)
-            rows.append({"prompt_tokens": len(ids), "off_tok_s": out["off"][1], "on_tok_s": out["on"][1],
-                         "ratio": out["on"][1] / out["off"][1], "cpu_ratio": out["on"][2] / out["off"][2],
-                         "same_tokens": out["on"][0] == out["off"][0]})
-        med = {k: statistics.median(r[k] for r in rows) for k in ("off_tok_s", "on_tok_s", "ratio", "cpu_ratio")}
-        result["methods"][method] = {"rows": rows, "median": med, "warmup_compile_s": warm_s,
-                                     "compile_report": engines["on"].compile_report()}
-        print(f"{method}: off {med['off_tok_s']:.1f} tok/s, on {med['on_tok_s']:.1f} tok/s, median ratio "
-              f"{med['ratio']:.3f} (min {min(r['ratio'] for r in rows):.3f}, max {max(r['ratio'] for r in rows):.3f}), "
-              f"by process CPU time {med['cpu_ratio']:.3f} (min {min(r['cpu_ratio'] for r in rows):.3f}, "
-              f"max {max(r['cpu_ratio'] for r in rows):.3f}), "
-              f"identical {sum(r['same_tokens'] for r in rows)}/{len(rows)}, warm-up with compiling {warm_s:.0f} s, "
-              f"{engines['on'].compile_report()}", flush=True)
+    rows = []
+    for i, ids in enumerate(inputs):
+        order = pairs[i % len(pairs):] + pairs[: i % len(pairs)]
+        row = {"prompt_tokens": len(ids), "order": [f"{m}/{mode}" for m, mode in order]}
+        for method, mode in order:
+            g = decoders[method, mode].generate([ids], max_new_tokens=args.max_new_tokens)
+            st = g.stats
+            row[f"{method}/{mode}"] = {"wall": st.new_tokens / st.wall_s, "cpu": st.new_tokens / st.cpu_s,
+                                       "tau": st.mean_accepted_length, "steps": st.steps, "tokens": g.output_ids[0]}
+        rows.append(row)
+        print(f"prompt {i} ({len(ids)} tokens): " + ", ".join(
+            f"{k} {row[k]['cpu']:.2f}" for k in row if "/" in k) + " tok/s (CPU time)", flush=True)
+    result["loadavg"]["end"] = os.getloadavg()
+    result["rows"] = rows
+    result["summary"] = summarize(rows, methods)
+    result["compile_report"] = {f"{m}/on": decoders[m, "on"].engine.compile_report() for m in methods}
+    # graphs compiled during the timed runs: the warm-up should have compiled every one
+    result["graphs_compiled_while_timed"] = {
+        k: {name: r["graphs"] - graphs_after_warmup[k][name]["graphs"] for name, r in v.items()}
+        for k, v in result["compile_report"].items()}
+    result["warmup_compile_s"] = {k: {name: r["compile_s"] for name, r in v.items()}
+                                  for k, v in result["compile_report"].items()}
+    for method, s in result["summary"].items():
+        line = (f"{method}: tok/s (CPU time) off {s['tok_s']['off_cpu']:.2f} on {s['tok_s']['on_cpu']:.2f}; "
+                f"compiled/eager {s['compiled_over_eager_cpu']['median']:.3f} (CPU) "
+                f"{s['compiled_over_eager_wall']['median']:.3f} (wall)")
+        if method != BASELINE:
+            line += (f"; speedup off {s['speedup_off_cpu']['median']:.3f} on {s['speedup_on_cpu']['median']:.3f} (CPU), "
+                     f"off {s['speedup_off_wall']['median']:.3f} on {s['speedup_on_wall']['median']:.3f} (wall); "
+                     f"keeps it: {s['keeps_speedup']}")
+        print(line, flush=True)
+    print(f"warm-up {result['warmup_s']:.0f} s; graphs compiled while timed: {result['graphs_compiled_while_timed']}; "
+          f"load average {result['loadavg']}", flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
+    return result
 
 
 if __name__ == "__main__":
