@@ -299,6 +299,31 @@ def method_configs(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
     return [("method", cfg.method)] + [(f"compare.{name}", m) for name, m in cfg.compare.items()]
 
 
+def _check_heads(key: str, m: DictConfig, cfg: DictConfig, kind: str, optional: bool) -> None:
+    """`heads_path` names a checkpoint of `kind` that exists and, if `embedded`, a target it was
+    trained for. `optional` (a hybrid's part): null leaves the part out instead of failing."""
+    drop = f", or leave the {kind} part out: {key}.heads_path=null" if optional else ""
+    if not m.heads_path:
+        if optional:
+            return
+        _fail(f"{key}.heads_path", f"{key}={m.name} needs trained heads: set {key}.heads_path=<checkpoint> "
+                                   "(train one with scripts/train_heads.py)")
+    from specdec.proposers.heads import resolve_heads_path
+
+    if m.heads_path != "embedded":
+        heads = resolve_path(m.heads_path)
+    elif cfg.target.path != "embedded":
+        _fail(f"{key}.heads_path", f"`embedded` is the {kind} checkpoint trained for the embedded target "
+                                   f"(SmolLM2-135M), not for target.path={cfg.target.path}. Train one for this target "
+                                   f"(scripts/train_heads.py kind={kind} target.path=...) and set {key}.heads_path=<it>"
+                                   + (drop or ", or leave this method out: the default run (experiment=overview) "
+                                      "includes it, `~experiment method=<name>` runs one method alone"))
+    else:
+        heads = resolve_heads_path(m.heads_path, kind)
+    if not heads.is_file():
+        _fail(f"{key}.heads_path", f"file not found: {heads}{drop}")
+
+
 def _validate_method(key: str, m: DictConfig, cfg: DictConfig, params: Any) -> None:
     _check_type(f"{key}.num_speculative_tokens", m.num_speculative_tokens, int)
     for part in ("proposer", "decoder"):
@@ -329,27 +354,17 @@ def _validate_method(key: str, m: DictConfig, cfg: DictConfig, params: Any) -> N
     from specdec.registry import target_of
 
     proposer = target_of(m.proposer._target_, f"{key}.proposer") if m.proposer is not None else None
-    if getattr(proposer, "drafts_trees", False):
+    # The proposer, or a hybrid's parts: (class, its config); a hybrid's part with heads is optional.
+    parts = [(proposer, m.proposer)] if proposer is not None else []
+    hybrid = proposer is not None and isinstance(m.proposer.get("parts"), DictConfig)
+    if hybrid:
+        parts = [(target_of(spec._target_, f"{key}.proposer.parts.{name}"), spec)
+                 for name, spec in m.proposer.parts.items() if isinstance(spec, DictConfig) and "_target_" in spec]
+    if any(getattr(cls, "drafts_trees", False) for cls, _ in parts):
         _check_tree_verifier(key, m, verifier, params)
-    if proposer is not None and "heads_path" in m.proposer:
-        if not m.heads_path:
-            _fail(f"{key}.heads_path", f"{key}={m.name} needs trained heads: set {key}.heads_path=<checkpoint> "
-                                       "(train one with scripts/train_heads.py)")
-        from specdec.proposers.heads import resolve_heads_path
-
-        kind = getattr(proposer, "name", m.name)  # a renamed variant keeps its kind
-        if m.heads_path != "embedded":
-            heads = resolve_path(m.heads_path)
-        elif cfg.target.path != "embedded":
-            _fail(f"{key}.heads_path", f"`embedded` is the {kind} checkpoint trained for the embedded target "
-                                       f"(SmolLM2-135M), not for target.path={cfg.target.path}. Train one for this target "
-                                       f"(scripts/train_heads.py kind={kind} target.path=...) and set {key}.heads_path=<it>, "
-                                       "or leave this method out: the default run (experiment=overview) includes it, "
-                                       "`~experiment method=<name>` runs one method alone")
-        else:
-            heads = resolve_heads_path(m.heads_path, kind)
-        if not heads.is_file():
-            _fail(f"{key}.heads_path", f"file not found: {heads}")
+    for cls, spec in parts:
+        if "heads_path" in spec:
+            _check_heads(key, m, cfg, getattr(cls, "name", m.name), optional=hybrid)
     if m.tree is not None:
         from specdec.tree import static_tree
 

@@ -368,6 +368,9 @@ class Planner:
         self.steps = 0
         self.last_scored: dict[str, int] = {}  # source -> step at which its drafts were last judged
         self.last_plain: dict[int, int] = {}  # batch size -> step of its last plain (width 1) step
+        # Sources that draft token trees -> the nodes one of their trees scores, whatever its depth:
+        # their k is a depth, and a plan of any depth is priced at that width (see `width`).
+        self.nodes: dict[str, int] = {}
 
     def model(self, source: str) -> AcceptanceModel:
         if source not in self.models:
@@ -424,6 +427,15 @@ class Planner:
         the costs were told or learned that far. min_k, when set, is always allowed."""
         return min(max(self.costs.widest(b), self.min_k), self.k_max)
 
+    def width(self, source: str, j: int) -> int:
+        """Drafts a step scores per row when `source` drafts j (tokens, or levels of a tree)."""
+        return 0 if j == 0 else self.nodes.get(source, j)
+
+    def reachable(self, source: str, b: int) -> bool:
+        """A tree's width is within one token of the widest measured at batch size b (widths are
+        learned upwards, see `widest`); a chain's always is (its k is capped instead)."""
+        return source not in self.nodes or self.nodes[source] <= max(self.costs.widest(b), self.min_k)
+
     def _plans(self, source: str, b: int, rows: list[int], cap: int, draft: float, asked: bool,
                lengths: list[int] | None = None, curves: list[list[float]] | None = None) -> list[Plan]:
         """Plans keeping j = 0..cap drafts per row (row r keeps min(lengths[r], j) when lengths are
@@ -433,7 +445,7 @@ class Planner:
             curves = [model.curve(r, asked) for r in rows]
         caps = [lengths[r] for r in rows] if lengths is not None else [cap] * len(rows)
         longest = max(caps, default=0)
-        rest = [self.rest(b, 1 + min(j, longest)) for j in range(cap + 1)]
+        rest = [self.rest(b, 1 + self.width(source, min(j, longest))) for j in range(cap + 1)]
         return [Plan(j, sum(c[min(j, n)] for c, n in zip(curves, caps)), draft + rest[j]) for j in range(cap + 1)]
 
     def best_ask(self, source: str, b: int, rows: list[int], trimmable: bool, sunk: float = 0.0,
@@ -444,7 +456,11 @@ class Planner:
         None when no k could beat plain decoding even if every draft were accepted (a draft model as
         costly as the target): such a source is neither chosen nor explored."""
         plans = []
-        top = min(self.k_max if cap is None else min(cap, self.k_max), self.widest(b))
+        top = self.k_max if cap is None else min(cap, self.k_max)
+        if source not in self.nodes:
+            top = min(top, self.widest(b))
+        elif not self.reachable(source, b):
+            return None  # its trees are wider than anything measured here yet
         extra = sunk + (self.costs.switch_cost(source, b) if switching else 0.0)
         model = self.model(source)
         curves = [model.curve(r, asked=True) for r in rows]
@@ -461,8 +477,9 @@ class Planner:
         """The best rate any k <= cap (k_max) could reach if every draft were accepted, in steady
         drafting (no switch cost; widths beyond the measured ones extrapolated)."""
         top = self.k_max if cap is None else min(cap, self.k_max)
-        return max(((k + 1) * len(rows) / max(sunk + self.costs.draft_cost(source, b, k) + self.rest(b, 1 + k),
-                                               1e-12) for k in range(1, top + 1)), default=0.0)
+        return max(((k + 1) * len(rows) / max(sunk + self.costs.draft_cost(source, b, k)
+                                               + self.rest(b, 1 + self.width(source, k)), 1e-12)
+                    for k in range(1, top + 1)), default=0.0)
 
     def best_keep(self, source: str, b: int, rows: list[int], lengths: list[int], draft: float) -> Plan | None:
         """The best number of drafts j >= 1 to keep of a deterministic proposal (row r keeps

@@ -12,7 +12,8 @@ adaptive ones (the decoder sizes its caches for k_max + 1 positions per step).
                 just drafted falls below `threshold` (transformers' `assistant_confidence_threshold`).
 - `cost_aware`: the policy that never loses: per step (and per row, for proposals without q) the number
                 of drafts, including none, with the most expected tokens per second, from costs
-                measured in this run per batch size and scoring width (`specdec.policy`).
+                measured in this run per batch size and scoring width (`specdec.policy`). For a
+                proposer that drafts trees, the depth (a tree is priced at its node count, never cut).
 
 A schedule picks k before proposing and may shorten a proposal after seeing it (`trim`). Every schedule
 decides from the past and the draft's own output only (and cuts only proposals without q, whose tokens
@@ -25,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from specdec.policy import Planner, StepClock, drafting, verified
+from specdec.tree import TreeProposal
 from specdec.types import Proposal
 
 
@@ -175,8 +177,13 @@ class CostAwareSchedule(ConstantSchedule):
 
     def trim(self, state, proposal: Proposal) -> Proposal:
         self._offered = list(proposal.lengths)
+        if isinstance(proposal, TreeProposal):  # k was its depth; it scores its nodes, and is never cut
+            # priced at the widest tree seen (a proposer's trees vary in size up to its budget)
+            self.planner.nodes[self.source] = max(self.planner.nodes.get(self.source, 0), proposal.tree.num_nodes)
+            self._offered, self._trimmable = proposal.depths, False
+            return proposal
         if proposal.max_length == 0 or type(proposal) is not Proposal:
-            return proposal  # nothing to cut; a tree is not cut
+            return proposal  # nothing to cut
         self._trimmable = proposal.probs is None
         if not self._trimmable:
             return proposal  # a sampled draft is never cut after the fact (see specdec.policy)
@@ -193,7 +200,8 @@ class CostAwareSchedule(ConstantSchedule):
             offered = self._offered if len(self._offered) == b else list(p.lengths)
             self.planner.model(self.source).observe_offers(
                 self._asked, [n for n, on in zip(offered, outcome.active) if on])
-        self.planner.observe(self.source, verified(p.lengths, outcome.accepted, outcome.active))
+        drafted = p.depths if isinstance(p, TreeProposal) else p.lengths  # a tree accepts at most its depth
+        self.planner.observe(self.source, verified(drafted, outcome.accepted, outcome.active))
         self.history.append(p.max_length)
 
     def report(self) -> dict:

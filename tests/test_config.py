@@ -275,6 +275,20 @@ def test_embedded_heads_are_refused_for_another_target_before_any_model_loads(ov
 
 
 
+def test_the_hybrids_trained_part_is_refused_for_another_target_and_null_leaves_it_out():
+    cfg = _compose(["~experiment", "method=hybrid", "target=tiny_random", "draft=self"])
+    with pytest.raises(ConfigError, match=r"method.heads_path: `embedded` is the eagle checkpoint .*"
+                                          r"leave the eagle part out: method.heads_path=null"):
+        validate(cfg)
+    cfg.method.heads_path = None
+    validate(cfg)  # the hybrid without its trained part
+    cfg.method.verifier = "block"  # with the tree part, a verifier with no tree form is refused
+    cfg.method.heads_path = "embedded"
+    cfg.target.path = "embedded"
+    with pytest.raises(ConfigError, match="drafts token trees"):
+        validate(cfg)
+
+
 def test_the_command_line_reports_a_bad_config_in_one_line_without_a_traceback(tmp_path):
     import subprocess
     import sys

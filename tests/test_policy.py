@@ -1,6 +1,6 @@
 """The cost-aware policy (`method.schedule=cost_aware`): its decisions on synthetic costs (it must
 choose 0 drafts when drafting cannot pay), its estimators, and its losslessness: float32 greedy
-token identity at batch sizes 1 and ragged 3 with every kind of proposer, and the sampling
+token identity at batch sizes 1 and ragged 3 with every kind of proposer (trees included), and the sampling
 distribution with a cut deterministic draft and with a sampled draft model."""
 
 import math
@@ -15,12 +15,14 @@ from specdec.models import tiny_random_model
 from specdec.policy import AcceptanceModel, CostModel, Plan, Planner, Timings, drafting
 from specdec.proposers.base import Proposal
 from specdec.proposers.draft_model import DraftModelProposer
+from specdec.proposers.eagle import EagleProposer
 from specdec.proposers.ngram import NgramProposer
-from specdec.proposers.suffix import SuffixProposer
+from specdec.proposers.suffix import SuffixProposer, SuffixTreeProposer
 from specdec.schedules import CostAwareSchedule, make_schedule
 from tests.conftest import RAGGED_PROMPTS
 from tests.stats import chi_square_pvalue
 from tests.test_strategies_lossless import N, _sample_pairs, draft, expected, target  # noqa: F401
+from tests.test_tree_eagle import TINY_EAGLE
 
 SRC = "proposer"
 
@@ -272,7 +274,11 @@ PROPOSERS = {
     "ngram": lambda e: NgramProposer(e),
     "suffix": lambda e: SuffixProposer(max_spec_factor=2.0),
     "draft": lambda e: DraftModelProposer(e),
+    # trees: the policy picks a depth and prices the tree at its node count
+    "suffix_tree": lambda e: SuffixTreeProposer(max_spec_factor=2.0, budget=4),
+    "eagle": lambda e: EagleProposer(e, str(TINY_EAGLE), budget=4, topk=2, width=2, depth=2),
 }
+TREES = {"suffix_tree": 4, "eagle": 4}
 
 
 @pytest.mark.parametrize("batch", ["single", "ragged"])
@@ -290,7 +296,11 @@ def test_policy_greedy_equals_autoregressive(make_engine, unrelated_draft, batch
         assert out.output_ids == ref.output_ids and out.lossless
         steps += out.stats.steps
     assert len(sched.history) == steps and max(sched.history) <= 6
-    if costs == "cutting" and proposer != "draft":
+    if proposer in TREES:  # trees are priced at the widest seen (up to the budget), never cut
+        assert 0 < max(sched.history) <= TREES[proposer] and sched.planner.nodes == {sched.source: max(sched.history)}
+        if costs == "cutting":  # a step over 3 wide costs 5 plain ones: once seen, no more such trees
+            assert sum(h > 2 for h in sched.history) <= 2
+    elif costs == "cutting" and proposer != "draft":
         assert 0 < max(sched.history) <= 2 and out.reports["schedule"]["costs"]["width_cost"]
 
 

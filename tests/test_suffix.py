@@ -3,6 +3,7 @@ length rule, cross-request reuse, and greedy token identity with plain decoding;
 (`SuffixTreeProposer`): the best-first expansion and greedy identity (its sampling distribution is
 tested in test_strategies_lossless.py)."""
 
+import functools
 import random
 
 import pytest
@@ -186,9 +187,10 @@ def test_suffix_greedy_equals_autoregressive_across_requests(engine_factory, bat
 
 
 @pytest.mark.slow
-def test_suffix_policy_and_hybrid_on_the_embedded_target_equal_its_greedy_output():
+def test_suffix_policy_and_hybrid_with_its_trained_part_on_the_embedded_target_equal_its_greedy_output():
     from specdec import Engine, ModelSpec, load_model
     from specdec.data import build_turn_input
+    from specdec.proposers.eagle import EagleProposer
     from specdec.proposers.hybrid import HybridProposer
     from specdec.proposers.ngram import NgramProposer
     from specdec.schedules import make_schedule
@@ -198,8 +200,9 @@ def test_suffix_policy_and_hybrid_on_the_embedded_target_equal_its_greedy_output
     prompts = [build_turn_input(tok, [], q) for q in (
         "Repeat this sentence twice: the quick brown fox jumps over the lazy dog.", "Name three primary colors.")]
     plain = SpeculativeDecoder(engine).generate(prompts, max_new_tokens=32)
-    for proposer, schedule in ((SuffixProposer(), make_schedule("cost_aware", 8)),
-                               (HybridProposer(engine, {"suffix": SuffixProposer(), "ngram": NgramProposer}), None)):
+    hybrid = HybridProposer(engine, {"suffix": SuffixProposer(), "ngram": NgramProposer,
+                                     "eagle": functools.partial(EagleProposer, heads_path="embedded")})
+    for proposer, schedule in ((SuffixProposer(), make_schedule("cost_aware", 8)), (hybrid, None)):
         dec = SpeculativeDecoder(engine, proposer, num_speculative_tokens=8, schedule=schedule)
         for _ in range(2):  # the second time, the first outputs are in the cross-request index
             out = dec.generate(prompts, max_new_tokens=32)

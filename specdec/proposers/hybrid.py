@@ -37,8 +37,13 @@ lookup's draft was judged against the emitted tokens, the model's expectation el
 model's step costs; a part with no plan in a step counts a plain step), and the steps that
 followed each strategy. Negative regret: switching beat every fixed option.
 
+A part may draft token trees (the trained EAGLE-style drafter, `method.heads_path`): its k is a
+depth, a tree of any depth is priced at its node budget in scoring width (and only once widths that
+wide were measured at the batch size), its acceptance is learned per depth, and a tree is never
+cut. A part with trained heads is optional: `heads_path: null` leaves it out.
+
 The choice depends on the past and on deterministic proposals (functions of the past) only, and a
-sampled draft is never cut, so every verifier stays lossless. Proposers are chains.
+sampled draft is never cut, so every verifier stays lossless.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ import torch
 from specdec.policy import Plan, Planner, StepClock, drafting, verified
 from specdec.proposers.base import Proposal
 from specdec.schedules import cut
+from specdec.tree import TreeProposal
 
 
 def model_cost_hint(part, engine) -> float | None:
@@ -65,6 +71,16 @@ def model_cost_hint(part, engine) -> float | None:
     if not isinstance(model, torch.nn.Module) or not isinstance(target, torch.nn.Module):
         return None
     return sum(p.numel() for p in model.parameters()) / sum(p.numel() for p in target.parameters())
+
+
+def _without_heads(part) -> bool:
+    """A part given as a factory whose `heads_path` is None: trained heads it does not have."""
+    return "heads_path" in getattr(part, "keywords", {}) and part.keywords["heads_path"] is None
+
+
+def _drafted(proposal: Proposal) -> list[int]:
+    """Per row, the drafts a step can accept: a chain's length, a tree's depth."""
+    return proposal.depths if isinstance(proposal, TreeProposal) else list(proposal.lengths)
 
 
 SWITCH = "switch"  # the strategy of choosing a part per step (the others: one part alone)
@@ -85,7 +101,13 @@ class HybridProposer:
             raise ValueError("method.proposer.parts: the hybrid needs at least one proposer, e.g. "
                              "{suffix: {_target_: specdec.proposers.suffix.SuffixProposer, _partial_: true}}")
         self.parts = {str(n): (p(engine=engine) if isinstance(p, type) or not hasattr(p, "propose") else p)
-                      for n, p in parts.items()}
+                      for n, p in parts.items() if not _without_heads(p)}
+        if not self.parts:
+            raise ValueError("method.proposer.parts: every part was left out (heads_path null)")
+        self.trees = {n: p.num_nodes for n, p in self.parts.items() if getattr(p, "drafts_trees", False)}
+        # With a tree part, the loop makes cache room for its nodes and verifies through the tree
+        # verifier, which sends the other parts' chains to the chain rule.
+        self.num_nodes = max(self.trees.values(), default=0)
         if "plain" in self.parts:
             raise ValueError("method.proposer.parts: 'plain' names plain decoding; call the part something else")
         self.hints = {n: c for n, c in ((n, model_cost_hint(p, engine)) for n, p in self.parts.items()) if c is not None}
@@ -125,6 +147,7 @@ class HybridProposer:
         if self.planner is None:
             self.planner = Planner(k, **self.args)
             self.planner.costs.hints.update(self.hints)
+            self.planner.nodes.update(self.trees)
         return self.planner
 
     @torch.inference_mode()
@@ -174,12 +197,12 @@ class HybridProposer:
         if name in lookups:
             return self._use(name, cut(lookups[name], plan.k), k, offered=lookups[name].lengths)
         proposal = self._timed(name, state, plan.k)
-        if proposal.probs is None and proposal.max_length > plan.k:
+        if proposal.probs is None and proposal.max_length > plan.k and not isinstance(proposal, TreeProposal):
             proposal = cut(proposal, plan.k)
         return self._use(name, proposal, plan.k)
 
     def _use(self, name: str, proposal: Proposal, asked: int, offered: list[int] | None = None) -> Proposal:
-        self._step.update(name=name, asked=asked, offered=list(offered or proposal.lengths))
+        self._step.update(name=name, asked=asked, offered=list(offered or _drafted(proposal)))
         return proposal
 
     # ---------------------------------------------------------------- learning
@@ -202,7 +225,7 @@ class HybridProposer:
         if name != "plain":
             rows = [r for r, on in enumerate(outcome.active) if on]
             planner.model(name).observe_offers(step["asked"], [step["offered"][r] for r in rows])
-            planner.observe(name, verified(p.lengths, outcome.accepted, outcome.active))
+            planner.observe(name, verified(_drafted(p), outcome.accepted, outcome.active))
         self._judge_lookups(state, outcome)
         self._record_hindsight(name, outcome)
 
