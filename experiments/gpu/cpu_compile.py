@@ -12,9 +12,11 @@ default tree: budget 4, topk 4, width 4, depth 2, k = 2), each under `compile=of
   are bucketed), and on the eager path it would pad plain decoding to 8-wide passes over the whole
   cache buffer, so `compile=on` would be credited with removing exact greedy's cost. Outputs are
   greedy; in bfloat16 they may differ at near-ties between modes and methods (`same_tokens`).
-- Warm-up, untimed: every compiled decoder decodes every prompt once (that compiles every graph
-  the timed runs reach: the same greedy tokens, so the same widths and key buckets), and every
-  eager decoder decodes the first prompt briefly.
+- Warm-up, untimed: every eager decoder decodes the first prompt briefly; then, right before each
+  prompt's timed runs, every compiled decoder decodes that prompt once (which compiles every graph
+  its timed runs reach: the same greedy tokens, so the same widths and key buckets; the run
+  reports any graph compiled while timed). So the results file, written after every prompt, holds
+  complete prompts even when a run is cut short.
 - Timed: per prompt, the pairs run one after another, the order rotated by one from prompt to
   prompt. Per pair and prompt, tokens/s by wall time and by the process's CPU time (what
   `GenerationStats.cpu_s` records, which other work on the machine disturbs far less).
@@ -143,19 +145,16 @@ def main(argv: list[str] | None = None) -> dict:
     pairs = [(m, mode) for m in methods for mode in MODES]
 
     start = time.perf_counter()
-    for i, ids in enumerate(inputs):  # untimed: compiles every graph the timed runs reach
-        for method in methods:
-            decoders[method, "on"].generate([ids], max_new_tokens=args.max_new_tokens)
-            print(f"warm-up: prompt {i} ({len(ids)} tokens) {method} compiled, {time.perf_counter() - start:.0f} s",
-                  flush=True)
     for method in methods:
         decoders[method, "off"].generate([inputs[0]], max_new_tokens=min(8, args.max_new_tokens))
-    result["warmup_s"] = time.perf_counter() - start
-    result["loadavg"]["after_warmup"] = os.getloadavg()
-    graphs_after_warmup = {f"{m}/on": decoders[m, "on"].engine.compile_report() for m in methods}
-
-    rows = []
+    result["warmup_s"], result["graphs_compiled_while_timed"], rows = 0.0, {}, []
     for i, ids in enumerate(inputs):
+        t = time.perf_counter()
+        for method in methods:  # untimed: compiles every graph this prompt's timed runs reach
+            decoders[method, "on"].generate([ids], max_new_tokens=args.max_new_tokens)
+        result["warmup_s"] += time.perf_counter() - t
+        print(f"warm-up of prompt {i} ({len(ids)} tokens): {time.perf_counter() - t:.0f} s", flush=True)
+        warm = {m: decoders[m, "on"].engine.compile_report()["target"]["graphs"] for m in methods}
         order = pairs[i % len(pairs):] + pairs[: i % len(pairs)]
         row = {"prompt_tokens": len(ids), "order": [f"{m}/{mode}" for m, mode in order]}
         for method, mode in order:
@@ -163,19 +162,20 @@ def main(argv: list[str] | None = None) -> dict:
             st = g.stats
             row[f"{method}/{mode}"] = {"wall": st.new_tokens / st.wall_s, "cpu": st.new_tokens / st.cpu_s,
                                        "tau": st.mean_accepted_length, "steps": st.steps, "tokens": g.output_ids[0]}
+        for m in methods:  # the warm-up should have compiled every graph
+            result["graphs_compiled_while_timed"][m] = (result["graphs_compiled_while_timed"].get(m, 0)
+                                                        + decoders[m, "on"].engine.compile_report()["target"]["graphs"]
+                                                        - warm[m])
         rows.append(row)
-        print(f"prompt {i} ({len(ids)} tokens): " + ", ".join(
+        print(f"prompt {i} ({len(ids)} tokens), {time.perf_counter() - start:.0f} s: " + ", ".join(
             f"{k} {row[k]['cpu']:.2f}" for k in row if "/" in k) + " tok/s (CPU time)", flush=True)
-    result["loadavg"]["end"] = os.getloadavg()
-    result["rows"] = rows
-    result["summary"] = summarize(rows, methods)
-    result["compile_report"] = {f"{m}/on": decoders[m, "on"].engine.compile_report() for m in methods}
-    # graphs compiled during the timed runs: the warm-up should have compiled every one
-    result["graphs_compiled_while_timed"] = {
-        k: {name: r["graphs"] - graphs_after_warmup[k][name]["graphs"] for name, r in v.items()}
-        for k, v in result["compile_report"].items()}
-    result["warmup_compile_s"] = {k: {name: r["compile_s"] for name, r in v.items()}
-                                  for k, v in result["compile_report"].items()}
+        result["loadavg"]["end"] = os.getloadavg()
+        result["rows"] = rows
+        result["summary"] = summarize(rows, methods)
+        result["compile_report"] = {m: decoders[m, "on"].engine.compile_report() for m in methods}
+        if args.out:  # after every prompt: a run cut short keeps its complete prompts
+            with open(args.out, "w") as f:
+                json.dump(result, f, indent=2)
     for method, s in result["summary"].items():
         line = (f"{method}: tok/s (CPU time) off {s['tok_s']['off_cpu']:.2f} on {s['tok_s']['on_cpu']:.2f}; "
                 f"compiled/eager {s['compiled_over_eager_cpu']['median']:.3f} (CPU) "
@@ -187,9 +187,6 @@ def main(argv: list[str] | None = None) -> dict:
         print(line, flush=True)
     print(f"warm-up {result['warmup_s']:.0f} s; graphs compiled while timed: {result['graphs_compiled_while_timed']}; "
           f"load average {result['loadavg']}", flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
     return result
 
 
