@@ -24,11 +24,13 @@ from pathlib import Path
 from specdec import metrics
 from specdec.report import markdown_table
 
-METHODS = ["ngram", "ngram_ca", "suffix", "suffix_ca", "draft1", "draft_ca", "hybrid"]
+# Every method of the study; runs made before a method was added lack it, and it is left out of their tables.
+METHODS = ["ngram", "ngram_ca", "suffix", "suffix_ca", "draft1", "draft_ca", "eagle", "eagle_ca", "hybrid"]
 LABELS = {"ngram": "ngram k=8", "ngram_ca": "ngram k<=8 + policy", "suffix": "suffix k<=8",
           "suffix_ca": "suffix k<=8 + policy", "draft1": "draft=self k=1", "draft_ca": "draft=self k<=4 + policy",
-          "hybrid": "hybrid (suffix, ngram, draft=self; k<=8)"}
-POLICY = {"ngram_ca": "ngram", "suffix_ca": "suffix", "draft_ca": "draft1"}
+          "eagle": "eagle (tree of 4, depth 2)", "eagle_ca": "eagle depth<=2 + policy", "hybrid": "hybrid"}
+POLICY = {"ngram_ca": "ngram", "suffix_ca": "suffix", "draft_ca": "draft1", "eagle_ca": "eagle"}
+PARTS = {"suffix": "suffix", "ngram": "ngram", "draft": "draft1", "eagle": "eagle"}  # the hybrid's part -> the method running it alone
 
 
 def load(run: Path) -> tuple[dict, list[dict]]:
@@ -117,13 +119,17 @@ def main(roots: list[Path]) -> None:
     reps = {b: [load(r / f"b{b}")[1] for r in roots if (r / f"b{b}" / "summary.json").exists()] for b in sizes}
     pooled = {b: [row for rows in reps[b] for row in rows] for b in sizes}
     n = max(len(v) for v in reps.values())
+    present = {r["method"] for rows in pooled.values() for r in rows}
+    methods = [m for m in METHODS if m in present]
+    policy = {m: fixed for m, fixed in POLICY.items() if m in present}
+    parts = [p for p, m in PARTS.items() if m in present or p == "draft"]
     cell = "median (min-max) over repetitions" if n > 1 else "one run"
 
     print(f"## Speedup against batch size: CPU time, {cell}; wall time median; tau\n")
     by_size = ["method", *(f"batch {b}" for b in sizes)]
     table(by_size, [[LABELS[m], *(f"{spread([speedup(rows, m, 'cpu_s') for rows in reps[b]], '{:.2f}x')} "
                                    f"({statistics.median(speedup(rows, m, 'wall_s') for rows in reps[b]):.2f}x), "
-                                   f"{tau(pooled[b], m):.2f}" for b in sizes)] for m in METHODS])
+                                   f"{tau(pooled[b], m):.2f}" for b in sizes)] for m in methods])
     print("\nplain decoding: " + ", ".join(
         f"batch {b}: {spread([speed([r for r in rows if r['method'] == BASE], 'cpu_s') for rows in reps[b]], '{:.1f}')} "
         f"tok/CPU-s, {spread([speed([r for r in rows if r['method'] == BASE], 'wall_s') for rows in reps[b]], '{:.1f}')}"
@@ -131,11 +137,11 @@ def main(roots: list[Path]) -> None:
 
     print("\n## Per-batch CPU-time speedup, all batches of all repetitions: median (min-max)\n")
     table(by_size, [[LABELS[m], *(spread([x for rows in reps[b] for x in per_batch(rows, m, "cpu_s")]) for b in sizes)]
-                    for m in METHODS])
+                    for m in methods])
 
     print("\n## Draft lengths the policy chose (scored drafts per step, from results.jsonl)\n")
     lines = []
-    for m in POLICY:
+    for m in policy:
         for b in sizes:
             hist, mixed, steps = Counter(), 0.0, 0
             for rows in reps[b]:
@@ -150,7 +156,7 @@ def main(roots: list[Path]) -> None:
     table(["method", "batch", "steps", "plain steps", "1-2", "3-4", "5-8", "rows differ"], lines)
 
     print(f"\n## Goals (CPU time, {cell})\n")
-    for m, fixed in POLICY.items():
+    for m, fixed in policy.items():
         for b in sizes:
             xs = [speedup(rows, m, "cpu_s") for rows in reps[b]]
             x = statistics.median(xs)
@@ -161,20 +167,20 @@ def main(roots: list[Path]) -> None:
             print(line)
     for b in sizes:  # the hybrid's parts run alone: with their fixed k, and also with the policy
         hybrid = [speedup(rows, "hybrid", "cpu_s") for rows in reps[b]]
-        for kind, names in (("alone", ("suffix", "ngram", "draft1")),
-                            ("alone or with the policy", ("suffix", "ngram", "draft1", "suffix_ca", "ngram_ca", "draft_ca"))):
-            parts = {m: [speedup(rows, m, "cpu_s") for rows in reps[b]] for m in names}
-            best = max(parts, key=lambda m: statistics.median(parts[m]))
+        alone = [PARTS[p] for p in parts if PARTS[p] in present]
+        for kind, names in (("alone", alone), ("alone or with the policy", alone + [m for m, f in policy.items() if f in alone])):
+            speeds = {m: [speedup(rows, m, "cpu_s") for rows in reps[b]] for m in names}
+            best = max(speeds, key=lambda m: statistics.median(speeds[m]))
             ratio = [h / max(speedup(rows, m, "cpu_s") for m in names) for h, rows in zip(hybrid, reps[b])]
             print(f"- hybrid, batch {b}: {spread(hybrid, '{:.2f}x')}; best part {kind}: {LABELS[best]} "
-                  f"{spread(parts[best], '{:.2f}x')}; hybrid over the best of them in the same run: {spread(ratio, '{:.3f}')}")
+                  f"{spread(speeds[best], '{:.2f}x')}; hybrid over the best of them in the same run: {spread(ratio, '{:.3f}')}")
 
     if 1 in sizes:
         cats = list(dict.fromkeys(r["category"] for r in pooled[1]))
         print(f"\n## Suffix decoding against n-gram lookup per category (batch 1, requests in sequence), {cell}\n")
         print("CPU-time speedup (tau)\n")
         lines = []
-        for m in ("ngram", "suffix", "ngram_ca", "suffix_ca", "hybrid"):
+        for m in [m for m in ("ngram", "suffix", "ngram_ca", "suffix_ca", "eagle", "hybrid") if m in present]:
             cells = []
             for c in cats:
                 xs = [speedup([r for r in rows if r["category"] == c], m, "cpu_s") for rows in reps[1]]
@@ -197,11 +203,11 @@ def main(roots: list[Path]) -> None:
                         regrets.append(p["regret"])
                         best[p["best_in_hindsight"]] += 1
         total = sum(counts.values()) or 1
-        lines.append([str(b), str(total), *(f"{counts[p] / total:.0%}" for p in ("suffix", "ngram", "draft", "plain")),
+        lines.append([str(b), str(total), *(f"{counts[p] / total:.0%}" for p in (*parts, "plain")),
                       spread(regrets, "{:.3f}"), ", ".join(f"{k} {v}" for k, v in best.most_common()),
                       ", ".join(f"{k} {v}" for k, v in followed.most_common())])
-    table(["batch", "steps", "suffix", "ngram", "draft", "plain", "regret median (min-max)", "best in hindsight",
-           "strategy followed (steps)"], lines, left=(7, 8))
+    table(["batch", "steps", *parts, "plain", "regret median (min-max)", "best in hindsight",
+           "strategy followed (steps)"], lines, left=(len(parts) + 4, len(parts) + 5))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The policy study: n-gram, suffix decoding and the target drafting for itself (draft=self), each
-# with a fixed k and with the cost-aware policy, and the hybrid of all three, against plain
+# The policy study: n-gram, suffix decoding, the target drafting for itself (draft=self) and the
+# trained EAGLE-style drafter, each with a fixed k and with the cost-aware policy, and the hybrid of all four, against plain
 # decoding at batch sizes 1, 4 and 16, interleaved batch by batch in one run per batch size.
 # Embedded SmolLM2-135M-Instruct, default dtype, Spec-Bench prompts, greedy, 32 new tokens per turn (MAX_NEW=64: 64); plain
 # decoding one token wide (exact_greedy=false: the fastest plain decoding, not the padded exact one).
@@ -16,6 +16,8 @@ METHODS="method=ngram method.num_speculative_tokens=8
   +method@compare.suffix_ca=suffix compare.suffix_ca.name=suffix_ca compare.suffix_ca.schedule=cost_aware
   +method@compare.draft1=draft compare.draft1.name=draft1 compare.draft1.num_speculative_tokens=1
   +method@compare.draft_ca=draft compare.draft_ca.name=draft_ca compare.draft_ca.num_speculative_tokens=4 compare.draft_ca.schedule=cost_aware
+  +method@compare.eagle=eagle
+  +method@compare.eagle_ca=eagle compare.eagle_ca.name=eagle_ca compare.eagle_ca.schedule=cost_aware
   +method@compare.hybrid=hybrid"
 SHORT='data.categories=[qa,translation,math_reasoning]'   # short prompts: a batch of 16 fits the time budget
 
