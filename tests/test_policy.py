@@ -1,7 +1,7 @@
 """The cost-aware policy (`method.schedule=cost_aware`): its decisions on synthetic costs (it must
 choose 0 drafts when drafting cannot pay), its estimators, and its losslessness: float32 greedy
 token identity at batch sizes 1 and ragged 3 with every kind of proposer (trees included), and the sampling
-distribution with a cut deterministic draft and with a sampled draft model."""
+distribution with a cut deterministic draft, with a sampled draft model and with suffix trees."""
 
 import math
 from types import SimpleNamespace
@@ -21,7 +21,7 @@ from specdec.proposers.suffix import SuffixProposer, SuffixTreeProposer
 from specdec.schedules import CostAwareSchedule, make_schedule
 from tests.conftest import RAGGED_PROMPTS
 from tests.stats import chi_square_pvalue
-from tests.test_strategies_lossless import N, _sample_pairs, draft, expected, target  # noqa: F401
+from tests.test_strategies_lossless import BRANCHING, N, _exact_joint, _sample_pairs, draft, expected, target  # noqa: F401
 from tests.test_tree_eagle import TINY_EAGLE
 
 SRC = "proposer"
@@ -374,3 +374,13 @@ def test_policy_sampling_with_a_draft_model_is_lossless(target, draft, expected)
     counts, stats = _sample_pairs(engine, DraftModelProposer(engine), sched, k=2)
     assert max(sched.history) == 2 and 0.05 < stats.acceptance_rate < 0.95
     assert chi_square_pvalue(counts, expected) > 1e-3
+
+
+def test_policy_sampling_with_suffix_trees_is_lossless(target):  # noqa: F811
+    # The policy picks each tree's depth (0 included) from the past; trees are never cut.
+    engine = Engine(target, dtype="float32")
+    sched = CostAwareSchedule(2, explore=0.0)
+    _fed(sched.planner, 0.5, lambda t: 0.01, b=N, source=sched.source)  # widths up to 3 told free
+    counts, stats = _sample_pairs(engine, SuffixTreeProposer(budget=2), sched, k=2, prompt=BRANCHING)
+    assert max(sched.history) == 2 and 0.05 < stats.acceptance_rate < 0.95
+    assert chi_square_pvalue(counts, _exact_joint(target, BRANCHING)) > 1e-3
