@@ -134,9 +134,26 @@ def test_it_follows_a_part_that_does_better_alone_and_comes_back_when_switching_
     assert hybrid.follow[1] == SWITCH
 
 
+@pytest.mark.parametrize("standing", ["request", "batch_size"])
+def test_the_leader_is_chosen_per_request_or_kept_across_requests(make_engine, standing):
+    engine = make_engine()
+    hybrid = HybridProposer(engine, _parts(draft_kind="none"), standing=standing)
+    dec = SpeculativeDecoder(engine, hybrid, num_speculative_tokens=K)
+    dec.generate(REPEATING[:1], max_new_tokens=4)  # sets the planner up
+    hybrid._step = {"follow": SWITCH}
+    for _ in range(int(LEAD_EVIDENCE) + 10):  # suffix alone leads
+        hybrid._stand(1, {SWITCH: (1.2, 1.0), "suffix": (1.5, 1.0), "ngram": (1.1, 1.0)})
+    assert hybrid.follow[1] == "suffix"
+    dec.generate(REPEATING[:1], max_new_tokens=4)  # a new request: 3 steps, too few to lead again
+    assert hybrid.follow.get(1, SWITCH) == (SWITCH if standing == "request" else "suffix")
+    with pytest.raises(ValueError, match="standing"):
+        HybridProposer(engine, _parts(draft_kind="none"), standing="forever")
+
+
 def test_following_one_part_chooses_only_that_part_or_plain_and_keeps_the_output(make_engine):
     engine = make_engine()
     hybrid = _hybrid(engine, len(REPEATING), _parts(draft_kind="none"))
+    hybrid.standing_scope = "batch_size"  # what it follows is kept across the requests below
     hybrid.follow[len(REPEATING)] = "ngram"
     hybrid.standing[len(REPEATING)] = {"ngram": [1e9, 1e8], SWITCH: [1e8, 1e8]}  # n-gram leads by far
     ref = SpeculativeDecoder(engine).generate(REPEATING, max_new_tokens=30)

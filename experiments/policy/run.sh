@@ -10,7 +10,7 @@ set -euo pipefail
 RUNS=${RUNS:-experiments/policy/runs}
 MAX_NEW=${MAX_NEW:-32}   # new tokens per turn
 COMMON="~experiment data=spec_bench generation.max_new_tokens=$MAX_NEW exact_greedy=false logger=none plots=false progress=false draft=self"
-METHODS="method=ngram method.num_speculative_tokens=8
+METHODS=${METHODS:-"method=ngram method.num_speculative_tokens=8
   +method@compare.ngram_ca=ngram compare.ngram_ca.name=ngram_ca compare.ngram_ca.num_speculative_tokens=8 compare.ngram_ca.schedule=cost_aware
   +method@compare.suffix=suffix
   +method@compare.suffix_ca=suffix compare.suffix_ca.name=suffix_ca compare.suffix_ca.schedule=cost_aware
@@ -18,7 +18,7 @@ METHODS="method=ngram method.num_speculative_tokens=8
   +method@compare.draft_ca=draft compare.draft_ca.name=draft_ca compare.draft_ca.num_speculative_tokens=4 compare.draft_ca.schedule=cost_aware
   +method@compare.eagle=eagle
   +method@compare.eagle_ca=eagle compare.eagle_ca.name=eagle_ca compare.eagle_ca.schedule=cost_aware
-  +method@compare.hybrid=hybrid"
+  +method@compare.hybrid=hybrid"}   # METHODS=...: another set
 SHORT='data.categories=[qa,translation,math_reasoning]'   # short prompts: a batch of 16 fits the time budget
 
 # batch 1: one prompt of each of Spec-Bench's six categories, in sequence (earlier outputs feed suffix decoding)

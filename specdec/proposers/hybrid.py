@@ -25,9 +25,12 @@ keep up without exploring.
 Per-step choices rest on estimates that can be off (pooled acceptance, one part's drafts valued
 against another's), so the hybrid also follows the leader among strategies: switching per step, or
 one part alone (taking plain steps where it cannot pay). Every step values each strategy as the
-hindsight comparison below does, over decayed sums kept across generations per batch size, and
-follows another strategy once it leads the one followed by `margin` (`_stand`): by its own
-estimates, never lastingly slower than its best part.
+hindsight comparison below does, over decayed sums, and follows another strategy once it leads the
+one followed by `margin` (`_stand`): by its own estimates, never lastingly slower than its best
+part. The sums start afresh with each request (`standing="request"`, the default) or are kept
+across requests per batch size (`"batch_size"`). Per request measured faster on Spec-Bench at batch
+1 (experiments/policy): kept across requests, the leader of the first prompts (a lookup alone) was
+followed on later prompts of another kind, where the trained drafter does better.
 
 `report()` gives, per generation, the part chosen at each step ("plain" for none), how often each
 won, each fixed option's speed and that of the choices made (relative to plain decoding), and the
@@ -96,7 +99,7 @@ class HybridProposer:
 
     def __init__(self, engine=None, parts: Mapping | None = None, margin: float = 0.02, explore: float = 0.01,
                  prior: float = 0.5, prior_weight: float = 2.0, decay: float = 0.98, window: int = 16,
-                 cheap: float = 0.01, probe: int = 32, width_error: float = 0.5):
+                 cheap: float = 0.01, probe: int = 32, width_error: float = 0.5, standing: str = "request"):
         if not parts:
             raise ValueError("method.proposer.parts: the hybrid needs at least one proposer, e.g. "
                              "{suffix: {_target_: specdec.proposers.suffix.SuffixProposer, _partial_: true}}")
@@ -108,6 +111,9 @@ class HybridProposer:
         # With a tree part, the loop makes cache room for its nodes and verifies through the tree
         # verifier, which sends the other parts' chains to the chain rule.
         self.num_nodes = max(self.trees.values(), default=0)
+        if standing not in ("batch_size", "request"):
+            raise ValueError(f"method.proposer.standing must be batch_size or request, got {standing!r}")
+        self.standing_scope = standing  # strategies compared over all requests at a batch size, or per request
         if "plain" in self.parts:
             raise ValueError("method.proposer.parts: 'plain' names plain decoding; call the part something else")
         self.hints = {n: c for n, c in ((n, model_cost_hint(p, engine)) for n, p in self.parts.items()) if c is not None}
@@ -120,13 +126,15 @@ class HybridProposer:
         self._step: dict = {}
         self.choices: list[str] = []
         self.hindsight: dict[str, list[float]] = {}  # option -> [tokens, plain steps of time] this generation
-        # Per batch size, decayed over steps and kept across generations: strategy ("switch", or a
+        # Per batch size, decayed over steps (and kept across generations with standing="batch_size"): strategy ("switch", or a
         # part used alone) -> [tokens, plain steps of time], valued as in the hindsight comparison.
         self.standing: dict[int, dict[str, list[float]]] = {}
         self.follow: dict[int, str] = {}  # batch size -> the strategy followed now
         self.followed: list[str] = []  # per step of this generation
 
     def reset(self, state) -> None:
+        if self.standing_scope == "request":
+            self.standing, self.follow = {}, {}
         for part in self.parts.values():
             part.reset(state)
         self.clock.reset()
@@ -289,8 +297,8 @@ class HybridProposer:
         """Follow the leader among strategies: switching per step, or one part alone (plain where
         it cannot pay). `values`: each strategy's (tokens, plain steps) this step, as in the
         hindsight comparison (switching: realized when it was followed, else the value of the part
-        it would have chosen). Sums decay per step and are kept across generations at this batch
-        size; another strategy is followed once it leads the one followed by `margin`, with at
+        it would have chosen). Sums decay per step (kept across generations at this batch size only
+        with `standing="batch_size"`); another strategy is followed once it leads the one followed by `margin`, with at
         least `LEAD_EVIDENCE` plain steps of evidence. So, by its own estimates, the hybrid is not
         lastingly slower than its best part, and switches per step where that pays."""
         table = self.standing.setdefault(b, {})
