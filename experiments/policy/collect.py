@@ -25,10 +25,11 @@ from specdec import metrics
 from specdec.report import markdown_table
 
 # Every method of the study; runs made before a method was added lack it, and it is left out of their tables.
-METHODS = ["ngram", "ngram_ca", "suffix", "suffix_ca", "draft1", "draft_ca", "eagle", "eagle_ca", "hybrid"]
+METHODS = ["ngram", "ngram_ca", "suffix", "suffix_ca", "draft1", "draft_ca", "eagle", "eagle_ca", "hybrid", "hybrid_bs"]
 LABELS = {"ngram": "ngram k=8", "ngram_ca": "ngram k<=8 + policy", "suffix": "suffix k<=8",
           "suffix_ca": "suffix k<=8 + policy", "draft1": "draft=self k=1", "draft_ca": "draft=self k<=4 + policy",
-          "eagle": "eagle (tree of 4, depth 2)", "eagle_ca": "eagle depth<=2 + policy", "hybrid": "hybrid"}
+          "eagle": "eagle (tree of 4, depth 2)", "eagle_ca": "eagle depth<=2 + policy", "hybrid": "hybrid",
+          "hybrid_bs": "hybrid, leader kept across requests (standing=batch_size)"}
 POLICY = {"ngram_ca": "ngram", "suffix_ca": "suffix", "draft_ca": "draft1", "eagle_ca": "eagle"}
 PARTS = {"suffix": "suffix", "ngram": "ngram", "draft": "draft1", "eagle": "eagle"}  # the hybrid's part -> the method running it alone
 
