@@ -87,7 +87,9 @@ def test_every_preset_runs_on_tiny_models(preset, tmp_path, monkeypatch, capsys)
 
 METHOD_OVERRIDES = {"layer_skip": ["method.proposer.exit_layer=1"],  # the tiny target has 2 layers
                     "medusa": [f"method.heads_path={CONF.parent / 'tests/assets/tiny_random_medusa.safetensors'}"],
-                    "eagle": [f"method.heads_path={CONF.parent / 'tests/assets/tiny_random_eagle.safetensors'}"]}
+                    "eagle": [f"method.heads_path={CONF.parent / 'tests/assets/tiny_random_eagle.safetensors'}"],
+                    # its trained part, with heads for the tiny target
+                    "hybrid": [f"method.heads_path={CONF.parent / 'tests/assets/tiny_random_eagle.safetensors'}"]}
 
 
 @pytest.mark.parametrize("method", sorted(p.stem for p in (CONF / "method").glob("*.yaml")))
