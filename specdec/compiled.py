@@ -53,9 +53,11 @@ RECOMPILE_LIMIT = 64  # torch's default (8) is below widths x key buckets x batc
 
 def resolve_compile(compile: str | bool, device: torch.device) -> bool:
     """`on`/`off` as given; `auto` compiles on CUDA only. On a 2-core CPU (SmolLM2, bfloat16) compiled
-    decoding measured 1.23x eager (plain) and 1.32x (n-gram), per-prompt medians by process CPU
-    time, after 4-20 minutes of compiling, and its bfloat16 tokens differ from the eager path's
-    (experiments/gpu/README.md): `auto` keeps the CPU eager. On CUDA, eager decoding is
+    decoding measured 1.13-1.15x eager for plain decoding at its own width (1.23x with exact
+    greedy's 8-wide passes in both modes), per-prompt medians by process CPU time, after 1-20
+    minutes of compiling; n-gram and EAGLE kept less of their speedups over plain decoding than
+    eagerly, and bfloat16 tokens differ from the eager path's (experiments/gpu/README.md): `auto`
+    keeps the CPU eager. On CUDA, eager decoding is
     launch-bound (15% GPU busy on an H200), which is what compiling removes."""
     if compile is True or compile == "on":
         return True

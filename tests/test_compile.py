@@ -252,6 +252,10 @@ def test_cpu_compile_study_runs_every_method_in_both_modes(tmp_path):
     for method in ("ngram", "eagle"):
         assert {"speedup_off_cpu", "speedup_on_cpu", "speedup_off_wall", "speedup_on_wall"} <= set(summary[method])
     assert "speedup_on_cpu" not in summary["autoregressive"]
+    # a step's CPU time over a plain step's (6 tokens a call): for two prompts the median is the mean
+    ratios = [(6 / r["ngram/on"]["cpu"] / r["ngram/on"]["steps"])
+              / (6 / r["autoregressive/on"]["cpu"] / r["autoregressive/on"]["steps"]) for r in result["rows"]]
+    assert summary["ngram"]["step_cost_on"]["median"] == pytest.approx(sum(ratios) / 2)
     assert all(summary[m]["compiled_over_eager_cpu"]["median"] > 0 for m in summary)
     # float32: compiled and eager decode the same tokens
     assert all(summary[m]["same_tokens_on_off"] == 2 for m in summary)

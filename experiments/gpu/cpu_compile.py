@@ -21,8 +21,10 @@ default tree: budget 4, topk 4, width 4, depth 2, k = 2), each under `compile=of
   prompt. Per pair and prompt, tokens/s by wall time and by the process's CPU time (what
   `GenerationStats.cpu_s` records, which other work on the machine disturbs far less).
 - Reported per method: medians over prompts of its speedup over plain decoding in the same compile
-  mode (off and on), of its compiled/eager ratio, and of its tokens/s; and whether its speedup
-  under `on` is at least its speedup under `off`.
+  mode (off and on), of its compiled/eager ratio, and of its tokens/s; whether its speedup under
+  `on` is at least its speedup under `off`; and the CPU time of one of its steps over one plain
+  decoding step, per mode (the engine's share of the speedup: the tokens a step accepts also move
+  between modes, where bfloat16 outputs part at a near-tie and the method then drafts on other text).
 
 EOS is ignored, so every call makes exactly --max-new-tokens tokens.
 
@@ -111,8 +113,20 @@ def median_ratio(rows: list[dict], num: str, den: str, key: str) -> dict:
     return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
 
 
-def summarize(rows: list[dict], methods: list[str]) -> dict:
-    """Per method: speedup over plain decoding per mode, compiled/eager, tokens/s medians."""
+def step_cost(rows: list[dict], method: str, mode: str, new_tokens: int) -> dict:
+    """Median, min and max over prompts of the method's process CPU time per step over plain
+    decoding's in the same mode: the engine's share of a speedup, apart from how many tokens a
+    step accepts (which differs between modes where bfloat16 outputs part at a near-tie)."""
+    def per_step(cell):
+        return new_tokens / cell["cpu"] / cell["steps"]
+
+    ratios = [per_step(r[f"{method}/{mode}"]) / per_step(r[f"{BASELINE}/{mode}"]) for r in rows]
+    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+
+
+def summarize(rows: list[dict], methods: list[str], new_tokens: int) -> dict:
+    """Per method: speedup over plain decoding per mode, compiled/eager, tokens/s medians, and the
+    CPU time of a step relative to a plain decoding step per mode."""
     out = {}
     for method in methods:
         s = {"tok_s": {f"{mode}_{clock}": statistics.median(r[f"{method}/{mode}"][clock] for r in rows)
@@ -125,6 +139,8 @@ def summarize(rows: list[dict], methods: list[str]) -> dict:
         if method != BASELINE:
             s["keeps_speedup"] = {clock: s[f"speedup_on_{clock}"]["median"] >= s[f"speedup_off_{clock}"]["median"]
                                   for clock in ("wall", "cpu")}
+            for mode in MODES:
+                s[f"step_cost_{mode}"] = step_cost(rows, method, mode, new_tokens)
         s["same_tokens_on_off"] = sum(r[f"{method}/on"]["tokens"] == r[f"{method}/off"]["tokens"] for r in rows)
         s["mean_accepted_length"] = {mode: statistics.median(r[f"{method}/{mode}"]["tau"] for r in rows)
                                      for mode in MODES}
@@ -171,7 +187,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"{k} {row[k]['cpu']:.2f}" for k in row if "/" in k) + " tok/s (CPU time)", flush=True)
         result["loadavg"]["end"] = os.getloadavg()
         result["rows"] = rows
-        result["summary"] = summarize(rows, methods)
+        result["summary"] = summarize(rows, methods, args.max_new_tokens)
         result["compile_report"] = {m: decoders[m, "on"].engine.compile_report() for m in methods}
         if args.out:  # after every prompt: a run cut short keeps its complete prompts
             with open(args.out, "w") as f:
@@ -183,7 +199,8 @@ def main(argv: list[str] | None = None) -> dict:
         if method != BASELINE:
             line += (f"; speedup off {s['speedup_off_cpu']['median']:.3f} on {s['speedup_on_cpu']['median']:.3f} (CPU), "
                      f"off {s['speedup_off_wall']['median']:.3f} on {s['speedup_on_wall']['median']:.3f} (wall); "
-                     f"keeps it: {s['keeps_speedup']}")
+                     f"keeps it: {s['keeps_speedup']}; CPU time of a step over a plain step: off "
+                     f"{s['step_cost_off']['median']:.3f} on {s['step_cost_on']['median']:.3f}")
         print(line, flush=True)
     print(f"warm-up {result['warmup_s']:.0f} s; graphs compiled while timed: {result['graphs_compiled_while_timed']}; "
           f"load average {result['loadavg']}", flush=True)
