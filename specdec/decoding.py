@@ -296,7 +296,7 @@ class SpeculativeDecoder:
         counts = [a + 1 if on else 0 for a, on in zip(accepted, active)]
         emitted = self._commit(state, tokens, counts, stats, start, on_tokens)
         # A tree counts its depth as drafted, so alpha and per-position acceptance are per depth.
-        drafted = proposal.depths if isinstance(proposal, TreeProposal) else proposal.lengths
+        drafted = proposal.drafted
         for b, on in enumerate(active):
             if on:
                 stats.rows[b].record(drafted[b], accepted[b], emitted[b])

@@ -176,13 +176,13 @@ class CostAwareSchedule(ConstantSchedule):
         return self._asked
 
     def trim(self, state, proposal: Proposal) -> Proposal:
-        self._offered = list(proposal.lengths)
+        self._offered = proposal.drafted
         if isinstance(proposal, TreeProposal):  # k was its depth; it scores its nodes, and is never cut
             # priced at the widest tree seen (a proposer's trees vary in size up to its budget)
             self.planner.nodes[self.source] = max(self.planner.nodes.get(self.source, 0), proposal.tree.num_nodes)
-            self._offered, self._trimmable = proposal.depths, False
+            self._trimmable = False
             return proposal
-        if proposal.max_length == 0 or type(proposal) is not Proposal:
+        if proposal.max_length == 0:
             return proposal  # nothing to cut
         self._trimmable = proposal.probs is None
         if not self._trimmable:
@@ -200,8 +200,7 @@ class CostAwareSchedule(ConstantSchedule):
             offered = self._offered if len(self._offered) == b else list(p.lengths)
             self.planner.model(self.source).observe_offers(
                 self._asked, [n for n, on in zip(offered, outcome.active) if on])
-        drafted = p.depths if isinstance(p, TreeProposal) else p.lengths  # a tree accepts at most its depth
-        self.planner.observe(self.source, verified(drafted, outcome.accepted, outcome.active))
+        self.planner.observe(self.source, verified(p.drafted, outcome.accepted, outcome.active))
         self.history.append(p.max_length)
 
     def report(self) -> dict:
@@ -209,7 +208,10 @@ class CostAwareSchedule(ConstantSchedule):
 
 
 def cut(proposal: Proposal, k: int) -> Proposal:
-    """The first min(lengths[b], k) drafts of each row (q kept for those positions)."""
+    """The first min(lengths[b], k) drafts of each row (q kept for those positions). A tree is
+    returned whole: its nodes are not a sequence, and a tree is never cut."""
+    if isinstance(proposal, TreeProposal):
+        return proposal
     probs = proposal.probs[:, :k] if proposal.probs is not None else None
     return Proposal(proposal.tokens[:, :k], [min(n, k) for n in proposal.lengths], probs)
 

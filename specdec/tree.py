@@ -25,7 +25,7 @@ into buffers once and cached.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import torch
 
@@ -120,9 +120,10 @@ class TreeProposal(Proposal):
 
     tree: TokenTree | None = None
 
-    @property
-    def depths(self) -> list[int]:
-        """Per row, the depth of its tree (the longest path it could accept); on the host."""
+    @cached_property
+    def drafted(self) -> list[int]:
+        """Per row, the depth of its tree (the longest path it could accept); on the host, read
+        once (the loop, the schedule and the hybrid all ask)."""
         real = torch.arange(self.tree.num_nodes, device=self.tokens.device)[None, :] < torch.tensor(
             self.tree.lengths, device=self.tokens.device)[:, None]
         return torch.where(real, self.tree.depth, 0).amax(1).tolist() if self.tree.num_nodes else [0] * len(self.lengths)

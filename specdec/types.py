@@ -50,6 +50,11 @@ class Proposal:
     def max_length(self) -> int:
         return max(self.lengths, default=0)
 
+    @property
+    def drafted(self) -> list[int]:
+        """Per row, the most drafts a step can accept: the proposal's length (a tree: its depth)."""
+        return list(self.lengths)
+
     @staticmethod
     def empty(batch_size: int, device: torch.device | str) -> Proposal:
         """No drafts: the step is a plain decoding step."""

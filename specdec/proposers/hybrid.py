@@ -60,7 +60,6 @@ import torch
 from specdec.policy import Plan, Planner, StepClock, drafting, verified
 from specdec.proposers.base import Proposal
 from specdec.schedules import cut
-from specdec.tree import TreeProposal
 
 
 def model_cost_hint(part, engine) -> float | None:
@@ -79,11 +78,6 @@ def model_cost_hint(part, engine) -> float | None:
 def _without_heads(part) -> bool:
     """A part given as a factory whose `heads_path` is None: trained heads it does not have."""
     return "heads_path" in getattr(part, "keywords", {}) and part.keywords["heads_path"] is None
-
-
-def _drafted(proposal: Proposal) -> list[int]:
-    """Per row, the drafts a step can accept: a chain's length, a tree's depth."""
-    return proposal.depths if isinstance(proposal, TreeProposal) else list(proposal.lengths)
 
 
 SWITCH = "switch"  # the strategy of choosing a part per step (the others: one part alone)
@@ -205,12 +199,12 @@ class HybridProposer:
         if name in lookups:
             return self._use(name, cut(lookups[name], plan.k), k, offered=lookups[name].lengths)
         proposal = self._timed(name, state, plan.k)
-        if proposal.probs is None and proposal.max_length > plan.k and not isinstance(proposal, TreeProposal):
+        if proposal.probs is None and proposal.max_length > plan.k:
             proposal = cut(proposal, plan.k)
         return self._use(name, proposal, plan.k)
 
     def _use(self, name: str, proposal: Proposal, asked: int, offered: list[int] | None = None) -> Proposal:
-        self._step.update(name=name, asked=asked, offered=list(offered or _drafted(proposal)))
+        self._step.update(name=name, asked=asked, offered=list(offered or proposal.drafted))
         return proposal
 
     # ---------------------------------------------------------------- learning
@@ -233,7 +227,7 @@ class HybridProposer:
         if name != "plain":
             rows = [r for r, on in enumerate(outcome.active) if on]
             planner.model(name).observe_offers(step["asked"], [step["offered"][r] for r in rows])
-            planner.observe(name, verified(_drafted(p), outcome.accepted, outcome.active))
+            planner.observe(name, verified(p.drafted, outcome.accepted, outcome.active))
         self._judge_lookups(state, outcome)
         self._record_hindsight(name, outcome)
 

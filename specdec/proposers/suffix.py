@@ -276,19 +276,30 @@ class SuffixProposer:
             own.extend(state.tokens[b, len(own.seq):n].tolist())
         return own.seq[max(n - self.max_depth, 0):]
 
-    def draft_row(self, context: list[int], own: TokenPositions, k: int) -> tuple[list[int], list[float]]:
-        """The best chain for one row from its own text and from earlier outputs: the candidate with
-        the most expected accepted tokens (ties: the longer match)."""
-        best: tuple[float, int, list[int], list[float]] = (0.0, 0, [], [])
+    def best(self, context: list[int], own: TokenPositions, k: int, grow) -> tuple[list[int], list]:
+        """Over every suffix of the row's context found in its own text or in earlier outputs (match
+        length m), what `grow(index, match, limit)` drafts there, at most min(k, factor * m + offset)
+        deep: (tokens, extra, probs), `probs` the chance under the counts that each token is right.
+        Returns the candidate with the most expected accepted tokens, sum(probs) (ties: the longer
+        match), as (tokens, extra)."""
+        best: tuple[float, int, list[int], list] = (0.0, 0, [], [])
         for index in (own, self.outputs.index):
             for m, match in index.matches(context, self.max_depth):
                 limit = min(k, int(self.factor * m + self.offset))
                 if limit < 1:
                     continue
-                tokens, probs = continuation(index, match, limit, self.min_prob)
+                tokens, extra, probs = grow(index, match, limit)
                 if tokens and (sum(probs), m) > best[:2]:
-                    best = (sum(probs), m, tokens, probs)
+                    best = (sum(probs), m, tokens, extra)
         return best[2], best[3]
+
+    def draft_row(self, context: list[int], own: TokenPositions, k: int) -> tuple[list[int], list[float]]:
+        """The best chain for one row (`best` over `continuation`): its tokens and their products."""
+        def chain(index, match, limit):
+            tokens, probs = continuation(index, match, limit, self.min_prob)
+            return tokens, probs, probs
+
+        return self.best(context, own, k, chain)
 
     @torch.inference_mode()
     def propose(self, state, k: int) -> Proposal:
@@ -338,17 +349,9 @@ class SuffixTreeProposer(SuffixProposer):
         self.num_nodes = budget  # the most a step scores beyond the root: caches make room for it
 
     def tree_row(self, context: list[int], own: TokenPositions, k: int) -> tuple[list[int], list[int]]:
-        """The best tree for one row: (tokens, parents), as `draft_row` picks the best chain."""
-        best: tuple[float, int, list[int], list[int]] = (0.0, 0, [], [])
-        for index in (own, self.outputs.index):
-            for m, match in index.matches(context, self.max_depth):
-                depth = min(k, int(self.factor * m + self.offset))
-                if depth < 1:
-                    continue
-                tokens, parents, probs = expansion(index, match, depth, self.budget, self.min_prob)
-                if tokens and (sum(probs), m) > best[:2]:
-                    best = (sum(probs), m, tokens, parents)
-        return best[2], best[3]
+        """The best tree for one row (`best` over `expansion`): its tokens and parents."""
+        return self.best(context, own, k,
+                         lambda index, match, depth: expansion(index, match, depth, self.budget, self.min_prob))
 
     @torch.inference_mode()
     def propose(self, state, k: int) -> Proposal:
