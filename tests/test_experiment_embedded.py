@@ -18,13 +18,19 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_self_draft_run_on_the_embedded_model(tmp_path):
+def _run(tmp_path: Path, *overrides: str) -> tuple[Path, subprocess.CompletedProcess]:
+    """`python -m specdec <overrides>` from a temporary folder (W&B offline); its run folder and process."""
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "offline"}
-    cmd = [sys.executable, "-m", "specdec", "experiment=self_draft", "data.limit=1", "data.categories=[conversation,qa]",
-           "generation.max_new_tokens=16", "threads=1", f"hydra.run.dir={out}"]
+    cmd = [sys.executable, "-m", "specdec", *overrides, "threads=1", f"hydra.run.dir={out}"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, text=True, capture_output=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out, proc
+
+
+def test_self_draft_run_on_the_embedded_model(tmp_path):
+    out, proc = _run(tmp_path, "experiment=self_draft", "data.limit=1", "data.categories=[conversation,qa]",
+                     "generation.max_new_tokens=16")
     summary = json.loads((out / "summary.json").read_text())
     assert summary["target"] == "SmolLM2-135M-Instruct.Q4_1.gguf (llama, 30 layers)"  # what was loaded
     assert summary["method"] == "draft" and summary["draft"] == "self"
@@ -41,12 +47,7 @@ def test_self_draft_run_on_the_embedded_model(tmp_path):
 
 
 def test_default_run_compares_plain_ngram_and_the_trained_drafter(tmp_path):
-    out = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "offline"}
-    cmd = [sys.executable, "-m", "specdec", "data.limit=1", "data.categories=[qa]", "generation.max_new_tokens=16",
-           "threads=1", "logger=none", f"hydra.run.dir={out}"]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, text=True, capture_output=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out, _ = _run(tmp_path, "data.limit=1", "data.categories=[qa]", "generation.max_new_tokens=16", "logger=none")
     summary = json.loads((out / "summary.json").read_text())
     assert summary["method"] == "eagle" and set(summary["methods"]) == {"eagle", "ngram", "autoregressive"}
     assert summary["lossless"] is True and summary["complete"] is True
