@@ -36,6 +36,7 @@ scratch positions, exactly as an eager ragged pass stores its padding's.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import weakref
 
@@ -168,6 +169,17 @@ def _capture(decoder: torch.nn.Module) -> _Capture:
 _COMPILED: dict[str, object] = {}
 
 
+def freezes(device: torch.device, backend: str) -> bool:
+    """Whether passes compile with inductor's weight freezing: on a CPU, yes. The weights become
+    constants of the graph, which lets inductor fold them and pack each linear layer's weight once
+    for oneDNN's bfloat16 kernels instead of at every call: plain decoding of the embedded SmolLM2
+    measured 1.55x eager with it against 1.13-1.15x without (experiments/gpu/README.md). Dynamo then
+    guards on each weight's identity, so another model of the same shape compiles its own graphs;
+    a weight changed *in place* after compiling is not seen (specdec never trains a model it
+    decodes with). CUDA keeps CUDA graphs without freezing: not measured there."""
+    return backend == "inductor" and device.type == "cpu"
+
+
 def _compiled(device: torch.device, backend: str):
     """One compiled `_forward` per device type and backend (dynamo keeps one cache per code object;
     graphs for the target and the draft, and for each shape, are entries of it)."""
@@ -178,6 +190,61 @@ def _compiled(device: torch.device, backend: str):
         mode = "reduce-overhead" if device.type == "cuda" and backend == "inductor" else None
         _COMPILED[key] = torch.compile(_forward, backend=backend, mode=mode, dynamic=False)
     return _COMPILED[key]
+
+
+GROUPED_SDPA = "specdec_grouped_sdpa"
+
+
+def _grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                  **kwargs) -> tuple[torch.Tensor, None]:
+    """SDPA for grouped-query attention without copying the cache: `query: [B, H, T, D]` is viewed as
+    `[B, Hkv, G*T, D]` (the G query heads that share a key head become G*T queries of it), `key, value:
+    [B, Hkv, S, D]` are read as they are, the additive `attention_mask: [B, 1, T, S]` is repeated G
+    times along the queries. Each (head, query) pair computes exactly what SDPA over repeated keys
+    computes. Why: under dynamo, transformers' SDPA path repeats the keys and values to H heads first
+    (`repeat_kv`), a copy of the whole cache per layer and pass, which on the embedded SmolLM2
+    (9 query heads over 3 key heads) cost more than the rest of the pass at 512 keys."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    b, h, t, d = query.shape
+    if groups > 1:
+        query = query.reshape(b, h // groups, groups * t, d)
+        if attention_mask is not None:
+            attention_mask = attention_mask.repeat(1, 1, groups, 1)
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling)
+    return out.reshape(b, h, t, -1).transpose(1, 2).contiguous(), None
+
+
+def _grouped_attention(model: torch.nn.Module):
+    """Run the model's SDPA layers through `_grouped_sdpa` for one compiled call (the implementation is
+    read from the config while dynamo traces, and guarded, so the graph keeps it); models loaded
+    with another implementation (eager: soft-capped logits) keep theirs."""
+    from transformers import AttentionInterface
+
+    config = model.config
+    if getattr(config, "_attn_implementation", None) != "sdpa":
+        return contextlib.nullcontext()
+    if GROUPED_SDPA not in AttentionInterface._global_mapping:
+        AttentionInterface.register(GROUPED_SDPA, _grouped_sdpa)
+
+    @contextlib.contextmanager
+    def swap():
+        config._attn_implementation = GROUPED_SDPA
+        try:
+            yield
+        finally:
+            config._attn_implementation = "sdpa"
+
+    return swap()
+
+
+def _freezing(on: bool):
+    """Inductor's `freezing` for one call: read both while dynamo traces (weights become graph
+    constants, guarded by identity) and while inductor compiles, so it is patched around the call
+    rather than passed as a compile option, and left as it was for everything else in the process."""
+    import torch._inductor.config as inductor_config
+
+    return inductor_config.patch(freezing=True) if on else contextlib.nullcontext()
 
 
 def _graphs_compiled() -> int:
@@ -289,8 +356,9 @@ class CompiledForward:
         if capture is not None:
             capture.active = True
         try:
-            logits = _compiled(device, self.backend)(owner.model, owner.layout, view, tokens, positions, owner.dtype,
-                                                     mask, capture is not None)
+            with _freezing(freezes(device, self.backend)), _grouped_attention(owner.model):
+                logits = _compiled(device, self.backend)(owner.model, owner.layout, view, tokens, positions,
+                                                         owner.dtype, mask, capture is not None)
         finally:
             if capture is not None:
                 capture.active = False

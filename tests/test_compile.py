@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec.compiled import MIN_KV, CompiledForward, bucket, resolve_compile
+from specdec.compiled import MIN_KV, CompiledForward, bucket, freezes, resolve_compile
 from specdec.decoding import SpeculativeDecoder
 from specdec.engine import Engine
+from specdec.models import tiny_random_model
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.eagle import EagleDrafter, EagleProposer
 from specdec.proposers.heads import save_checkpoint
@@ -196,6 +197,23 @@ def test_inductor_greedy_equals_eager(target, unrelated_draft):
     eager = _generate(_engine(target, unrelated_draft, "off"), 4, RAGGED_PROMPTS)
     compiled = _generate(_engine(target, unrelated_draft, "on", backend="inductor"), 4, RAGGED_PROMPTS)
     assert compiled.output_ids == eager.output_ids
+
+
+@pytest.mark.slow
+def test_inductor_freezing_keeps_each_models_weights(target):
+    """On a CPU the weights are frozen into the graph: a second model of the same shape with other
+    weights must get graphs of its own (dynamo guards on the weights' identity), not the first
+    model's constants."""
+    assert freezes(torch.device("cpu"), "inductor") and not freezes(torch.device("cpu"), "eager")
+    other = tiny_random_model(seed=5, eos_token_id=None)
+    assert [p.shape for p in other.parameters()] == [p.shape for p in target.parameters()]
+    outputs = {}
+    for name, model in (("target", target), ("other", other)):
+        eager = _generate(_engine(model, None, "off"), 0, RAGGED_PROMPTS)
+        compiled = _generate(_engine(model, None, "on", backend="inductor"), 0, RAGGED_PROMPTS)
+        assert compiled.output_ids == eager.output_ids, name
+        outputs[name] = eager.output_ids
+    assert outputs["target"] != outputs["other"]  # else the check above could not tell the models apart
 
 
 @pytest.mark.slow
