@@ -166,9 +166,6 @@ def _capture(decoder: torch.nn.Module) -> _Capture:
     return _CAPTURES[decoder]
 
 
-_COMPILED: dict[str, object] = {}
-
-
 def freezes(device: torch.device, backend: str) -> bool:
     """Whether passes compile with inductor's weight freezing: on a CPU, yes. The weights become
     constants of the graph, which lets inductor fold them and pack each linear layer's weight once
@@ -180,15 +177,18 @@ def freezes(device: torch.device, backend: str) -> bool:
     return backend == "inductor" and device.type == "cpu"
 
 
-def _compiled(device: torch.device, backend: str):
-    """One compiled `_forward` per device type and backend (dynamo keeps one cache per code object;
+_COMPILED: dict[tuple, object] = {}
+
+
+def _compiled(fn, device: torch.device, backend: str):
+    """One compiled `fn` per device type and backend (dynamo keeps one cache per code object;
     graphs for the target and the draft, and for each shape, are entries of it)."""
-    key = (device.type, backend)
+    key = (fn, device.type, backend)
     if key not in _COMPILED:
         config = torch._dynamo.config
         config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
         mode = "reduce-overhead" if device.type == "cuda" and backend == "inductor" else None
-        _COMPILED[key] = torch.compile(_forward, backend=backend, mode=mode, dynamic=False)
+        _COMPILED[key] = torch.compile(fn, backend=backend, mode=mode, dynamic=False)
     return _COMPILED[key]
 
 
@@ -251,19 +251,25 @@ def _graphs_compiled() -> int:
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
-class CompiledForward:
-    """The compiled path of one `CachedModel` (`engine.py` calls `forward` first and runs its eager
-    path when it returns None).
+def _pad(x: torch.Tensor, w: int) -> torch.Tensor:
+    """`x: [B, T, ...]` padded to `[B, w, ...]` with copies of its last entry along dim 1 (a new tensor
+    even without padding: made under inference mode like every other input, else the graph's guards
+    see two kinds of tensor (the caller's may be an ordinary one) and compile the same shape twice)."""
+    return torch.cat([x, x[:, -1:].expand(x.shape[0], w - x.shape[1], *x.shape[2:])], dim=1)
+
+
+class _BucketedPasses:
+    """What every compiled caller shares: the pooled cache buffers, the bucketed view of its cache,
+    the compiled call (freezing and grouped attention around it) and the counters it reports.
 
     backend: torch.compile's backend; `inductor` (generated kernels, CUDA graphs on a GPU) is what
              `compile=on` runs. `eager` captures the same graphs at the same shapes without
              generating code: the tests use it to check the shapes and the recompilations quickly.
     """
 
-    def __init__(self, model, backend: str = "inductor"):
-        self.model = model
+    def __init__(self, device: torch.device, backend: str = "inductor"):
         self.backend = backend
-        self.device = model.device
+        self.device = device
         self._view: _BucketView | None = None
         self._pool: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self._pooled_cache = None
@@ -272,9 +278,6 @@ class CompiledForward:
         self.eager_calls = 0
         self.compile_s = 0.0
         self.shapes: set[tuple[int, int, int]] = set()
-        # The widest token-tree pass of the generation (node budget + 1), set by the decoder: every
-        # tree pass is padded to its bucket, so trees of any size share one graph per key bucket.
-        self.tree_width = 0
 
     def report(self) -> dict:
         """Graphs compiled (recompilations included), passes run compiled / eagerly, seconds spent in
@@ -315,63 +318,86 @@ class CompiledForward:
 
             layer.lazy_initialization = allocate
 
-    @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, advance: list[int] | None = None, keep: torch.Tensor | None = None,
-                positions: torch.Tensor | None = None, block_mask: torch.Tensor | None = None) -> torch.Tensor | None:
-        """`CachedModel.forward`'s contract, compiled; None when this pass runs eagerly instead."""
-        owner, cache = self.model, self.model.cache
+    def _begin(self, cache, t: int, w: int, counts: list[int]) -> tuple[torch.Tensor, _BucketView] | None:
+        """Set up a pass of `t` tokens padded to `w` over `cache`: its write positions, `slots: [B, w]`
+        (each row's valid length onwards), and the bucketed view. None when it must run eagerly: wider
+        than MAX_WIDTH, or the cache's buffers not yet allocated (its first pass, the prefill)."""
         self._pool_buffers(cache)
-        b, t = tokens.shape
-        w = bucket(max(t, self.tree_width) if block_mask is not None else t)
         if w > MAX_WIDTH or not all(layer.is_initialized for layer in cache.layers):
             self.eager_calls += 1
             return None
-        counts = list(advance) if advance is not None else [t] * b
         cache.begin_write(w, counts)  # checks each row's capacity for its real tokens
-        device = tokens.device
-        offsets = torch.arange(w, device=device)
-        slots = torch.tensor(cache.lengths, device=device)[:, None] + offsets[None, :]
-        # Padding: copies of the last token, at the positions after it. New tensors even without
-        # padding: made under inference mode like every other input, else the graph's guards see two
-        # kinds of tensor (the caller's may be an ordinary one) and compile the same shape twice.
-        tokens = torch.cat([tokens, tokens[:, -1:].expand(b, w - t)], dim=1)
-        if positions is not None:
-            positions = torch.cat([positions, positions[:, -1:] + offsets[None, 1 : w - t + 1]], dim=1)
-        positions = slots if positions is None else positions
-        if owner.context_length is not None:  # padding may run past the context; its logits are dropped
-            positions = positions.clamp(max=owner.context_length - 1)
+        b = len(counts)
+        slots = torch.tensor(cache.lengths, device=self.device)[:, None] + torch.arange(w, device=self.device)[None, :]
         view = self._view if self._view is not None and self._view.cache is cache else _BucketView(cache)
         self._view = view
-        view.rows = torch.arange(b, device=device)[:, None].expand(b, w)
+        view.rows = torch.arange(b, device=self.device)[:, None].expand(b, w)
         view.write_pos = slots.clamp(max=cache.max_len)  # padding past the end goes to the scratch position
         view.kv_len = min(bucket(cache.max_row_len + w, MIN_KV), cache.layers[0].keys.shape[2])
         self.shapes.add((b, w, view.kv_len))
-        mask = None if block_mask is None else self._tree_mask(block_mask, positions, view)
-        source = getattr(owner, "_hidden_source", None)
-        capture = _capture(source) if source is not None else None
+        return slots, view
 
+    def _run(self, fn, model: torch.nn.Module, *args):
+        """`fn(*args)` compiled; `model` is the transformers model whose config names the attention."""
         before, start = _graphs_compiled(), time.perf_counter()
-        if device.type == "cuda":
+        if self.device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()
-        if capture is not None:
-            capture.active = True
-        try:
-            with _freezing(freezes(device, self.backend)), _grouped_attention(owner.model):
-                logits = _compiled(device, self.backend)(owner.model, owner.layout, view, tokens, positions,
-                                                         owner.dtype, mask, capture is not None)
-        finally:
-            if capture is not None:
-                capture.active = False
+        with _freezing(freezes(self.device, self.backend)), _grouped_attention(model):
+            out = _compiled(fn, self.device, self.backend)(*args)
         compiled_now = _graphs_compiled() - before
         if compiled_now:
             self.graphs += compiled_now
             self.compile_s += time.perf_counter() - start
         self.compiled_calls += 1
+        return out
+
+
+class CompiledForward(_BucketedPasses):
+    """The compiled path of one `CachedModel` (`engine.py` calls `forward` first and runs its eager
+    path when it returns None)."""
+
+    def __init__(self, model, backend: str = "inductor"):
+        super().__init__(model.device, backend)
+        self.model = model
+        # The widest token-tree pass of the generation (node budget + 1), set by the decoder: every
+        # tree pass is padded to its bucket, so trees of any size share one graph per key bucket.
+        self.tree_width = 0
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, advance: list[int] | None = None, keep: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None, block_mask: torch.Tensor | None = None) -> torch.Tensor | None:
+        """`CachedModel.forward`'s contract, compiled; None when this pass runs eagerly instead."""
+        owner, cache = self.model, self.model.cache
+        b, t = tokens.shape
+        w = bucket(max(t, self.tree_width) if block_mask is not None else t)
+        counts = list(advance) if advance is not None else [t] * b
+        begun = self._begin(cache, t, w, counts)
+        if begun is None:
+            return None
+        slots, view = begun
+        # Padding: copies of the last token, at the positions after it.
+        tokens = _pad(tokens, w)
+        if positions is not None:
+            positions = torch.cat([positions, positions[:, -1:] + torch.arange(1, w - t + 1, device=self.device)], 1)
+        positions = slots if positions is None else positions
+        if owner.context_length is not None:  # padding may run past the context; its logits are dropped
+            positions = positions.clamp(max=owner.context_length - 1)
+        mask = None if block_mask is None else self._tree_mask(block_mask, positions, view)
+        source = getattr(owner, "_hidden_source", None)
+        capture = _capture(source) if source is not None else None
+        if capture is not None:
+            capture.active = True
+        try:
+            logits = self._run(_forward, owner.model, owner.model, owner.layout, view, tokens, positions, owner.dtype,
+                               mask, capture is not None)
+        finally:
+            if capture is not None:
+                capture.active = False
         if capture is not None:  # every written position's, padding to scratch, as the keys were written
             cache.store_hidden(capture.take())
         cache.advance(counts)
         logits = logits[:, :t]
-        if device.type == "cuda":  # a CUDA graph's output is overwritten by its next replay
+        if self.device.type == "cuda":  # a CUDA graph's output is overwritten by its next replay
             logits = logits.clone()
         return logits[:, keep] if keep is not None else logits
 
@@ -388,3 +414,42 @@ class CompiledForward:
         mask = owner.layout.masks(positions, view.kv_len, owner.dtype)
         owner._overlay_block(mask, view.write_pos, positions, block)
         return mask
+
+
+def _call(module: torch.nn.Module, *args):
+    """The compiled region of a module that is not a transformers model (a drafter)."""
+    return module(*args)
+
+
+class CompiledModule(_BucketedPasses):
+    """A drafter's passes over its own `RowCache`, compiled at the same buckets as a model's (width,
+    key length, pooled buffers): `module(inputs..., positions, mask, cache)` for a module whose
+    tokens come as `[B, T, ...]` tensors and whose attention reads the mask it is given. `model` is
+    the transformers model whose attention implementation the module's layers share (EAGLE's drafter
+    layer is built from the target's config)."""
+
+    def __init__(self, module: torch.nn.Module, model: torch.nn.Module, backend: str = "inductor"):
+        super().__init__(next(module.parameters()).device, backend)
+        self.module, self.model = module, model
+
+    @torch.inference_mode()
+    def forward(self, cache, inputs: tuple[torch.Tensor, ...], positions: torch.Tensor, counts: list[int],
+                masks) -> torch.Tensor | None:
+        """Run `module(*inputs, positions, mask, view)` for `inputs: [B, T, ...]` and `positions: [B, T]`,
+        padded to a width bucket; `masks(slots, positions, kv_len)` builds the additive mask
+        `[B, 1, W, kv_len]` for the W queries at cache indices `slots: [B, W]` and `positions: [B, W]`,
+        of which the first T are real. Returns
+        the module's output for the T real tokens (`[B, T, ...]`), or None when this pass must run
+        eagerly."""
+        b, t = positions.shape
+        w = bucket(t)
+        begun = self._begin(cache, t, w, counts)
+        if begun is None:
+            return None
+        slots, view = begun
+        positions = torch.cat([positions, positions[:, -1:] + torch.arange(1, w - t + 1, device=self.device)], 1)
+        inputs = tuple(_pad(x, w) for x in inputs)
+        out = self._run(_call, self.model, self.module, *inputs, positions, masks(slots, positions, view.kv_len), view)
+        cache.advance(counts)
+        out = out[:, :t]
+        return out.clone() if self.device.type == "cuda" else out

@@ -276,13 +276,17 @@ class Engine:
             for m in (self.target, self.draft):
                 if m is not None:
                     m.compiled = CompiledForward(m)
+        # Other compiled passes that run in this engine's generations (a proposer's own drafter), by name.
+        self.compiled_modules: dict[str, object] = {}
         self._busy = threading.Lock()
 
     def compile_report(self) -> dict | None:
-        """Per model: graphs compiled so far, passes run compiled and eagerly (`compile=on`); else None."""
+        """Per model (and per proposer module compiled with them): graphs compiled so far, passes run
+        compiled and eagerly (`compile=on`); else None."""
         if not self.compile:
             return None
-        return {m.name: m.compiled.report() for m in (self.target, self.draft) if m is not None}
+        report = {m.name: m.compiled.report() for m in (self.target, self.draft) if m is not None}
+        return report | {name: c.report() for name, c in self.compiled_modules.items()}
 
     def _refuse_converting(self, model: torch.nn.Module, role: str) -> None:
         for other in list(_HOLDERS.get(model, ())):

@@ -39,6 +39,7 @@ import json
 import os
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -63,6 +64,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from {', '.join(METHODS)}")
+    ap.add_argument("--source", default="builtin", help="the prompt set: builtin, or spec_bench (one prompt per "
+                    "category in turn; first turns)")
     ap.add_argument("--model", default="embedded", help="embedded (SmolLM2), or tiny_random for the tests")
     ap.add_argument("--heads-path", default="embedded", help="the EAGLE drafter's checkpoint")
     ap.add_argument("--backend", default="inductor", help="torch.compile backend (eager: the tests' quick capture)")
@@ -105,6 +108,26 @@ def build_decoders(model, tok, args) -> dict[tuple[str, str], SpeculativeDecoder
             d.exact_greedy = False
             decoders[method, mode] = d
     return decoders
+
+
+def round_robin(prompts: list, category_map: dict[str, str]) -> list:
+    """The prompts ordered first of every category (renamed by `category_map`), then second of every
+    category, ...: the first N of them cover as many categories as N allows."""
+    rank: dict[str, int] = {}
+    keyed = []
+    for i, p in enumerate(prompts):
+        category = category_map.get(p.category, p.category)
+        rank[category] = rank.get(category, -1) + 1
+        keyed.append((rank[category], i, p))
+    return [p for *_, p in sorted(keyed, key=lambda x: x[:2])]
+
+
+def spec_bench_categories() -> dict[str, str]:
+    """Spec-Bench's six categories: conf/data/spec_bench.yaml's category_map (MT-bench's eight as one)."""
+    import yaml
+
+    path = Path(__file__).resolve().parents[2] / "conf" / "data" / "spec_bench.yaml"
+    return yaml.safe_load(path.read_text())["category_map"]
 
 
 def median_ratio(rows: list[dict], num: str, den: str, key: str) -> dict:
@@ -156,7 +179,9 @@ def main(argv: list[str] | None = None) -> dict:
     model.generation_config.eos_token_id = None
     decoders = build_decoders(model, tok, args)
     methods = args.methods.split(",")
-    prompts = load_prompts("builtin", limit=max(1, args.prompts // 6 + 1))[: args.prompts]
+    per_category = -(-args.prompts // 6)  # the MT-bench categories are one: 8x this many load, fine
+    mapping = spec_bench_categories() if args.source == "spec_bench" else {}
+    prompts = round_robin(load_prompts(args.source, limit=per_category), mapping)[: args.prompts]
     inputs = [build_turn_input(tok, [], p.turns[0]) for p in prompts]
     pairs = [(m, mode) for m in methods for mode in MODES]
 

@@ -36,6 +36,7 @@ import torch
 
 from specdec.attention import AttentionLayout
 from specdec.cache import RowCache
+from specdec.compiled import CompiledModule
 from specdec.engine import Engine, overlay_columns
 from specdec.proposers.base import Proposal
 from specdec.proposers.heads import OutputHead, load_checkpoint
@@ -108,6 +109,11 @@ class EagleProposer:
         self.target = target
         self.cache: RowCache | None = None
         target.keep_hidden_states()
+        # compile=on: the drafter's passes compile at the target's buckets, with its backend
+        self.compiled = None
+        if target.compiled is not None:
+            self.compiled = CompiledModule(self.drafter, target.model, backend=target.compiled.backend)
+            engine.compiled_modules["eagle drafter"] = self.compiled
 
     def reset(self, state) -> None:
         # Room for the sequence plus the drafted levels, which are scratch beyond the valid length.
@@ -118,14 +124,28 @@ class EagleProposer:
         """One drafter pass at each row's valid length (tokens, positions: [B, T]; features: [B, T, H]).
         `region` = (columns [B, W], visible [B, T, W], their positions [B, W]) sets which of those cache
         entries each token sees (the drafted tree so far, and itself)."""
-        cache = self.cache
-        cache.begin_write(tokens.shape[1], counts)
-        slots = torch.tensor(cache.lengths, device=tokens.device)[:, None] + torch.arange(tokens.shape[1], device=tokens.device)
-        mask = _LAYOUT.masks(slots, cache.kv_len, self.drafter.fc.weight.dtype)
-        if region is not None:
-            columns, visible, column_positions = region
-            overlay_columns(_LAYOUT, mask, columns, visible, positions, column_positions)
-        out = self.drafter(self.embed(tokens), features, positions, mask, cache)
+        cache, t = self.cache, tokens.shape[1]
+
+        def masks(slots: torch.Tensor, query_positions: torch.Tensor, kv_len: int):
+            """For queries at cache indices `slots: [B, W]` (W >= T: padding rows of a compiled pass see
+            nothing of the region)."""
+            mask = _LAYOUT.masks(slots, kv_len, self.drafter.fc.weight.dtype)
+            if region is not None:
+                columns, visible, column_positions = region
+                if slots.shape[1] > t:
+                    visible = torch.cat([visible, visible.new_zeros(visible.shape[0], slots.shape[1] - t,
+                                                                    visible.shape[2])], 1)
+                overlay_columns(_LAYOUT, mask, columns, visible, query_positions, column_positions)
+            return mask
+
+        embeds = self.embed(tokens)
+        if self.compiled is not None:
+            out = self.compiled.forward(cache, (embeds, features), positions, counts, masks)
+            if out is not None:
+                return out
+        cache.begin_write(t, counts)
+        slots = torch.tensor(cache.lengths, device=tokens.device)[:, None] + torch.arange(t, device=tokens.device)
+        out = self.drafter(embeds, features, positions, masks(slots, positions, cache.kv_len), cache)
         cache.advance(counts)
         return out
 
