@@ -7,7 +7,7 @@ shapes change every step (the key length grows by the tokens accepted, the width
 
 So a compiled pass runs at *bucketed* shapes:
 
-- width: the T tokens of a pass are padded to the next power of two (1, 2, 4, 8, 16) with copies
+- width: the T tokens of a pass are padded to the next of `WIDTHS` (1, 2, 4, 6, 8, 12, 16) with copies
   of the last token. The padding is written after every row's real tokens, is never made valid
   (`advance` counts only the real ones) and its logits are dropped, exactly like the padding of a
   ragged pass. Wider passes (prefill, long catch-ups) run eagerly: they happen once per turn.
@@ -32,6 +32,20 @@ shape is fixed by the buckets. Passes that keep the target's hidden states for a
 them from the graph at the bucketed width, through a forward hook on the decoder installed once
 per model (`_Capture`); they are stored in the cache at the positions the keys went to, padding at
 scratch positions, exactly as an eager ragged pass stores its padding's.
+
+EAGLE's drafter (one decoder layer over a cache of its own) compiles the same way: `CompiledModule`
+runs any module that takes `[B, T, ...]` inputs, positions, a mask and a cache at the same width and
+key buckets over pooled buffers, its mask built outside the graph by the caller.
+
+Two things inside every compiled pass differ from the eager path, for speed, not for results:
+
+- on a CPU, inductor *freezes* the weights (`freezes`): they become constants of the graph, so each
+  linear layer's weight is packed once for oneDNN's bfloat16 kernels instead of at every call;
+- grouped-query attention runs without repeating the keys and values per query head
+  (`_grouped_sdpa`): under dynamo, transformers' SDPA path copies the cache to every head first.
+
+The speed is measured in experiments/gpu/README.md; in float32 the compiled path's greedy tokens
+equal the eager path's (tests/test_compile.py).
 """
 
 from __future__ import annotations
@@ -44,7 +58,11 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 COMPILE_MODES = ("off", "on", "auto")
-MAX_WIDTH = 16  # passes wider than this run eagerly (prefill): compiling every prompt length never pays
+# The widths a pass is padded to. Powers of two, and 6 and 12 between: on this CPU (SmolLM2, bfloat16,
+# compiled) a pass of 5 or 6 tokens padded to 8 cost 1.17x a one-token pass, at 6 1.07x (4: 0.92x),
+# and n-gram's k = 4 and EAGLE's default 4-node tree score 5 tokens (experiments/gpu/README.md).
+WIDTHS = (1, 2, 4, 6, 8, 12, 16)
+MAX_WIDTH = WIDTHS[-1]  # passes wider than this run eagerly (prefill): compiling every prompt length never pays
 MIN_KV = 64  # the smallest key bucket
 # Pooled cache buffers hold at least this many positions: a longer buffer for a longer prompt would
 # compile every graph again (SmolLM2 at batch 1: 24 MB; a 1B Llama at batch 32: 1 GB).
@@ -67,6 +85,11 @@ def resolve_compile(compile: str | bool, device: torch.device) -> bool:
     if compile == "auto":
         return device.type == "cuda"
     raise ValueError(f"compile={compile!r} is not one of: {', '.join(COMPILE_MODES)}")
+
+
+def width_bucket(t: int) -> int:
+    """The smallest of WIDTHS >= t (t itself past the last: such a pass runs eagerly)."""
+    return next((w for w in WIDTHS if w >= t), t)
 
 
 def bucket(n: int, least: int = 1) -> int:
@@ -369,7 +392,7 @@ class CompiledForward(_BucketedPasses):
         """`CachedModel.forward`'s contract, compiled; None when this pass runs eagerly instead."""
         owner, cache = self.model, self.model.cache
         b, t = tokens.shape
-        w = bucket(max(t, self.tree_width) if block_mask is not None else t)
+        w = width_bucket(max(t, self.tree_width) if block_mask is not None else t)
         counts = list(advance) if advance is not None else [t] * b
         begun = self._begin(cache, t, w, counts)
         if begun is None:
@@ -442,7 +465,7 @@ class CompiledModule(_BucketedPasses):
         the module's output for the T real tokens (`[B, T, ...]`), or None when this pass must run
         eagerly."""
         b, t = positions.shape
-        w = bucket(t)
+        w = width_bucket(t)
         begun = self._begin(cache, t, w, counts)
         if begun is None:
             return None

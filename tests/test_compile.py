@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec.compiled import MIN_KV, CompiledForward, bucket, freezes, resolve_compile
+from specdec.compiled import MIN_KV, CompiledForward, bucket, freezes, resolve_compile, width_bucket
 from specdec.decoding import SpeculativeDecoder
 from specdec.engine import Engine
 from specdec.models import tiny_random_model
@@ -71,15 +71,15 @@ def test_compiled_speculative_equals_compiled_plain_without_fixed_width(target):
 
 def test_adaptive_k_compiles_a_bounded_number_of_graphs(target):
     """40 steps whose k changes (heuristic schedule from 1 up to 8: the draft is the target, so every
-    draft is accepted) and whose width follows it: the target runs at most 4 width buckets x 2 key
-    buckets, the draft at most 2 x 2, instead of a graph a step."""
+    draft is accepted) and whose width follows it: the target runs at most 6 width buckets (1 to 12) x
+    2 key buckets, the draft at most 2 x 2, instead of a graph a step."""
     torch._dynamo.reset()
     engine = _engine(target, target, "on")
     out = _generate(engine, 8, RAGGED_PROMPTS, max_new_tokens=40, schedule=HeuristicSchedule(8, start=1),
                     exact_greedy=False)
     report = engine.compile_report()
     assert len(set(out.stats.draft_lengths)) >= 4
-    assert 1 <= report["target"]["graphs"] <= report["target"]["shapes"] <= 8
+    assert 1 <= report["target"]["graphs"] <= report["target"]["shapes"] <= 12
     assert 1 <= report["draft"]["graphs"] <= report["draft"]["shapes"] <= 4
     again = _generate(engine, 8, RAGGED_PROMPTS, max_new_tokens=40, schedule=HeuristicSchedule(8, start=1),
                       exact_greedy=False)
@@ -152,7 +152,7 @@ def test_compiled_tree_greedy_equals_eager(target, tmp_path, method, batch):
 
 def test_tree_passes_of_every_size_share_one_width(target):
     """Suffix trees change size from step to step (1 to 8 nodes): every tree pass runs at the
-    budget's width bucket (9 -> 16), so the target compiles one graph per key bucket, and a second
+    budget's width bucket (9 -> 12), so the target compiles one graph per key bucket, and a second
     identical generation compiles nothing."""
     torch._dynamo.reset()
     engine = _engine(target, None, "on")
@@ -170,7 +170,7 @@ def test_tree_passes_of_every_size_share_one_width(target):
     second = decoder.generate(prompts, max_new_tokens=30)  # drafts from the first's outputs: other trees
     report = engine.compile_report()["target"]
     assert len(set(sizes) - {0}) >= 3  # trees of several sizes were scored
-    assert {w for _, w, _ in engine.target.compiled.shapes} <= {1, 16}  # 1: steps with no tree
+    assert {w for _, w, _ in engine.target.compiled.shapes} <= {1, 12}  # 1: steps with no tree
     key_buckets = {kv for _, _, kv in engine.target.compiled.shapes}
     assert key_buckets == {MIN_KV} and report["graphs"] <= 2
     third = decoder.generate(prompts, max_new_tokens=30)
@@ -194,6 +194,7 @@ def test_resolve_compile():
 def test_buckets():
     assert [bucket(n) for n in (1, 2, 3, 5, 8, 9)] == [1, 2, 4, 8, 8, 16]
     assert bucket(10, least=64) == 64 and bucket(65, least=64) == 128
+    assert [width_bucket(t) for t in range(1, 18)] == [1, 2, 4, 4, 6, 6, 8, 8, 12, 12, 12, 12, 16, 16, 16, 16, 17]
 
 
 @pytest.mark.slow
