@@ -300,12 +300,11 @@ class _BucketedPasses:
         self.compiled_calls = 0
         self.eager_calls = 0
         self.compile_s = 0.0
-        self.shapes: set[tuple] = set()
+        self.shapes: set[tuple[int, int, int]] = set()
 
     def report(self) -> dict:
         """Graphs compiled (recompilations included), passes run compiled / eagerly, seconds spent in
-        the passes that compiled, and the distinct shapes run ((batch, width, key bucket) of a pass,
-        the arguments' shapes of a `call`)."""
+        the passes that compiled, and the distinct (batch, width, key bucket) shapes run."""
         return {"graphs": self.graphs, "compiled_calls": self.compiled_calls, "eager_calls": self.eager_calls,
                 "compile_s": round(self.compile_s, 3), "shapes": len(self.shapes)}
 
@@ -477,14 +476,3 @@ class CompiledModule(_BucketedPasses):
         cache.advance(counts)
         out = out[:, :t]
         return out.clone() if self.device.type == "cuda" else out
-
-    @torch.inference_mode()
-    def call(self, module: torch.nn.Module, *args: torch.Tensor):
-        """`module(*args)` compiled, for a cacheless step beside the passes (a drafter's output head):
-        one graph per shape of `args`, which the caller keeps to a few. Tensor outputs are returned
-        as they are (cloned on CUDA)."""
-        self.shapes.add(tuple(tuple(x.shape) for x in args))
-        out = self._run(_call, self.model, module, *args)
-        if self.device.type == "cuda":
-            out = tuple(x.clone() for x in out) if isinstance(out, tuple) else out.clone()
-        return out

@@ -138,12 +138,11 @@ def test_compiled_tree_greedy_equals_eager(target, tmp_path, method, batch):
     report = engine.compile_report()["target"]
     assert report["compiled_calls"] == sum(out.stats.steps for out in compiled_outs)  # every step's tree
     assert report["eager_calls"] == len(compiled_outs)  # the prefills
-    if method.startswith("eagle"):  # the drafter's passes and its output head compile too
+    if method.startswith("eagle"):  # the drafter's passes compile too: all but its first of a generation
         drafter = engine.compile_report()["eagle drafter"]
-        assert drafter["eager_calls"] == len(compiled_outs)  # its first pass of a generation
+        assert drafter["eager_calls"] == len(compiled_outs)
         assert drafter["compiled_calls"] >= sum(out.stats.steps for out in compiled_outs) - len(compiled_outs)
-        # widths 1-8 at one key bucket, the head on the root and on a level: no graph per step
-        assert drafter["graphs"] <= drafter["shapes"] <= 6
+        assert drafter["graphs"] <= drafter["shapes"] <= 4  # widths 1-8 at one key bucket: no graph per step
     if method != "suffix_tree":
         for b, n in enumerate(engine.target.lengths):
             assert n == eager_engine.target.lengths[b]

@@ -82,18 +82,6 @@ class EagleDrafter(torch.nn.Module):
         return self.norm(out[0] if isinstance(out, tuple) else out)
 
 
-class _TopK(torch.nn.Module):
-    """`EagleProposer._top` as a module, for compiling: the head's log-probabilities and their top k."""
-
-    def __init__(self, weight: torch.Tensor, k: int):
-        super().__init__()
-        self.register_buffer("weight", weight, persistent=False)
-        self.k = k
-
-    def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.log_softmax((hidden @ self.weight.T).float(), -1).topk(self.k, dim=-1)
-
-
 class EagleProposer:
     """Drafts a dynamic tree of `budget` nodes with an EAGLE-style drafter loaded from `heads_path`.
 
@@ -125,14 +113,7 @@ class EagleProposer:
         self.compiled = None
         if target.compiled is not None:
             self.compiled = CompiledModule(self.drafter, target.model, backend=target.compiled.backend)
-            self._top_module = _TopK(self.head.weight, topk)  # a module: its weight freezes into the graph
             engine.compiled_modules["eagle drafter"] = self.compiled
-
-    def _top(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """hidden: [..., H] -> the `topk` log-probabilities under the head and their indices [..., topk]."""
-        if self.compiled is not None:
-            return self.compiled.call(self._top_module, hidden)
-        return torch.log_softmax(self.head.logits(hidden).float(), -1).topk(self.topk, dim=-1)
 
     def reset(self, state) -> None:
         # Room for the sequence plus the drafted levels, which are scratch beyond the valid length.
@@ -189,7 +170,7 @@ class EagleProposer:
         # 2. expand the best paths level by level
         depth = min(k, self.depth)
         h = root.shape[-1]
-        score, index = self._top(root)  # [B, K]
+        score, index = torch.log_softmax(self.head.logits(root).float(), -1).topk(self.topk, dim=-1)  # [B, K]
         cand_tokens, cand_scores = [self.head.token_ids(index)], [score]
         cand_parents = [torch.full_like(index, -1)]  # global candidate index of each candidate's parent
         parent_feature = root[:, None].expand(b, self.topk, h)  # the feature each candidate would be fed
@@ -217,7 +198,7 @@ class EagleProposer:
             grown[:, :n_fed, :n_fed] = visible_fed
             grown[:, n_fed:] = visible
             visible_fed = grown
-            score, index = self._top(out)  # [B, w, K]
+            score, index = torch.log_softmax(self.head.logits(out).float(), -1).topk(self.topk, dim=-1)  # [B, w, K]
             cand_tokens.append(self.head.token_ids(index).flatten(1))
             cand_scores.append((level_scores.gather(1, chosen)[..., None] + score).flatten(1))
             cand_parents.append((level_start + chosen)[..., None].expand(b, w, self.topk).flatten(1))
