@@ -71,13 +71,14 @@ RECOMPILE_LIMIT = 64  # torch's default (8) is below widths x key buckets x batc
 
 
 def resolve_compile(compile: str | bool, device: torch.device) -> bool:
-    """`on`/`off` as given; `auto` compiles on CUDA only. On a 2-core CPU (SmolLM2, bfloat16) compiled
-    decoding measured 1.13-1.15x eager for plain decoding at its own width (1.23x with exact
-    greedy's 8-wide passes in both modes), per-prompt medians by process CPU time, after 1-20
-    minutes of compiling; n-gram and EAGLE kept less of their speedups over plain decoding than
-    eagerly, and bfloat16 tokens differ from the eager path's (experiments/gpu/README.md): `auto`
-    keeps the CPU eager. On CUDA, eager decoding is
-    launch-bound (15% GPU busy on an H200), which is what compiling removes."""
+    """`on`/`off` as given; `auto` compiles on CUDA only. On a 2-core CPU (SmolLM2, bfloat16, one
+    thread, Spec-Bench prompts) compiled plain decoding measured 1.7-1.8x eager by process CPU time,
+    but every process first spends about 40 s per graph compiling (10-15 minutes for a Spec-Bench
+    run's graphs; a second run spent as long, the on-disk cache saving little with frozen weights), so a run gains only past
+    about 25 minutes of eager decoding, and speculative methods keep less of their speedup over
+    plain decoding compiled than eagerly (experiments/gpu/README.md): `auto` keeps the CPU eager.
+    On CUDA, eager decoding is launch-bound (15% GPU busy on an H200), which is what compiling
+    removes."""
     if compile is True or compile == "on":
         return True
     if compile is False or compile == "off":
