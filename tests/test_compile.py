@@ -285,7 +285,20 @@ def test_cpu_compile_study_runs_every_method_in_both_modes(tmp_path):
     assert all(summary[m]["same_tokens_on_off"] == 2 for m in summary)
     assert result["graphs_compiled_while_timed"] == {"autoregressive": 0, "ngram": 0, "eagle": 0}
     assert result["compile_report"]["eagle"]["target"]["compiled_calls"] > 0
-    assert json.loads(out.read_text())["summary"]["eagle"]["keeps_speedup"].keys() == {"wall", "cpu"}
+    assert json.loads(out.read_text())["summary"]["eagle"]["keeps_speedup"].keys() == {"wall", "cpu", "decode"}
+    assert all(cell["decode"] > 0 for r in result["rows"] for key, cell in r.items() if "/" in key)
+
+
+def test_cpu_compile_study_takes_spec_bench_categories_in_turn():
+    """--source spec_bench: the first prompts cover Spec-Bench's six categories (MT-bench's eight as one)."""
+    from specdec.data import load_prompts
+
+    script = _study_script()
+    prompts = script.round_robin(load_prompts("spec_bench", limit=2), script.spec_bench_categories())
+    mapping = script.spec_bench_categories()
+    firsts = [mapping.get(p.category, p.category) for p in prompts[:6]]
+    assert sorted(firsts) == sorted(["multi_turn", "translation", "summarization", "qa", "math_reasoning", "rag"])
+    assert [mapping.get(p.category, p.category) for p in prompts[6:12]] == firsts
 
 
 def test_cpu_compile_study_needs_its_baseline():
