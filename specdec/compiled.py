@@ -74,9 +74,10 @@ def resolve_compile(compile: str | bool, device: torch.device) -> bool:
     """`on`/`off` as given; `auto` compiles on CUDA only. On a 2-core CPU (SmolLM2, bfloat16, one
     thread, Spec-Bench prompts) compiled plain decoding measured 1.7-1.8x eager by process CPU time,
     but every process first spends about 40 s per graph compiling (10-15 minutes for a Spec-Bench
-    run's graphs; a second run spent as long, the on-disk cache saving little with frozen weights), so a run gains only past
-    about 25 minutes of eager decoding, and speculative methods keep less of their speedup over
-    plain decoding compiled than eagerly (experiments/gpu/README.md): `auto` keeps the CPU eager.
+    run's graphs; later runs spent as long, the on-disk cache saving little with frozen weights), so
+    a run gains only past about 25 minutes of eager decoding, and speculative methods did not keep
+    their speedup over plain decoding compiled in two runs of three (experiments/gpu/README.md):
+    `auto` keeps the CPU eager.
     On CUDA, eager decoding is launch-bound (15% GPU busy on an H200), which is what compiling
     removes."""
     if compile is True or compile == "on":
@@ -282,6 +283,13 @@ def _pad(x: torch.Tensor, w: int) -> torch.Tensor:
     return torch.cat([x, x[:, -1:].expand(x.shape[0], w - x.shape[1], *x.shape[2:])], dim=1)
 
 
+def _pad_positions(positions: torch.Tensor, w: int) -> torch.Tensor:
+    """`positions: [B, T]` padded to `[B, w]` with the positions after each row's last one (where the
+    padding's copies of the last token sit)."""
+    t = positions.shape[1]
+    return torch.cat([positions, positions[:, -1:] + torch.arange(1, w - t + 1, device=positions.device)], 1)
+
+
 class _BucketedPasses:
     """What every compiled caller shares: the pooled cache buffers, the bucketed view of its cache,
     the compiled call (freezing and grouped attention around it) and the counters it reports.
@@ -401,9 +409,7 @@ class CompiledForward(_BucketedPasses):
         slots, view = begun
         # Padding: copies of the last token, at the positions after it.
         tokens = _pad(tokens, w)
-        if positions is not None:
-            positions = torch.cat([positions, positions[:, -1:] + torch.arange(1, w - t + 1, device=self.device)], 1)
-        positions = slots if positions is None else positions
+        positions = slots if positions is None else _pad_positions(positions, w)
         if owner.context_length is not None:  # padding may run past the context; its logits are dropped
             positions = positions.clamp(max=owner.context_length - 1)
         mask = None if block_mask is None else self._tree_mask(block_mask, positions, view)
@@ -462,16 +468,15 @@ class CompiledModule(_BucketedPasses):
         """Run `module(*inputs, positions, mask, view)` for `inputs: [B, T, ...]` and `positions: [B, T]`,
         padded to a width bucket; `masks(slots, positions, kv_len)` builds the additive mask
         `[B, 1, W, kv_len]` for the W queries at cache indices `slots: [B, W]` and `positions: [B, W]`,
-        of which the first T are real. Returns
-        the module's output for the T real tokens (`[B, T, ...]`), or None when this pass must run
-        eagerly."""
+        of which the first T are real. Returns the module's output for the T real tokens
+        (`[B, T, ...]`), or None when this pass must run eagerly."""
         b, t = positions.shape
         w = width_bucket(t)
         begun = self._begin(cache, t, w, counts)
         if begun is None:
             return None
         slots, view = begun
-        positions = torch.cat([positions, positions[:, -1:] + torch.arange(1, w - t + 1, device=self.device)], 1)
+        positions = _pad_positions(positions, w)
         inputs = tuple(_pad(x, w) for x in inputs)
         out = self._run(_call, self.model, self.module, *inputs, positions, masks(slots, positions, view.kv_len), view)
         cache.advance(counts)
