@@ -27,11 +27,17 @@ it changed within 5.x and is what breaks first on another version:
   layers are all of one kind; a model that mixes kinds (Gemma-2/3, Qwen2 with sliding layers) takes
   a dict keyed by layer type instead, which its forward uses as its per-type mask mapping;
 - `attention_mask=None` (rows at equal lengths) lets the model build its own masks from positions
-  and the cache's `get_mask_sizes`, exactly as in `generate()`, with the same SDPA kernels.
+  and the cache's `get_mask_sizes`, exactly as in `generate()`.
+
+Models loaded with SDPA run every pass, eager or compiled, through `grouped_sdpa` (`grouped_attention`
+swaps it in around a call): grouped-query attention over the cache's key heads as they are, where
+transformers would copy them to every query head (`repeat_kv`) or take SDPA's slow grouped kernel
+for one query in bfloat16 on a CPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from dataclasses import dataclass
 
@@ -157,3 +163,66 @@ class AttentionLayout:
         logits = model(input_ids=tokens, position_ids=positions, attention_mask=attention_mask,
                        use_cache=True, **kwargs).logits
         return logits[:, keep] if keep is not None and not self.keeps_logits else logits
+
+
+GROUPED_SDPA = "specdec_grouped_sdpa"
+
+
+def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                 **kwargs) -> tuple[torch.Tensor, None]:
+    """SDPA for grouped-query attention without copying the cache: `query: [B, H, T, D]` is viewed as
+    `[B, Hkv, G*T, D]` (the G query heads that share a key head become G*T queries of it), `key, value:
+    [B, Hkv, S, D]` are read as they are, the mask `attention_mask: [B, 1, T, S]` is repeated G times
+    along the queries. Each (head, query) pair computes what SDPA over repeated keys computes.
+
+    Why: transformers' SDPA path repeats the keys and values to H heads first (`repeat_kv`, a copy of
+    the whole cache per layer and pass) whenever it has a mask, and under dynamo always; without a
+    mask it asks SDPA for grouped-query attention, whose CPU kernel for one query in bfloat16 is
+    slow. On the embedded SmolLM2 (9 query heads over 3 key heads, bfloat16, one CPU thread) one
+    eager decoding pass after 769 tokens took 61 ms this way against 79 ms
+    (experiments/gpu/README.md), and compiled, a 512-key pass cost what a 64-key one did.
+
+    Passes this form does not cover go to transformers' SDPA unchanged: no grouping, a causal pass
+    without a mask (a prefill: its causality is SDPA's `is_causal`, which the regrouped queries
+    would break), a per-head mask, position biases."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    groups = getattr(module, "num_key_value_groups", 1)
+    b, h, t, d = query.shape
+    per_head_mask = attention_mask is not None and attention_mask.shape[1] != 1
+    if groups == 1 or (attention_mask is None and t > 1) or per_head_mask or kwargs.get("position_bias") is not None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    query = query.reshape(b, h // groups, groups * t, d)
+    if attention_mask is not None:
+        attention_mask = attention_mask.repeat(1, 1, groups, 1)
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling)
+    return out.reshape(b, h, t, -1).transpose(1, 2).contiguous(), None
+
+
+def grouped_attention(model: torch.nn.Module):
+    """A context in which `model` (and modules built from its config, such as EAGLE's drafter layer)
+    runs its SDPA layers through `grouped_sdpa`, with the masks transformers builds for SDPA. Models
+    loaded with another implementation (eager: soft-capped logits) keep theirs. The implementation
+    is read from the config at call time (and, under dynamo, while tracing, and guarded), so the
+    swap is around each call, never inside a compiled region."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    config = model.config
+    if getattr(config, "_attn_implementation", None) != "sdpa":
+        return contextlib.nullcontext()
+    if GROUPED_SDPA not in AttentionInterface._global_mapping:
+        AttentionInterface.register(GROUPED_SDPA, grouped_sdpa)
+        ALL_MASK_ATTENTION_FUNCTIONS.register(GROUPED_SDPA, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+
+    @contextlib.contextmanager
+    def swap():
+        config._attn_implementation = GROUPED_SDPA
+        try:
+            yield
+        finally:
+            config._attn_implementation = "sdpa"
+
+    return swap()

@@ -42,7 +42,8 @@ Two things inside every compiled pass differ from the eager path, for speed, not
 - on a CPU, inductor *freezes* the weights (`freezes`): they become constants of the graph, so each
   linear layer's weight is packed once for oneDNN's bfloat16 kernels instead of at every call;
 - grouped-query attention runs without repeating the keys and values per query head
-  (`_grouped_sdpa`): under dynamo, transformers' SDPA path copies the cache to every head first.
+  (`specdec.attention.grouped_sdpa`, which the eager path runs too): under dynamo, transformers'
+  SDPA path copies the cache to every head first.
 
 The speed is measured in experiments/gpu/README.md; in float32 the compiled path's greedy tokens
 equal the eager path's (tests/test_compile.py).
@@ -56,6 +57,8 @@ import weakref
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
+
+from specdec.attention import grouped_attention
 
 COMPILE_MODES = ("off", "on", "auto")
 # The widths a pass is padded to. Powers of two, and 6 and 12 between: on this CPU (SmolLM2, bfloat16,
@@ -217,52 +220,6 @@ def _compiled(fn, device: torch.device, backend: str):
     return _COMPILED[key]
 
 
-GROUPED_SDPA = "specdec_grouped_sdpa"
-
-
-def _grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                  attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                  **kwargs) -> tuple[torch.Tensor, None]:
-    """SDPA for grouped-query attention without copying the cache: `query: [B, H, T, D]` is viewed as
-    `[B, Hkv, G*T, D]` (the G query heads that share a key head become G*T queries of it), `key, value:
-    [B, Hkv, S, D]` are read as they are, the additive `attention_mask: [B, 1, T, S]` is repeated G
-    times along the queries. Each (head, query) pair computes exactly what SDPA over repeated keys
-    computes. Why: under dynamo, transformers' SDPA path repeats the keys and values to H heads first
-    (`repeat_kv`), a copy of the whole cache per layer and pass, which on the embedded SmolLM2
-    (9 query heads over 3 key heads) cost more than the rest of the pass at 512 keys."""
-    groups = getattr(module, "num_key_value_groups", 1)
-    b, h, t, d = query.shape
-    if groups > 1:
-        query = query.reshape(b, h // groups, groups * t, d)
-        if attention_mask is not None:
-            attention_mask = attention_mask.repeat(1, 1, groups, 1)
-    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling)
-    return out.reshape(b, h, t, -1).transpose(1, 2).contiguous(), None
-
-
-def _grouped_attention(model: torch.nn.Module):
-    """Run the model's SDPA layers through `_grouped_sdpa` for one compiled call (the implementation is
-    read from the config while dynamo traces, and guarded, so the graph keeps it); models loaded
-    with another implementation (eager: soft-capped logits) keep theirs."""
-    from transformers import AttentionInterface
-
-    config = model.config
-    if getattr(config, "_attn_implementation", None) != "sdpa":
-        return contextlib.nullcontext()
-    if GROUPED_SDPA not in AttentionInterface._global_mapping:
-        AttentionInterface.register(GROUPED_SDPA, _grouped_sdpa)
-
-    @contextlib.contextmanager
-    def swap():
-        config._attn_implementation = GROUPED_SDPA
-        try:
-            yield
-        finally:
-            config._attn_implementation = "sdpa"
-
-    return swap()
-
-
 def _freezing(on: bool):
     """Inductor's `freezing` for one call: read both while dynamo traces (weights become graph
     constants, guarded by identity) and while inductor compiles, so it is patched around the call
@@ -374,7 +331,7 @@ class _BucketedPasses:
         before, start = _graphs_compiled(), time.perf_counter()
         if self.device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()
-        with _freezing(freezes(self.device, self.backend)), _grouped_attention(model):
+        with _freezing(freezes(self.device, self.backend)), grouped_attention(model):
             out = _compiled(fn, self.device, self.backend)(*args)
         compiled_now = _graphs_compiled() - before
         if compiled_now:

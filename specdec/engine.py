@@ -17,7 +17,7 @@ from contextlib import contextmanager
 
 import torch
 
-from specdec.attention import SLIDING, AttentionLayout
+from specdec.attention import SLIDING, AttentionLayout, grouped_attention
 from specdec.cache import RowCache
 from specdec.compiled import CompiledForward, resolve_compile
 
@@ -188,13 +188,14 @@ class CachedModel:
     def _call(self, tokens, positions, mask, keep) -> torch.Tensor:
         """The model call; with `keep_hidden_states`, a hook on the decoder stores its output for the
         duration of this call only (the model object may be shared with other callers)."""
-        if self._hidden_source is None:
-            return self.layout.call(self.model, tokens, positions, self.cache, mask, keep)
-        hook = self._hidden_source.register_forward_hook(lambda module, args, out: self.cache.store_hidden(out[0]))
-        try:
-            return self.layout.call(self.model, tokens, positions, self.cache, mask, keep)
-        finally:
-            hook.remove()
+        with grouped_attention(self.model):
+            if self._hidden_source is None:
+                return self.layout.call(self.model, tokens, positions, self.cache, mask, keep)
+            hook = self._hidden_source.register_forward_hook(lambda module, args, out: self.cache.store_hidden(out[0]))
+            try:
+                return self.layout.call(self.model, tokens, positions, self.cache, mask, keep)
+            finally:
+                hook.remove()
 
     @torch.inference_mode()
     def keep_path(self, roots: list[int], path: torch.Tensor) -> None:

@@ -38,7 +38,7 @@ import inspect
 
 import torch
 
-from specdec.attention import AttentionLayout
+from specdec.attention import AttentionLayout, grouped_attention
 from specdec.cache import RowCache
 from specdec.compiled import CompiledModule
 from specdec.engine import Engine, overlay_columns
@@ -149,7 +149,8 @@ class EagleProposer:
                 return out
         cache.begin_write(t, counts)
         slots = torch.tensor(cache.lengths, device=tokens.device)[:, None] + torch.arange(t, device=tokens.device)
-        out = self.drafter(embeds, features, positions, masks(slots, positions, cache.kv_len), cache)
+        with grouped_attention(self.target.model):
+            out = self.drafter(embeds, features, positions, masks(slots, positions, cache.kv_len), cache)
         cache.advance(counts)
         return out
 

@@ -1,0 +1,110 @@
+"""grouped_sdpa computes transformers' SDPA attention without repeating the key heads, and the engine's
+eager passes run through it."""
+
+import pytest
+import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from specdec.attention import GROUPED_SDPA, grouped_attention, grouped_sdpa
+from specdec.engine import CachedModel
+from tests.conftest import RAGGED_PROMPTS
+
+
+class _Module(torch.nn.Module):
+    """What the attention functions read from an attention layer."""
+
+    def __init__(self, groups: int):
+        super().__init__()
+        self.num_key_value_groups = groups
+        self.is_causal = True
+
+
+def _qkv(t: int, s: int, heads: int = 6, kv_heads: int = 2, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(2, heads, t, 8, generator=g), torch.randn(2, kv_heads, s, 8, generator=g),
+            torch.randn(2, kv_heads, s, 8, generator=g))
+
+
+def _ragged_mask(t: int, s: int, additive: bool):
+    """`[2, 1, t, s]`: row 0's queries sit at the last t keys, row 1's three keys earlier."""
+    ends = torch.tensor([[s - t], [s - t - 3]]) + torch.arange(t)  # [2, t]: the last key each query sees
+    allowed = (torch.arange(s)[None, None, :] <= ends[:, :, None])[:, None]
+    if not additive:
+        return allowed
+    return torch.zeros(allowed.shape).masked_fill_(~allowed, torch.finfo(torch.float32).min)
+
+
+@pytest.mark.parametrize("t", [1, 5])
+@pytest.mark.parametrize("additive", [True, False])
+def test_grouped_sdpa_equals_sdpa_with_a_mask(t, additive):
+    q, k, v = _qkv(t, 20)
+    mask = _ragged_mask(t, 20, additive)
+    module = _Module(groups=3)
+    want, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=0.3)
+    got, _ = grouped_sdpa(module, q, k, v, mask, scaling=0.3)
+    assert got.shape == want.shape == (2, t, 6, 8)
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("t,s", [(1, 20), (7, 7)])
+def test_grouped_sdpa_without_a_mask_matches_sdpa(t, s):
+    """One query needs no mask; a causal block without one (a prefill) is left to SDPA's is_causal."""
+    q, k, v = _qkv(t, s)
+    module = _Module(groups=3)
+    want, _ = sdpa_attention_forward(module, q, k, v, None)
+    got, _ = grouped_sdpa(module, q, k, v, None)
+    torch.testing.assert_close(got, want)
+    if t > 1:  # and it is causal: the first query sees only the first key
+        torch.testing.assert_close(got[:, 0], v[:, :, 0].repeat_interleave(3, dim=1))
+
+
+def _passes_and_logits(model, feeds):
+    """Run `feeds` (tokens [B, T], advance) through a fresh CachedModel; the attention implementation
+    seen by the first layer in each pass, and each pass's logits."""
+    seen = []
+    handle = model.model.layers[0].self_attn.register_forward_pre_hook(
+        lambda module, args: seen.append(model.config._attn_implementation))
+    try:
+        cached = CachedModel(model)
+        cached.reset(feeds[0][0].shape[0], 32)
+        logits = [cached.forward(tokens, advance=advance) for tokens, advance in feeds]
+    finally:
+        handle.remove()
+    assert model.config._attn_implementation == "sdpa"  # swapped back after every pass
+    return seen, logits
+
+
+def test_the_engines_uniform_passes_run_grouped_attention(target):
+    """A prefill (no mask: left to SDPA's is_causal) and a one-token step (no mask: grouped) of rows
+    at equal lengths both run with the grouped implementation, and equal a full forward."""
+    rows = torch.tensor([[5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16]])
+    step = torch.tensor([[40], [41]])
+    seen, (prefill, next_logits) = _passes_and_logits(target, [(rows, None), (step, None)])
+    assert seen == [GROUPED_SDPA, GROUPED_SDPA]
+    full = target(torch.cat([rows, step], 1)).logits
+    torch.testing.assert_close(prefill, full[:, :6], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(next_logits[:, 0], full[:, 6], atol=1e-4, rtol=1e-4)
+
+
+def test_the_engines_ragged_passes_run_grouped_attention(target):
+    """Rows at different lengths (explicit masks) and then one token each: grouped, and equal to a
+    full forward of each row."""
+    longest = max(map(len, RAGGED_PROMPTS))
+    tokens = torch.tensor([p + [0] * (longest - len(p)) for p in RAGGED_PROMPTS])
+    step = torch.tensor([[40], [41], [42]])
+    seen, (prefill, next_logits) = _passes_and_logits(target, [(tokens, [len(p) for p in RAGGED_PROMPTS]),
+                                                               (step, None)])
+    assert seen == [GROUPED_SDPA, GROUPED_SDPA]
+    for b, p in enumerate(RAGGED_PROMPTS):
+        full = target(torch.tensor([p + [40 + b]])).logits[0]
+        torch.testing.assert_close(prefill[b, : len(p)], full[: len(p)], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(next_logits[b, 0], full[len(p)], atol=1e-4, rtol=1e-4)
+
+
+def test_models_loaded_without_sdpa_keep_their_implementation(target):
+    target.config._attn_implementation = "eager"
+    try:
+        with grouped_attention(target):
+            assert target.config._attn_implementation == "eager"
+    finally:
+        target.config._attn_implementation = "sdpa"
