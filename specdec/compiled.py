@@ -247,9 +247,9 @@ def _pad_positions(positions: torch.Tensor, w: int) -> torch.Tensor:
     return torch.cat([positions, positions[:, -1:] + torch.arange(1, w - t + 1, device=positions.device)], 1)
 
 
-class _CompiledCalls:
-    """What every compiled caller shares: the compiled call (freezing and grouped attention around
-    it) and the counters it reports.
+class _BucketedPasses:
+    """What every compiled caller shares: the pooled cache buffers, the bucketed view of its cache,
+    the compiled call (freezing and grouped attention around it) and the counters it reports.
 
     backend: torch.compile's backend; `inductor` (generated kernels, CUDA graphs on a GPU) is what
              `compile=on` runs. `eager` captures the same graphs at the same shapes without
@@ -259,45 +259,20 @@ class _CompiledCalls:
     def __init__(self, device: torch.device, backend: str = "inductor"):
         self.backend = backend
         self.device = device
+        self._view: _BucketView | None = None
+        self._pool: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._pooled_cache = None
         self.graphs = 0
         self.compiled_calls = 0
         self.eager_calls = 0
         self.compile_s = 0.0
-        self.shapes: set[tuple[int, ...]] = set()
+        self.shapes: set[tuple[int, int, int]] = set()
 
     def report(self) -> dict:
         """Graphs compiled (recompilations included), passes run compiled / eagerly, seconds spent in
-        the passes that compiled, and the distinct input shapes run compiled ((batch, width, key
-        bucket) for passes over a cache)."""
+        the passes that compiled, and the distinct (batch, width, key bucket) shapes run."""
         return {"graphs": self.graphs, "compiled_calls": self.compiled_calls, "eager_calls": self.eager_calls,
                 "compile_s": round(self.compile_s, 3), "shapes": len(self.shapes)}
-
-    def _run(self, fn, model: torch.nn.Module | None, *args):
-        """`fn(*args)` compiled; `model` is the transformers model whose config names the attention
-        (None: no attention inside)."""
-        before, start = _graphs_compiled(), time.perf_counter()
-        if self.device.type == "cuda":
-            torch.compiler.cudagraph_mark_step_begin()
-        attention = grouped_attention(model) if model is not None else contextlib.nullcontext()
-        with _freezing(freezes(self.device, self.backend)), attention:
-            out = _compiled(fn, self.device, self.backend)(*args)
-        compiled_now = _graphs_compiled() - before
-        if compiled_now:
-            self.graphs += compiled_now
-            self.compile_s += time.perf_counter() - start
-        self.compiled_calls += 1
-        return out
-
-
-class _BucketedPasses(_CompiledCalls):
-    """Compiled passes over a `RowCache`: the pooled cache buffers and the bucketed view of the cache
-    on top of what every compiled caller shares."""
-
-    def __init__(self, device: torch.device, backend: str = "inductor"):
-        super().__init__(device, backend)
-        self._view: _BucketView | None = None
-        self._pool: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._pooled_cache = None
 
     def _pool_buffers(self, cache) -> None:
         """Let the cache's layers take their buffers from the pool when they allocate: one pair per
@@ -350,6 +325,20 @@ class _BucketedPasses(_CompiledCalls):
         view.kv_len = min(bucket(cache.max_row_len + w, MIN_KV), cache.layers[0].keys.shape[2])
         self.shapes.add((b, w, view.kv_len))
         return slots, view
+
+    def _run(self, fn, model: torch.nn.Module, *args):
+        """`fn(*args)` compiled; `model` is the transformers model whose config names the attention."""
+        before, start = _graphs_compiled(), time.perf_counter()
+        if self.device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()
+        with _freezing(freezes(self.device, self.backend)), grouped_attention(model):
+            out = _compiled(fn, self.device, self.backend)(*args)
+        compiled_now = _graphs_compiled() - before
+        if compiled_now:
+            self.graphs += compiled_now
+            self.compile_s += time.perf_counter() - start
+        self.compiled_calls += 1
+        return out
 
 
 class CompiledForward(_BucketedPasses):
@@ -449,20 +438,4 @@ class CompiledModule(_BucketedPasses):
         out = self._run(_call, self.model, self.module, *inputs, positions, masks(slots, positions, view.kv_len), view)
         cache.advance(counts)
         out = out[:, :t]
-        return out.clone() if self.device.type == "cuda" else out
-
-
-class CompiledCall(_CompiledCalls):
-    """A module without a cache (an output head over a drafter's features) called compiled at the
-    shapes its caller gives, which are few and fixed by the proposer's settings: one graph each.
-    `model` is the transformers model whose attention the module uses (None: it has none)."""
-
-    def __init__(self, module: torch.nn.Module, model: torch.nn.Module | None = None, backend: str = "inductor"):
-        super().__init__(next(module.parameters()).device, backend)
-        self.module, self.model = module, model
-
-    @torch.inference_mode()
-    def __call__(self, *args: torch.Tensor) -> torch.Tensor:
-        self.shapes.add(tuple(tuple(a.shape) for a in args))
-        out = self._run(_call, self.model, self.module, *args)
         return out.clone() if self.device.type == "cuda" else out

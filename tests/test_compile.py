@@ -143,10 +143,6 @@ def test_compiled_tree_greedy_equals_eager(target, tmp_path, method, batch):
         assert drafter["eager_calls"] == len(compiled_outs)
         assert drafter["compiled_calls"] >= sum(out.stats.steps for out in compiled_outs) - len(compiled_outs)
         assert drafter["graphs"] <= drafter["shapes"] <= 4  # widths 1-8 at one key bucket: no graph per step
-    if method != "suffix_tree":  # the output head too: every call, at one shape per kind of call
-        head = engine.compile_report()[f"{method.split('_')[0]} head"]
-        assert head["eager_calls"] == 0 and head["compiled_calls"] >= sum(out.stats.steps for out in compiled_outs)
-        assert head["graphs"] <= head["shapes"] <= 2  # EAGLE: the root and a level; Medusa: one tree depth
     if method != "suffix_tree":
         for b, n in enumerate(engine.target.lengths):
             assert n == eager_engine.target.lengths[b]

@@ -25,7 +25,8 @@ The drafted levels are scratch in the drafter's cache: it rolls back to the caug
 the next step re-feeds the accepted tokens with the target's true features.
 
 Under `compile=on` the drafter's passes run compiled at the target's width and key buckets over
-pooled buffers (`specdec.compiled.CompiledModule`), and so does the output head (`OutputHead.compile`).
+pooled buffers (`specdec.compiled.CompiledModule`); the output head stays eager (compiled, it
+measured the same).
 
 Nodes are deterministic choices (a one-hot q), so greedy verification gives the target's greedy
 output and recursive rejection sampling keeps its distribution at any temperature.
@@ -112,13 +113,11 @@ class EagleProposer:
         self.target = target
         self.cache: RowCache | None = None
         target.keep_hidden_states()
-        # compile=on: the drafter's passes compile at the target's buckets, with its backend, and so
-        # does the output head (at the two shapes it is given: the root, and a level of `width` nodes)
+        # compile=on: the drafter's passes compile at the target's buckets, with its backend
         self.compiled = None
         if target.compiled is not None:
             self.compiled = CompiledModule(self.drafter, target.model, backend=target.compiled.backend)
             engine.compiled_modules["eagle drafter"] = self.compiled
-            engine.compiled_modules["eagle head"] = self.head.compile(target.compiled.backend)
 
     def reset(self, state) -> None:
         # Room for the sequence plus the drafted levels, which are scratch beyond the valid length.

@@ -73,8 +73,6 @@ class MedusaProposer:
         self.num_nodes = self.shape.num_nodes
         self.target = target
         target.keep_hidden_states()
-        if target.compiled is not None:  # compile=on: the output head runs compiled (one graph per tree depth)
-            engine.compiled_modules["medusa head"] = self.head.compile(target.compiled.backend)
 
     def reset(self, state) -> None:
         pass
