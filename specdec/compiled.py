@@ -75,12 +75,11 @@ RECOMPILE_LIMIT = 64  # torch's default (8) is below widths x key buckets x batc
 
 def resolve_compile(compile: str | bool, device: torch.device) -> bool:
     """`on`/`off` as given; `auto` compiles on CUDA only. On a 2-core CPU (SmolLM2, bfloat16, one
-    thread, Spec-Bench prompts) compiled plain decoding measured 1.7-1.8x eager by process CPU time,
-    but every process first spends about 40 s per graph compiling (10-15 minutes for a Spec-Bench
-    run's graphs; later runs spent as long, the on-disk cache saving little with frozen weights), so
-    a run gains only past about 25 minutes of eager decoding, and speculative methods did not keep
-    their speedup over plain decoding compiled in two runs of three (experiments/gpu/README.md):
-    `auto` keeps the CPU eager.
+    thread, Spec-Bench prompts) compiled plain decoding measured 1.55-1.65x eager by process CPU
+    time, and the speculative methods kept their speedups, but every process first spends about
+    40 s per graph compiling (10-15 minutes for a Spec-Bench run's graphs; the on-disk cache saves
+    little with frozen weights), so a run gains only past about 30 minutes of eager decoding
+    (experiments/gpu/README.md): `auto` keeps the CPU eager.
     On CUDA, eager decoding is launch-bound (15% GPU busy on an H200), which is what compiling
     removes."""
     if compile is True or compile == "on":
