@@ -75,15 +75,19 @@ def _passes_and_logits(model, feeds):
 
 
 def test_the_engines_uniform_passes_run_grouped_attention(target):
-    """A prefill (no mask: left to SDPA's is_causal) and a one-token step (no mask: grouped) of rows
-    at equal lengths both run with the grouped implementation, and equal a full forward."""
+    """A prefill (no mask: left to SDPA's is_causal), a one-token step (no mask: grouped) and a
+    three-token block (the mask transformers builds for SDPA: grouped) of rows at equal lengths all
+    run with the grouped implementation, and equal a full forward."""
     rows = torch.tensor([[5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16]])
     step = torch.tensor([[40], [41]])
-    seen, (prefill, next_logits) = _passes_and_logits(target, [(rows, None), (step, None)])
-    assert seen == [GROUPED_SDPA, GROUPED_SDPA]
-    full = target(torch.cat([rows, step], 1)).logits
+    block = torch.tensor([[42, 43, 44], [45, 46, 47]])
+    seen, (prefill, next_logits, block_logits) = _passes_and_logits(target, [(rows, None), (step, None),
+                                                                             (block, None)])
+    assert seen == [GROUPED_SDPA] * 3
+    full = target(torch.cat([rows, step, block], 1)).logits
     torch.testing.assert_close(prefill, full[:, :6], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(next_logits[:, 0], full[:, 6], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(block_logits, full[:, 7:], atol=1e-4, rtol=1e-4)
 
 
 def test_the_engines_ragged_passes_run_grouped_attention(target):
