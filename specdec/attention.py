@@ -42,6 +42,9 @@ import inspect
 from dataclasses import dataclass
 
 import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 
@@ -186,8 +189,6 @@ def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
     Passes this form does not cover go to transformers' SDPA unchanged: no grouping, a causal pass
     without a mask (a prefill: its causality is SDPA's `is_causal`, which the regrouped queries
     would break), a per-head mask, position biases."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     groups = getattr(module, "num_key_value_groups", 1)
     b, h, t, d = query.shape
     per_head_mask = attention_mask is not None and attention_mask.shape[1] != 1
@@ -207,9 +208,6 @@ def grouped_attention(model: torch.nn.Module):
     loaded with another implementation (eager: soft-capped logits) keep theirs. The implementation
     is read from the config at call time (and, under dynamo, while tracing, and guarded), so the
     swap is around each call, never inside a compiled region."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
-
     config = model.config
     if getattr(config, "_attn_implementation", None) != "sdpa":
         return contextlib.nullcontext()

@@ -294,8 +294,8 @@ def test_cpu_compile_study_takes_spec_bench_categories_in_turn():
     from specdec.data import load_prompts
 
     script = _study_script()
-    prompts = script.round_robin(load_prompts("spec_bench", limit=2), script.spec_bench_categories())
     mapping = script.spec_bench_categories()
+    prompts = script.round_robin(load_prompts("spec_bench", limit=2), mapping)
     firsts = [mapping.get(p.category, p.category) for p in prompts[:6]]
     assert sorted(firsts) == sorted(["multi_turn", "translation", "summarization", "qa", "math_reasoning", "rag"])
     assert [mapping.get(p.category, p.category) for p in prompts[6:12]] == firsts
