@@ -16,7 +16,9 @@ compiles every graph the timed runs need, and medians of the repeats are reporte
 - speculative decoding with forced acceptance (draft i accepted with probability a given drafts
   1..i-1 were: `verifier=forced`, not lossless, marked so), k = 4, eager and compiled, against
   compiled plain decoding;
-- the speedup the measured costs predict (Leviathan et al., with the measured verification cost).
+- the speedup the measured costs predict (Leviathan et al., with the measured verification cost);
+- host synchronisations per decoding step: specdec's counter (eager decoders) and, on a GPU,
+  CUDA's own detector (`torch.cuda.set_sync_debug_mode`, every decoder).
 
 It imports torch, transformers and specdec's core only (a GPU box may lack hydra, wandb, gguf).
 
@@ -30,6 +32,7 @@ import argparse
 import json
 import statistics
 import time
+import warnings
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -40,6 +43,7 @@ from specdec.decoding import SpeculativeDecoder
 from specdec.engine import Engine, synchronize
 from specdec.metrics import draft_token_cost, expected_tokens_per_step, predicted_speedup, tokens_per_s
 from specdec.proposers.draft_model import DraftModelProposer
+from specdec.syncs import count_host_syncs
 
 SHAPES = {
     # Llama-3.2-1B: 1.24 B parameters (embeddings tied)
@@ -153,6 +157,27 @@ def forced(engine: Engine, k: int, acceptance: float) -> SpeculativeDecoder | No
     return decoder
 
 
+def syncs_per_step(decoder: SpeculativeDecoder, prompt: list[int], new_tokens: int, count: bool) -> dict:
+    """One generation's host synchronisations per step (the prefill's first token included):
+    `counted` by specdec's counter (`count`: eager decoders only, its dispatch mode would make a
+    compiled one retrace) and, on a GPU, `cuda` as CUDA's detector reports them."""
+    out: dict[str, float] = {}
+    if count:
+        with count_host_syncs() as syncs:
+            steps = decoder.generate([prompt], max_new_tokens=new_tokens).stats.steps
+        out["counted"] = syncs.total / steps
+    if decoder.engine.device.type == "cuda":
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                steps = decoder.generate([prompt], max_new_tokens=new_tokens).stats.steps
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        out["cuda"] = sum("synchroniz" in str(w.message) for w in caught) / steps
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda")
@@ -233,6 +258,13 @@ def main(argv: list[str] | None = None) -> dict:
         spec_rates = interleaved(variants, args.repeats)
         log("forced acceptance")
 
+    # 4. host synchronisations per step, after every timed run
+    syncs = {f"plain {n}": syncs_per_step(plain(e), prompt, args.new_tokens, n == "eager") for n, e in engines.items()}
+    if spec_rates is not None:
+        syncs.update({f"forced {n}": syncs_per_step(forced(e, args.k, args.acceptance), prompt, args.new_tokens,
+                                                    n == "eager") for n, e in engines.items()})
+    log("host synchronisations")
+
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     measured_bw = measure_bandwidth(device)
     nominal_bw = next((v for k, v in BANDWIDTH_GBS.items() if k in name), None)
@@ -264,6 +296,7 @@ def main(argv: list[str] | None = None) -> dict:
             "speedup_over_compiled_plain": {v: med(x) / med(spec_rates["plain compiled"])
                                             for v, x in spec_rates.items() if v != "plain compiled"}},
         "forced_note": spec_note,
+        "host_syncs_per_step": syncs,
         "compile_report": engines["compiled"].compile_report(),
         # specdec.metrics' cost model in units of one target step: E tokens per step of k draft
         # tokens at c each plus one scoring pass of k+1 tokens (Leviathan et al., measured costs)
@@ -296,6 +329,9 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"| {v} | {med(x):.1f} tokens/s | {med(x) / med(spec_rates['plain compiled']):.2f}x |")
     else:
         print(f"\nforced acceptance: {spec_note}")
+    print("\nhost synchronisations per step (specdec's count; CUDA's detector):")
+    for v, x in syncs.items():
+        print(f"| {v} | {x.get('counted', '-')} | {x.get('cuda', '-')} |")
     print(f"\ncompiled graphs: {result['compile_report']}; {result['seconds']:.0f} s in all")
     if args.out:
         with open(args.out, "w") as f:

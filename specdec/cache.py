@@ -28,6 +28,8 @@ import itertools
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from specdec.syncs import to_device
+
 _STAMPS = itertools.count(1)  # next() is atomic under the GIL: stamps are unique across threads too
 
 
@@ -132,7 +134,7 @@ class RowCache(Cache):
             self.uniform_start, self.write_index = first, None
         else:
             self.uniform_start = None
-            starts = torch.tensor(self.lengths, device=self.device)
+            starts = to_device(self.lengths, self.device)
             pos = (starts[:, None] + torch.arange(step_len, device=self.device)).clamp(max=self.max_len)
             rows = torch.arange(self.batch_size, device=self.device)[:, None].expand_as(pos)
             self.write_index = (rows, pos)
@@ -166,7 +168,7 @@ class RowCache(Cache):
                     dst.append(start + j)
                     src.append(slot)
         if rows:
-            rows_t, dst_t, src_t = (torch.tensor(x, device=self.device) for x in (rows, dst, src))
+            rows_t, dst_t, src_t = (to_device(x, self.device) for x in (rows, dst, src))
             for layer in self.layers:
                 if layer.is_initialized:
                     # The right-hand side is gathered before the write, so overlapping moves are safe.

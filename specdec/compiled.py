@@ -59,6 +59,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from specdec.attention import grouped_attention
+from specdec.syncs import to_device
 
 COMPILE_MODES = ("off", "on", "auto")
 # The widths a pass is padded to. Powers of two, and 6 and 12 between: on this CPU (SmolLM2, bfloat16,
@@ -316,7 +317,7 @@ class _BucketedPasses:
             return None
         cache.begin_write(w, counts)  # checks each row's capacity for its real tokens
         b = len(counts)
-        slots = torch.tensor(cache.lengths, device=self.device)[:, None] + torch.arange(w, device=self.device)[None, :]
+        slots = to_device(cache.lengths, self.device)[:, None] + torch.arange(w, device=self.device)[None, :]
         view = self._view if self._view is not None and self._view.cache is cache else _BucketView(cache)
         self._view = view
         view.rows = torch.arange(b, device=self.device)[:, None].expand(b, w)

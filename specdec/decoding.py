@@ -27,6 +27,7 @@ from specdec.metrics import GenerationStats, RowStats
 from specdec.proposers.autoregressive import NoDraftProposer
 from specdec.sampling import SamplingParams, check_number
 from specdec.schedules import ConstantSchedule
+from specdec.syncs import to_device
 from specdec.tree import TreeProposal
 from specdec.tree_verify import TreeVerifier
 from specdec.types import DecodeState, Generation, Proposal, Proposer, StepOutcome, TokenCallback
@@ -209,10 +210,8 @@ class SpeculativeDecoder:
             with verify_t:
                 logits = self._score(state, proposal)  # 2. score
                 result = verifier(logits, proposal, sampling, state.generator)  # 3. verify
-                # one device-to-host copy per step: the accepted counts ride with the tokens
-                host = torch.cat([result.accepted[:, None].to(result.tokens.dtype), result.tokens], dim=1).tolist()
-                accepted, tokens = [row[0] for row in host], [row[1:] for row in host]
-            outcome = self._commit_step(state, proposal, result, accepted, tokens, stats, start, on_tokens)
+                accepted, tokens, path = _read_step(proposal, result)
+            outcome = self._commit_step(state, proposal, result, accepted, tokens, path, stats, start, on_tokens)
             self.proposer.observe(state, outcome)  # 5. observe
             self.schedule.observe(outcome, draft_t.total - draft_before, verify_t.total - verify_before)
             stats.steps += 1
@@ -238,7 +237,7 @@ class SpeculativeDecoder:
         # Reusable: the past's target cache is this engine's, untouched since, big enough, same batch.
         if isinstance(old, DecodeState) and cache is not None and cache.stamp in old.stamps \
                 and old.batch_size == b and old.max_len >= max_len:
-            reuse = [min(common_prefix_len(p, old.tokens[i, : old.seq_lens[i]].tolist()), len(p) - 1)
+            reuse = [min(common_prefix_len(p, old.committed[i]), len(p) - 1)
                      for i, p in enumerate(ids)]
             max_len, past_stamps = old.max_len, frozenset(old.stamps)
         tokens = torch.zeros(b, max_len, dtype=torch.long)
@@ -246,14 +245,15 @@ class SpeculativeDecoder:
             tokens[i, : len(p)] = torch.tensor(p)
         gen = torch.Generator(device=self.engine.device).manual_seed(seed)
         lens = [len(p) for p in ids]
-        return DecodeState(tokens.to(self.engine.device), list(lens), lens, [True] * b, max_new_tokens,
-                           max_len, sampling, gen, reuse, self.schedule, past_stamps)
+        return DecodeState(to_device(tokens, self.engine.device), list(lens), lens, [True] * b, max_new_tokens,
+                           max_len, sampling, gen, reuse, self.schedule, past_stamps,
+                           committed=[list(p) for p in ids])
 
     def _score(self, state: DecodeState, proposal: Proposal) -> torch.Tensor:
         """One target pass over each row's last token and its drafts: logits [B, T, V], T = 1 + max drafts
         (1 + the node budget for a tree)."""
         rows = torch.arange(state.batch_size, device=state.tokens.device)
-        roots = torch.tensor(state.seq_lens, device=rows.device) - 1
+        roots = to_device(state.seq_lens, rows.device) - 1
         last = state.tokens[rows, roots]
         if isinstance(proposal, TreeProposal):  # every node, at its depth, seeing only its ancestors
             chunk = torch.cat([last[:, None], proposal.tokens], dim=1)
@@ -289,7 +289,7 @@ class SpeculativeDecoder:
                     "not at one width over the whole cache buffer")
         return None
 
-    def _commit_step(self, state, proposal, result, accepted, tokens, stats, start, on_tokens) -> StepOutcome:
+    def _commit_step(self, state, proposal, result, accepted, tokens, path, stats, start, on_tokens) -> StepOutcome:
         """4. commit: append emitted tokens, roll the target's cache back to the accepted length."""
         prev, active = list(state.seq_lens), list(state.active)
         accepted = [a if on else 0 for a, on in zip(accepted, active)]
@@ -301,13 +301,13 @@ class SpeculativeDecoder:
             if on:
                 stats.rows[b].record(drafted[b], accepted[b], emitted[b])
         if isinstance(proposal, TreeProposal):  # keep exactly the accepted path's entries, in order
-            self.engine.target.keep_path([n - 1 for n in prev], result.path)
+            self.engine.target.keep_path([n - 1 for n in prev], path)
         self.engine.target.rollback([n - 1 for n in state.seq_lens])
         return StepOutcome(proposal, result, prev, accepted, emitted, active)
 
     def _commit(self, state, tokens: list[list[int]], counts: list[int], stats, start, on_tokens) -> list[int]:
         """Append `tokens[b][:counts[b]]` to each active row, cut at EOS and at max_new_tokens."""
-        emitted = []
+        emitted, written = [], []  # written: (row, column, token) of every token appended
         for b, n in enumerate(counts):
             if not state.active[b] or n == 0:
                 emitted.append(0)
@@ -320,7 +320,8 @@ class SpeculativeDecoder:
                     row = row[: i + 1]
                     break
             s = state.seq_lens[b]
-            state.tokens[b, s : s + len(row)] = torch.tensor(row)
+            written += [(b, s + i, t) for i, t in enumerate(row)]
+            state.committed[b].extend(row)
             state.seq_lens[b] = s + len(row)
             stats.rows[b].new_tokens += len(row)
             emitted.append(len(row))
@@ -329,7 +330,28 @@ class SpeculativeDecoder:
                 stats.rows[b].wall_s = time.perf_counter() - start
             if on_tokens is not None:
                 on_tokens(b, row)
+        if written:  # one copy to the device buffer for the whole batch
+            rows, columns, values = to_device(written, state.tokens.device).T
+            state.tokens[rows, columns] = values
         return emitted
+
+
+def _read_step(proposal: Proposal, result) -> tuple[list[int], list[list[int]], list[list[int]] | None]:
+    """The step's one copy from the device to the host (on a GPU, its one synchronisation): per row
+    the accepted count, the emitted tokens and, for a tree, the accepted path and the tree's depth
+    (which becomes `proposal.drafted`), packed into one tensor. Returns (accepted, tokens, path)."""
+    dtype = result.tokens.dtype
+    parts = [result.accepted[:, None].to(dtype), result.tokens]
+    tree = isinstance(proposal, TreeProposal)
+    if tree:
+        parts += [result.path.to(dtype), proposal.depths()[:, None].to(dtype)]
+    host = torch.cat(parts, dim=1).tolist()
+    width = 1 + result.tokens.shape[1]
+    accepted, tokens = [row[0] for row in host], [row[1:width] for row in host]
+    if not tree:
+        return accepted, tokens, None
+    proposal.drafted = [row[-1] for row in host]
+    return accepted, tokens, [row[width:-1] for row in host]
 
 
 def _report(part) -> dict | None:

@@ -20,6 +20,7 @@ import torch
 from specdec.attention import SLIDING, AttentionLayout, grouped_attention
 from specdec.cache import RowCache
 from specdec.compiled import CompiledForward, resolve_compile
+from specdec.syncs import to_device
 
 
 def resolve_device(device: str) -> torch.device:
@@ -56,20 +57,43 @@ def synchronize(device: torch.device) -> None:
 
 
 class Timer:
-    """Accumulates wall time of a phase; synchronizes the device before reading the clock."""
+    """Accumulates the wall time of a phase (drafting, verifying) over a generation.
+
+    On a GPU the phase boundaries are CUDA events on the stream, not host clock reads after a
+    synchronisation: the host goes on queueing the next phase while the device still runs this
+    one, and `total` waits only for the events it reads (by then the step's own read of its
+    outcome has usually waited for them). An event's time is when the device reached it, so a
+    phase that the host's launches hold up still counts as long as it took."""
 
     def __init__(self, device: torch.device):
         self.device = device
-        self.total = 0.0
+        self._total = 0.0
+        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
 
     def __enter__(self):
-        synchronize(self.device)
-        self._t0 = time.perf_counter()
+        if self.device.type == "cuda":
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._start.record()
+        else:
+            self._t0 = time.perf_counter()
         return self
 
     def __exit__(self, *exc):
-        synchronize(self.device)
-        self.total += time.perf_counter() - self._t0
+        if self.device.type == "cuda":
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._events.append((self._start, end))
+        else:
+            self._total += time.perf_counter() - self._t0
+
+    @property
+    def total(self) -> float:
+        """Seconds spent in the phase so far."""
+        for start, end in self._events:
+            end.synchronize()
+            self._total += start.elapsed_time(end) / 1000
+        self._events.clear()
+        return self._total
 
 
 def overlay_columns(layout: AttentionLayout, masks, columns: torch.Tensor, visible: torch.Tensor,
@@ -153,7 +177,7 @@ class CachedModel:
         b, t = tokens.shape
         cache = self.cache
         cache.begin_write(t, advance)
-        starts = torch.tensor(cache.lengths, device=tokens.device)
+        starts = to_device(cache.lengths, tokens.device)
         slots = starts[:, None] + torch.arange(t, device=tokens.device)[None, :]
         positions = slots if positions is None else positions
         # Rows at equal lengths need no custom mask: the model builds its usual causal (and sliding
@@ -198,12 +222,12 @@ class CachedModel:
                 hook.remove()
 
     @torch.inference_mode()
-    def keep_path(self, roots: list[int], path: torch.Tensor) -> None:
+    def keep_path(self, roots: list[int], path: list[list[int]]) -> None:
         """After a tree pass whose root sat at cache index `roots[b]` (node i at roots[b] + 1 + i),
         keep each row's entries up to its root and then its accepted path, in order, and nothing
-        else. path: [B, D] node indices from depth 1 down, -1 after the path."""
-        nodes = path.tolist()
-        self.cache.compact([r + 1 for r in roots], [[r + 1 + i for i in p if i >= 0] for r, p in zip(roots, nodes)])
+        else. path: per row, node indices from depth 1 down, -1 after the path (on the host: read
+        with the verification)."""
+        self.cache.compact([r + 1 for r in roots], [[r + 1 + i for i in p if i >= 0] for r, p in zip(roots, path)])
 
     def catch_up(self, tokens: torch.Tensor, upto: list[int]) -> torch.Tensor:
         """Feed each row's tokens it has not seen, `tokens[b, len_b : upto[b]]`, in one ragged pass.
@@ -215,13 +239,15 @@ class CachedModel:
         if min(counts) < 1:
             raise ValueError(f"{self.name}: catch_up needs at least one new token per row, got {counts}")
         t = max(counts)
-        starts = torch.tensor(self.cache.lengths, device=tokens.device)
+        starts = to_device(self.cache.lengths, tokens.device)
         idx = (starts[:, None] + torch.arange(t, device=tokens.device)).clamp(max=tokens.shape[1] - 1)
         chunk = tokens.gather(1, idx)
-        last = torch.tensor([c - 1 for c in counts], device=tokens.device)
-        keep = torch.unique(last)
-        logits = self.forward(chunk, advance=counts, keep=keep)
-        return logits[torch.arange(len(counts), device=tokens.device), torch.searchsorted(keep, last)]
+        # The positions whose logits are wanted, and where each row's lands among them, worked out
+        # on the host from the counts it already has (on the device it would be a synchronisation).
+        keep = sorted({c - 1 for c in counts})
+        pick = to_device([keep.index(c - 1) for c in counts], tokens.device)
+        logits = self.forward(chunk, advance=counts, keep=to_device(keep, tokens.device))
+        return logits[torch.arange(len(counts), device=tokens.device), pick]
 
     def cache_bytes(self) -> int:
         return self.cache.nbytes() if self.cache is not None else 0

@@ -53,7 +53,7 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """
     logits = logits.float()
     if params.greedy:
-        return torch.nn.functional.one_hot(greedy_tokens(logits), logits.shape[-1]).float()
+        return one_hot(greedy_tokens(logits), logits.shape[-1])
     logits = logits / params.temperature
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
@@ -73,6 +73,12 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     """`logits: [..., V]` -> argmax ids `[...]`, taken in float32 as `transformers` generate() does
     (on CPUs argmax over bfloat16 is also about 6x slower than the cast plus a float32 argmax)."""
     return logits.float().argmax(-1)
+
+
+def one_hot(ids: torch.Tensor, vocab: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """`ids: [...]` -> `[..., vocab]` one-hot distributions (a deterministic draft's q). Unlike
+    `F.one_hot`, it does not read the ids' range back to the host: no synchronisation on a GPU."""
+    return torch.zeros(*ids.shape, vocab, dtype=dtype, device=ids.device).scatter_(-1, ids[..., None], 1)
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:

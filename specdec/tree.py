@@ -29,6 +29,7 @@ from functools import cached_property, lru_cache
 
 import torch
 
+from specdec.syncs import to_device
 from specdec.types import Proposal
 
 
@@ -60,29 +61,40 @@ class TokenTree:
         return self.paths.shape[2]
 
     @staticmethod
-    def build(parents: torch.Tensor, lengths: list[int]) -> TokenTree:
-        """Derive the buffers from `parents: [B, N]` (-1 = root) with `lengths[b]` real nodes per row."""
+    def build(parents: torch.Tensor, lengths: list[int], max_depth: int | None = None,
+              max_children: int | None = None, check: bool = True) -> TokenTree:
+        """Derive the buffers from `parents: [B, N]` (-1 = root) with `lengths[b]` real nodes per row.
+
+        A proposer that knows bounds on its trees passes them, and then the build never reads the
+        device (on a GPU each read is a synchronisation): `max_depth` >= the deepest node's depth
+        (the paths get that many columns), `max_children` >= the most children of one slot (the
+        children get that many columns), `check=False` for trees valid by construction. Without
+        them the build reads the tree's depth, its widest slot and its validity back."""
         b, n = parents.shape
         device = parents.device
         if len(lengths) != b or any(not 0 <= m <= n for m in lengths):
             raise ValueError(f"tree lengths {lengths} do not fit {b} rows of {n} nodes")
         node = torch.arange(n, device=device)
-        real = node[None, :] < torch.tensor(lengths, device=device)[:, None]  # [B, N]
+        real = node[None, :] < to_device(lengths, device)[:, None]  # [B, N]
         parents = torch.where(real, parents.long(), -1)
-        if bool(((parents < -1) | (parents >= node[None, :])).any()):
-            raise ValueError("a tree node's parent must be -1 (the root) or an earlier node: "
-                             "give nodes in topological order")
-        if bool((real & (parents >= 0) & ~real.gather(1, parents.clamp(min=0))).any()):
-            raise ValueError("a real tree node has a padding node as its parent")
+        if check:
+            if bool(((parents < -1) | (parents >= node[None, :])).any()):
+                raise ValueError("a tree node's parent must be -1 (the root) or an earlier node: "
+                                 "give nodes in topological order")
+            if bool((real & (parents >= 0) & ~real.gather(1, parents.clamp(min=0))).any()):
+                raise ValueError("a real tree node has a padding node as its parent")
 
         # Ancestors by repeated parent lookups: chain[..., j] is the j-th ancestor-or-self (j = 0 self).
         chain = [node.expand(b, n)]
-        while True:
+        while max_depth is None or len(chain) < max_depth:
             up = chain[-1]
             nxt = torch.where(up >= 0, parents.gather(1, up.clamp(min=0)), -1)
-            if not bool((nxt >= 0).any()):
+            if max_depth is None and not bool((nxt >= 0).any()):
                 break
             chain.append(nxt)
+        if check and max_depth is not None and bool((parents.gather(1, chain[-1].clamp(min=0)) >= 0)
+                                                    .logical_and(chain[-1] >= 0).any()):
+            raise ValueError(f"a tree node lies deeper than max_depth={max_depth}")
         chain = torch.stack(chain, dim=-1)  # [B, N, D]
         depth = (chain >= 0).sum(-1)  # [B, N]
         d = chain.shape[-1]
@@ -99,7 +111,9 @@ class TokenTree:
         # Sibling rank: how many earlier nodes share the parent.
         same = (parents[:, :, None] == parents[:, None, :]) & (node[None, :] < node[:, None])[None]
         rank = (same & real[:, None, :]).sum(-1)  # [B, N]
-        c = int(rank[real].max()) + 1 if bool(real.any()) else 1
+        c = max_children if max_children is not None else int(torch.where(real, rank, 0).max()) + 1
+        if check and max_children is not None and bool((real & (rank >= c)).any()):
+            raise ValueError(f"a tree slot has more than max_children={c} children")
         # Scatter real nodes into [B, N+1, C]; padding goes to a spill column that is cut off.
         children = torch.full((b, n + 1, c + 1), -1, dtype=torch.long, device=device)
         col = torch.where(real, rank, c)
@@ -120,13 +134,18 @@ class TreeProposal(Proposal):
 
     tree: TokenTree | None = None
 
+    def depths(self) -> torch.Tensor:
+        """`[B]` per row, the depth of its tree (the longest path it could accept), on the device."""
+        real = torch.arange(self.tree.num_nodes, device=self.tokens.device)[None, :] < to_device(
+            self.tree.lengths, self.tokens.device)[:, None]
+        return torch.where(real, self.tree.depth, 0).amax(1) if self.tree.num_nodes else real.new_zeros(real.shape[0], dtype=torch.long)
+
     @cached_property
     def drafted(self) -> list[int]:
-        """Per row, the depth of its tree (the longest path it could accept); on the host, read
-        once (the loop, the schedule and the hybrid all ask)."""
-        real = torch.arange(self.tree.num_nodes, device=self.tokens.device)[None, :] < torch.tensor(
-            self.tree.lengths, device=self.tokens.device)[:, None]
-        return torch.where(real, self.tree.depth, 0).amax(1).tolist() if self.tree.num_nodes else [0] * len(self.lengths)
+        """`depths()` on the host, read once (the loop, the schedule and the hybrid all ask). The
+        decoding loop reads it together with the verification (`proposal.drafted = ...`), in the
+        step's one copy to the host."""
+        return self.depths().tolist()
 
     def __post_init__(self):
         if self.tree is None:
@@ -197,7 +216,7 @@ def _static_tree(key: tuple[tuple[int, ...], ...]) -> StaticTree:
 
 @lru_cache(maxsize=64)
 def _static_buffers(tree: StaticTree, device: str) -> TokenTree:
-    parents = torch.tensor([tree.parents], dtype=torch.long, device=device)
+    parents = to_device([tree.parents], device, torch.long)
     return TokenTree.build(parents, [tree.num_nodes])
 
 

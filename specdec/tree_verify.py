@@ -34,7 +34,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.sampling import SamplingParams, greedy_tokens, probabilities, sample
+from specdec.sampling import SamplingParams, greedy_tokens, one_hot, probabilities, sample
+from specdec.syncs import reads_are_free, to_device
 from specdec.tree import TreeProposal
 from specdec.verify import Verification
 
@@ -69,7 +70,7 @@ class TreeGreedyVerifier:
         tree = proposal.tree
         b, n = proposal.tokens.shape
         target = greedy_tokens(logits)  # [B, N+1]
-        real = torch.arange(n, device=target.device)[None, :] < torch.tensor(tree.lengths, device=target.device)[:, None]
+        real = torch.arange(n, device=target.device)[None, :] < to_device(tree.lengths, target.device)[:, None]
         ok = (proposal.tokens == target.gather(1, tree.parents + 1)) & real  # [B, N]
         # A node is accepted when every node on its root path is: gather ok along the paths.
         ok_or_root = torch.cat([torch.ones_like(ok[:, :1]), ok], dim=1)  # index 0 stands for "no node"
@@ -125,7 +126,7 @@ class TreeSamplingVerifier:
                 node = child.clamp(min=0)
                 x = proposal.tokens[rows, node]
                 if proposal.probs is None:
-                    q = torch.nn.functional.one_hot(x, v).to(p.dtype)
+                    q = one_hot(x, v, p.dtype)
                 else:
                     q = proposal.probs[rows, node].to(p.dtype)
                 target = self.trial_target(p_node, residual)
@@ -144,7 +145,7 @@ class TreeSamplingVerifier:
             searching &= moved
             p_node = torch.where(moved[:, None], p[rows, slot], p_node)
             residual = torch.where(moved[:, None], p_node, residual)
-            if not bool(searching.any()):
+            if reads_are_free(device) and not bool(searching.any()):
                 break
         last = sample(residual, generator)  # recovered from the residual, or the bonus from p at a leaf
         return TreeVerification(_emitted(proposal, path, accepted, last), accepted, path)

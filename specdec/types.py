@@ -78,6 +78,10 @@ class DecodeState:
                (multi-turn continuation), or None for a fresh start.
     past_stamps: the cache stamps the previous generation (`past=`) left; empty for a fresh start.
     stamps:    the stamps of the caches this generation holds (see `attach`).
+    committed: per row, the same tokens on the host, `tokens[b, :seq_lens[b]]` as a list. The commit
+               passes every emitted token through the host anyway, so work done on the host
+               (suffix indexes, the outputs) reads them here instead of copying them back from the
+               device. Derived from `tokens` when not given.
     """
 
     tokens: torch.Tensor
@@ -92,6 +96,11 @@ class DecodeState:
     schedule: Schedule | None = None
     past_stamps: frozenset[int] = frozenset()
     stamps: list[int] = field(default_factory=list)
+    committed: list[list[int]] = field(default_factory=list)
+
+    def __post_init__(self):
+        if not self.committed:
+            self.committed = [row[:n] for row, n in zip(self.tokens.tolist(), self.seq_lens)]
 
     @property
     def batch_size(self) -> int:
@@ -113,7 +122,7 @@ class DecodeState:
         self.stamps.append(model.cache.stamp)
 
     def output_ids(self, row: int) -> list[int]:
-        return self.tokens[row, self.prompt_lens[row] : self.seq_lens[row]].tolist()
+        return self.committed[row][self.prompt_lens[row] : self.seq_lens[row]]
 
 
 @dataclass

@@ -15,7 +15,8 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.sampling import SamplingParams, greedy_tokens, probabilities, sample
+from specdec.sampling import SamplingParams, greedy_tokens, one_hot, probabilities, sample
+from specdec.syncs import to_device
 from specdec.types import Proposal, Verification
 
 __all__ = ["BlockVerifier", "ByTemperature", "ForcedVerifier", "GreedyVerifier", "SpeculativeSamplingVerifier",
@@ -24,7 +25,7 @@ __all__ = ["BlockVerifier", "ByTemperature", "ForcedVerifier", "GreedyVerifier",
 
 def _draft_mask(proposal: Proposal) -> torch.Tensor:
     """[B, k] True where a real (not padding) draft token sits."""
-    lengths = torch.tensor(proposal.lengths, device=proposal.tokens.device)
+    lengths = to_device(proposal.lengths, proposal.tokens.device)
     return torch.arange(proposal.k, device=lengths.device)[None, :] < lengths[:, None]
 
 
@@ -78,7 +79,7 @@ class SpeculativeSamplingVerifier:
         x = proposal.tokens  # [B, k]
         q = proposal.probs
         if q is None:
-            q = torch.nn.functional.one_hot(x, v).to(p.dtype)
+            q = one_hot(x, v, p.dtype)
         p_x = p[:, :k].gather(-1, x[..., None]).squeeze(-1)  # [B, k]
         q_x = q.gather(-1, x[..., None]).squeeze(-1).to(p.dtype)
         u = torch.rand(b, k, generator=generator, device=p.device)
@@ -86,10 +87,10 @@ class SpeculativeSamplingVerifier:
         accepted = _accepted_prefix(ok)
         rows = torch.arange(b, device=p.device)
         p_a = p[rows, accepted]  # [B, V] target distribution at the first non-accepted slot
-        lengths = torch.tensor(proposal.lengths, device=p.device)
+        lengths = to_device(proposal.lengths, p.device)
         rejected = accepted < lengths
-        if rejected.any():
-            q_a = q[rows, accepted.clamp(max=max(k - 1, 0))].to(p.dtype)
+        if k:  # computed for every row and kept where it rejected: asking whether any did is a host sync
+            q_a = q[rows, accepted.clamp(max=k - 1)].to(p.dtype)
             residual = (p_a - q_a).clamp(min=0)
             mass = residual.sum(-1, keepdim=True)
             # mass == 0 only when p == q at this slot, where a rejection has probability 0 anyway.
@@ -177,7 +178,7 @@ class BlockVerifier:
         """q: [B, k, V], one-hot at the drafts for a deterministic proposer."""
         if proposal.probs is not None:
             return proposal.probs.to(p.dtype)
-        return torch.nn.functional.one_hot(proposal.tokens, p.shape[-1]).to(p.dtype)
+        return one_hot(proposal.tokens, p.shape[-1], p.dtype)
 
     @staticmethod
     def weights(p: torch.Tensor, q: torch.Tensor, proposal: Proposal) -> torch.Tensor:
@@ -213,7 +214,7 @@ class BlockVerifier:
         k = proposal.k
         h = self.keep_probability(self.residual_mass(p, q, w)[:, 1:], w[:, 1:k])  # h_1 .. h_{k-1}
         h = torch.cat([h, torch.zeros_like(w[:, :1])], dim=1)  # [B, k], a slot for h_k
-        lengths = torch.tensor(proposal.lengths, device=p.device)
+        lengths = to_device(proposal.lengths, p.device)
         last = (lengths - 1).clamp(min=0)
         rows = torch.arange(p.shape[0], device=p.device)
         h[rows, last] = w[rows, lengths]  # h_gamma = w_gamma at each row's own block length
@@ -239,7 +240,7 @@ class BlockVerifier:
         kept = (eta <= h) & (h > 0)
         positions = torch.arange(1, k + 1, device=p.device)
         tau = (kept * positions).amax(dim=1) if k else torch.zeros(b, dtype=torch.long, device=p.device)
-        lengths = torch.tensor(proposal.lengths, device=p.device)
+        lengths = to_device(proposal.lengths, p.device)
         p_t = p[rows, tau]
         if k:
             q_t = q[rows, tau.clamp(max=k - 1)]
@@ -292,7 +293,7 @@ class ForcedVerifier:
         """logits: [B, k+1, V] target logits at the last committed token and each draft."""
         b, k = logits.shape[0], proposal.k
         u = torch.rand(b, k, generator=generator, device=logits.device)
-        ok = (u < self.curve(k).to(logits.device)) & _draft_mask(proposal)
+        ok = (u < to_device(self.curve(k), logits.device)) & _draft_mask(proposal)
         accepted = _accepted_prefix(ok)
         rows = torch.arange(b, device=logits.device)
         at = logits[rows, accepted]  # [B, V] the target at the first slot not accepted

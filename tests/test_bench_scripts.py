@@ -34,6 +34,9 @@ def test_device_benchmark_runs_on_cpu_with_tiny_shapes(tmp_path):
     assert forced["lossless"] is False and set(forced["speedup_over_compiled_plain"]) == {"forced eager",
                                                                                           "forced compiled"}
     assert out["compile_report"]["target"]["graphs"] >= 1
+    syncs = out["host_syncs_per_step"]  # one read a step, and the prefill's: 4 tokens in 3 steps
+    assert set(syncs) == {"plain eager", "plain compiled", "forced eager", "forced compiled"}
+    assert syncs["plain eager"] == {"counted": 4 / 3} and 1 < syncs["forced eager"]["counted"] <= 2
     saved = json.loads((tmp_path / "r.json").read_text())
     assert saved["forced"]["k"] == 2 and saved["shape"] == "tiny"
 

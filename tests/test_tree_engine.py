@@ -76,10 +76,7 @@ def test_tree_pass_scores_each_node_as_its_path_and_keeps_only_the_accepted_path
             _, ref_logits = _reference(model, prompts[b] + [int(roots[b])] + nodes[b, path].tolist())
             assert torch.allclose(logits[b, i + 1], ref_logits[-1], atol=1e-5), (b, i)
 
-    path = torch.full((rows, 3), -1)
-    for b, nodes_b in enumerate(accepted):
-        path[b, : len(nodes_b)] = torch.tensor(nodes_b, dtype=torch.long)
-    m.keep_path(lens, path)
+    m.keep_path(lens, [nodes_b + [-1] * (3 - len(nodes_b)) for nodes_b in accepted])
     assert m.lengths == [n + 1 + len(a) for n, a in zip(lens, accepted)]
     new = torch.tensor([[60, 61], [62, 63], [64, 65]])[:rows]
     after = m.forward(new)

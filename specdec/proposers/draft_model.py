@@ -61,7 +61,8 @@ class DraftModelProposer:
             self.fed += 1
         return Proposal(
             tokens=torch.stack(tokens, dim=1),
-            lengths=lengths.tolist(),
+            # Without a confidence schedule every row drafted all of them: known without asking.
+            lengths=lengths.tolist() if state.schedule.uses_confidence else [len(tokens)] * state.batch_size,
             probs=torch.stack(probs, dim=1) if probs else None,
         )
 

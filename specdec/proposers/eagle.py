@@ -44,6 +44,7 @@ from specdec.compiled import CompiledModule
 from specdec.engine import Engine, overlay_columns
 from specdec.proposers.base import Proposal
 from specdec.proposers.heads import OutputHead, load_checkpoint
+from specdec.syncs import to_device
 from specdec.tree import TokenTree, TreeProposal
 
 # The drafter's single layer attends to all of its positions (whatever the target's layers do).
@@ -148,7 +149,7 @@ class EagleProposer:
             if out is not None:
                 return out
         cache.begin_write(t, counts)
-        slots = torch.tensor(cache.lengths, device=tokens.device)[:, None] + torch.arange(t, device=tokens.device)
+        slots = to_device(cache.lengths, tokens.device)[:, None] + torch.arange(t, device=tokens.device)
         with grouped_attention(self.target.model):
             out = self.drafter(embeds, features, positions, masks(slots, positions, cache.kv_len), cache)
         cache.advance(counts)
@@ -165,12 +166,12 @@ class EagleProposer:
         seen, upto = list(self.cache.lengths), self.target.lengths
         counts = [u - s for u, s in zip(upto, seen)]
         t = max(counts)
-        pos = torch.tensor(seen, device=device)[:, None] + torch.arange(t, device=device)
-        pos = torch.minimum(pos, torch.tensor(upto, device=device)[:, None] - 1)
+        pos = to_device(seen, device)[:, None] + torch.arange(t, device=device)
+        pos = torch.minimum(pos, to_device(upto, device)[:, None] - 1)
         features = self.target.cache.hidden[rows[:, None], pos]
         out = self._feed(state.tokens[rows[:, None], pos + 1], features, pos, counts)
-        root = out[rows, torch.tensor(counts, device=device) - 1]  # [B, H] predicted feature after the last token
-        base = torch.tensor(upto, device=device)  # the drafted region starts at each row's valid length
+        root = out[rows, to_device(counts, device) - 1]  # [B, H] predicted feature after the last token
+        base = to_device(upto, device)  # the drafted region starts at each row's valid length
 
         # 2. expand the best paths level by level
         depth = min(k, self.depth)
@@ -219,7 +220,8 @@ class EagleProposer:
         where = torch.full_like(tokens, -1).scatter_(1, chosen, torch.arange(n, device=device).expand(b, n))
         parent = parents.gather(1, chosen)
         tree_parents = torch.where(parent >= 0, where.gather(1, parent.clamp(min=0)), -1)
-        tree = TokenTree.build(tree_parents, [n] * b)
+        # Valid by construction, at most `depth` levels and `topk` children a slot: nothing to read back.
+        tree = TokenTree.build(tree_parents, [n] * b, max_depth=depth, max_children=self.topk, check=False)
         return TreeProposal(tokens.gather(1, chosen), [n] * b, None, tree=tree)
 
     def observe(self, state, outcome) -> None:

@@ -243,7 +243,7 @@ class HybridProposer:
                 if not on:
                     continue
                 draft = proposal.tokens[r, : min(proposal.lengths[r], width)].tolist()
-                emitted = state.tokens[r, outcome.prev_seq_lens[r]: outcome.prev_seq_lens[r] + n].tolist()
+                emitted = state.committed[r][outcome.prev_seq_lens[r]: outcome.prev_seq_lens[r] + n]
                 matched = next((i for i, (d, e) in enumerate(zip(draft, emitted)) if d != e), min(len(draft), n))
                 tokens += matched + 1
                 if not draft:

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from specdec.engine import Engine
 from specdec.proposers.base import Proposal
 from specdec.proposers.heads import OutputHead, load_checkpoint
+from specdec.syncs import to_device
 from specdec.tree import TreeProposal, static_tree
 
 # A CPU-sized tree: 9 nodes, depth 4 (Medusa's GPU trees have 60+ nodes; here each extra node costs).
@@ -89,12 +90,12 @@ class MedusaProposer:
         if k == 0:
             return Proposal.empty(b, device)
         shape = self._shape(k)
-        last = torch.tensor(self.target.lengths, device=device) - 1  # the entry that produced the last token
+        last = to_device(self.target.lengths, device) - 1  # the entry that produced the last token
         hidden = self.target.cache.hidden[torch.arange(b, device=device), last]  # [B, H]
         logits = self.head.logits(self.heads(hidden)[:, : shape.max_depth])  # [B, D, V']
         top = logits.topk(max(shape.ranks) + 1, dim=-1).indices  # [B, D, R]
-        depth = torch.tensor(shape.depths, device=device) - 1
-        rank = torch.tensor(shape.ranks, device=device)
+        depth = to_device(shape.depths, device) - 1
+        rank = to_device(shape.ranks, device)
         tokens = self.head.token_ids(top[:, depth, rank])  # [B, N]
         return TreeProposal(tokens, [shape.num_nodes] * b, None, tree=shape.expand(b, device))
 

@@ -17,6 +17,7 @@ import torch
 
 from specdec.engine import Engine
 from specdec.proposers.base import Proposal
+from specdec.syncs import reads_are_free, to_device
 
 
 class NgramProposer:
@@ -35,19 +36,18 @@ class NgramProposer:
         b, device = state.batch_size, state.tokens.device
         if k == 0:
             return Proposal.empty(b, device)
-        lens = torch.tensor(state.seq_lens, device=device)  # [B]
-        width = int(lens.max())
+        lens = to_device(state.seq_lens, device)  # [B]
+        width = max(state.seq_lens)
         seqs = state.tokens[:, :width]  # [B, L]
         start, found = self.find(seqs, lens)
-        active = torch.tensor(state.active, device=device)
+        active = to_device(state.active, device, torch.bool)
         lengths = torch.where(found & active, (lens - start).clamp(max=k), 0)  # [B]
-        t = int(lengths.max())
-        if t == 0:
-            return Proposal.empty(b, device)
-        idx = (start[:, None] + torch.arange(t, device=device)).clamp(max=width - 1)  # [B, t]
+        idx = (start[:, None] + torch.arange(k, device=device)).clamp(max=width - 1)  # [B, k]
         tokens = seqs.gather(1, idx)
-        tokens = tokens.masked_fill(torch.arange(t, device=device)[None, :] >= lengths[:, None], 0)
-        return Proposal(tokens, lengths.tolist())
+        tokens = tokens.masked_fill(torch.arange(k, device=device)[None, :] >= lengths[:, None], 0)
+        # The step's one read of the search: how long each match is decides the scoring width.
+        found_lengths = lengths.tolist()
+        return Proposal(tokens[:, : max(found_lengths)], found_lengths)
 
     def find(self, seqs: torch.Tensor, lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """seqs: [B, L] tokens, row b valid up to lens[b]. Returns, per row, where the continuation of
@@ -67,7 +67,7 @@ class NgramProposer:
             new = (last >= 0) & ~found
             start = torch.where(new, last + n, start)
             found |= new
-            if bool(found.all()):
+            if reads_are_free(seqs.device) and bool(found.all()):
                 break
         return start, found
 

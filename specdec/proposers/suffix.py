@@ -37,11 +37,12 @@ indexes hold only committed tokens, so every proposal is a function of the past.
 from __future__ import annotations
 
 import heapq
-from collections import deque
+from collections import Counter, deque
 
 import torch
 
 from specdec.proposers.base import Proposal
+from specdec.syncs import reads_are_free, to_device
 from specdec.tree import TokenTree, TreeProposal
 
 
@@ -273,7 +274,7 @@ class SuffixProposer:
         n = state.seq_lens[b]
         own = self.rows.setdefault(b, TokenPositions())
         if len(own.seq) < n:
-            own.extend(state.tokens[b, len(own.seq):n].tolist())
+            own.extend(state.committed[b][len(own.seq):n])
         return own.seq[max(n - self.max_depth, 0):]
 
     def best(self, context: list[int], own: TokenPositions, k: int, grow) -> tuple[list[int], list]:
@@ -319,7 +320,7 @@ class SuffixProposer:
         out = torch.zeros(b, t, dtype=torch.long)
         for row, d in enumerate(drafts):
             out[row, : len(d)] = torch.tensor(d, dtype=torch.long)
-        return Proposal(out.to(device), [len(d) for d in drafts])
+        return Proposal(to_device(out, device), [len(d) for d in drafts])
 
     def observe(self, state, outcome) -> None:
         # A row that finished this step is a finished request: its output joins the cross-request
@@ -369,4 +370,14 @@ class SuffixTreeProposer(SuffixProposer):
             tokens[row, : len(t)] = torch.tensor(t, dtype=torch.long)
             parents[row, : len(p)] = torch.tensor(p, dtype=torch.long)
         lengths = [len(t) for t, _ in trees]
-        return TreeProposal(tokens.to(device), lengths, None, tree=TokenTree.build(parents.to(device), lengths))
+        # The trees were made here, on the host: their bounds are known without reading the device.
+        depth, children = [], Counter()
+        for row, (_, p) in enumerate(trees):
+            row_depth = []
+            for parent in p:
+                row_depth.append(1 if parent < 0 else row_depth[parent] + 1)
+                children[row, parent] += 1
+            depth.extend(row_depth)
+        tree = TokenTree.build(to_device(parents, device), lengths, max_depth=max(depth), max_children=max(children.values()),
+                               check=reads_are_free(device))
+        return TreeProposal(to_device(tokens, device), lengths, None, tree=tree)

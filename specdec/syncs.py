@@ -1,0 +1,152 @@
+"""Counting host synchronisations, on any device.
+
+On a GPU every point where the host reads a device value (`.item()`, `bool(t)`, `.tolist()`, a
+data-dependent shape such as `nonzero` or boolean indexing) stalls the host until the device has
+caught up, and the next kernel launches only after that: a decoding step with many of them cannot
+keep the GPU busy, whatever the kernels cost. CUDA reports them itself
+(`torch.cuda.set_sync_debug_mode`), but only on a GPU; this counter sees the same operations on the
+CPU too, where they cost nothing, so that tests on a machine without a GPU can bound how often a
+decoding step talks to the host.
+
+What it counts: every call that would make the host wait for the device on CUDA, recognised by
+the operator (through a dispatch mode) or by the Tensor method (`tolist`, `cpu`, `numpy`, which
+do not reach the dispatcher for a CPU tensor), and every `torch.tensor(..., device=...)`: PyTorch
+copies pageable host memory to a GPU and then waits for the stream, so even a copy of a few
+integers to the device drains the queue. Small host values (lengths, indices) therefore go to the
+device through `to_device`, which stages them in pinned memory and copies without waiting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import traceback
+from collections import Counter
+from collections.abc import Iterator
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+__all__ = ["HostSyncs", "count_host_syncs", "reads_are_free", "to_device"]
+
+# Operators whose result the host must read (a scalar, or a shape that depends on the data).
+_READS = {"aten.item.default", "aten._local_scalar_dense.default", "aten.is_nonzero.default",
+          "aten.equal.default", "aten.nonzero.default", "aten.masked_select.default",
+          "aten._unique2.default", "aten.unique_consecutive.default", "aten.unique_dim.default",
+          "aten.repeat_interleave.Tensor", "aten.nonzero_static.default"}
+# Reads that also dispatch one of the operators above (bool(t) -> is_nonzero -> item): counted once.
+_NESTED = {"aten.item.default": {"aten._local_scalar_dense.default"},
+           "aten.is_nonzero.default": {"aten.item.default", "aten._local_scalar_dense.default"}}
+_METHODS = ("tolist", "cpu", "numpy")
+_COUNTING = 0  # open count_host_syncs blocks
+_TENSOR = torch.tensor  # unpatched: `to_device` makes host tensors while the counter watches torch.tensor
+
+
+def to_device(values, device: torch.device | str, dtype: torch.dtype = torch.long) -> torch.Tensor:
+    """Host values (a list, nested lists or a CPU tensor) as a tensor on `device`, without a
+    synchronisation: on a GPU through pinned memory and a non-blocking copy (PyTorch's caching host
+    allocator keeps the pinned buffer until the copy has run); elsewhere a plain tensor."""
+    host = values if isinstance(values, torch.Tensor) else _TENSOR(values, dtype=dtype)
+    device = torch.device(device)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+def reads_are_free(device: torch.device) -> bool:
+    """Whether reading a value back costs nothing on `device` (the CPU): loops that may stop early
+    on a device value ("has every row finished?") ask only there, and run to their static bound
+    elsewhere, where the extra work is a few small kernels and the question a synchronisation.
+    While `count_host_syncs` counts, the CPU answers like a GPU, so that the count is the GPU's."""
+    return device.type == "cpu" and not _COUNTING
+
+
+def _bool_index(args) -> bool:
+    """aten.index / index_put with a boolean index: the result's shape depends on the mask's data."""
+    indices = args[1] if len(args) > 1 else ()
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices or ())
+
+
+class HostSyncs:
+    """What `count_host_syncs` saw: `total`, `by_kind` (operator or method name -> count) and, with
+    `where=True`, the innermost specdec frame of each (file:line -> count), to find them."""
+
+    def __init__(self, where: bool):
+        self.by_kind: Counter[str] = Counter()
+        self.where: Counter[str] | None = Counter() if where else None
+        self._depth: list[str] = []
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_kind.values())
+
+    def _record(self, kind: str) -> None:
+        self.by_kind[kind] += 1
+        if self.where is not None:
+            frames = [f for f in traceback.extract_stack()[:-2] if "/specdec/" in f.filename
+                      and not f.filename.endswith("syncs.py")]
+            self.where[f"{frames[-1].filename.rsplit('/specdec/', 1)[1]}:{frames[-1].lineno}" if frames
+                       else "outside specdec"] += 1
+
+    def __repr__(self) -> str:
+        return f"HostSyncs(total={self.total}, by_kind={dict(self.by_kind)})"
+
+
+class _Mode(TorchDispatchMode):
+    def __init__(self, syncs: HostSyncs):
+        super().__init__()
+        self.syncs = syncs
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func)
+        outer = self.syncs._depth[-1] if self.syncs._depth else None
+        nested = outer is not None and name in _NESTED.get(outer, ())
+        if not nested and (name in _READS or (name in ("aten.index.Tensor", "aten.index_put.default",
+                                                       "aten.index_put_.default") and _bool_index(args))):
+            self.syncs._record(name.removeprefix("aten.").removesuffix(".default"))
+        self.syncs._depth.append(name)
+        try:
+            return func(*args, **(kwargs or {}))
+        finally:
+            self.syncs._depth.pop()
+
+
+@contextlib.contextmanager
+def count_host_syncs(where: bool = False) -> Iterator[HostSyncs]:
+    """Count the host synchronisations of the code inside (every thread's tensor calls; run it alone).
+
+        with count_host_syncs() as syncs:
+            decoder.generate(...)
+        syncs.total, syncs.by_kind
+    """
+    syncs = HostSyncs(where)
+    originals = {name: getattr(torch.Tensor, name) for name in _METHODS}
+
+    def patched(name):
+        original = originals[name]
+
+        def method(self, *args, **kwargs):
+            if not syncs._depth:  # a read inside an operator is that operator's
+                syncs._record(name)
+            return original(self, *args, **kwargs)
+        return method
+
+    global _COUNTING
+    if _COUNTING:
+        raise RuntimeError("count_host_syncs blocks do not nest")
+    _COUNTING += 1
+    def tensor(data, *args, **kwargs):
+        if kwargs.get("device") is not None:  # a pageable copy to the device: the stream is waited for
+            syncs._record("tensor(device=)")
+        return _TENSOR(data, *args, **kwargs)
+
+    try:
+        for name in _METHODS:
+            setattr(torch.Tensor, name, patched(name))
+        torch.tensor = tensor
+        with _Mode(syncs):
+            yield syncs
+    finally:
+        _COUNTING -= 1
+        torch.tensor = _TENSOR
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)

@@ -1,0 +1,152 @@
+"""The host learns a step's outcome once per step.
+
+On a GPU every read of a device value stalls the host until the device catches up; a step with
+one read per draft token or per row cannot keep the GPU busy. `count_host_syncs` counts those
+reads on the CPU too (where the early exits that only the CPU takes are switched off), so these
+tests bound, for every method, greedy and sampling, a single row and a ragged batch, the reads a
+generation makes: one per step (the accepted counts and tokens, read together) plus one for the
+prefill's first token. n-gram lookup reads its match lengths as well, since they decide how wide
+the step's scoring pass is. The CUDA test checks the counter against CUDA's own sync detector.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdec.decoding import SpeculativeDecoder
+from specdec.engine import Engine
+from specdec.proposers.draft_model import DraftModelProposer
+from specdec.proposers.eagle import EagleProposer
+from specdec.proposers.layer_skip import LayerSkipProposer
+from specdec.proposers.medusa import MedusaProposer
+from specdec.proposers.ngram import NgramProposer
+from specdec.proposers.suffix import SuffixProposer, SuffixTreeProposer
+from specdec.sampling import one_hot
+from specdec.syncs import count_host_syncs, reads_are_free
+from specdec.tree import TokenTree
+from tests.conftest import RAGGED_PROMPTS
+
+ASSETS = Path(__file__).resolve().parent / "assets"
+# Prompts that repeat themselves, so that n-gram and suffix lookups find drafts.
+PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7], [3, 4], [10, 11, 12, 13, 14, 15, 16, 10, 11, 12]]
+
+
+def test_counter_sees_every_kind_of_read():
+    x = torch.arange(6)
+    with count_host_syncs() as syncs:
+        x.max().item()
+        bool((x > 3).any())
+        int(x.sum())
+        x.tolist()
+        x.nonzero()
+        x[x > 2]  # boolean indexing: the result's shape depends on the data
+        torch.nn.functional.one_hot(x, 8)  # reads the ids' smallest and largest back: two reads
+        if x[0] == 0:
+            pass
+    assert syncs.total == 9, syncs
+    assert syncs.by_kind["tolist"] == 1 and syncs.by_kind["nonzero"] == 1 and syncs.by_kind["index.Tensor"] == 1
+    with torch.inference_mode(), count_host_syncs() as syncs:  # item and bool() dispatch otherwise there
+        x.max().item()
+        bool((x > 3).any())
+    assert syncs.total == 2, syncs
+
+
+def test_counter_ignores_device_work_and_copies_to_the_device():
+    x = torch.arange(6)
+    with count_host_syncs(where=True) as syncs:
+        y = torch.tensor([1, 2, 3])  # host to device: no wait for the device
+        (x * 2 + y.sum()).cumsum(0).gather(0, torch.tensor([0, 2]))
+        torch.where(x > 2, x, 0).amax()
+        one_hot(x, 8)  # specdec's one-hot reads nothing back
+        assert not reads_are_free(x.device)  # while counting, the CPU answers like a GPU
+    assert syncs.total == 0, syncs
+    assert reads_are_free(x.device)
+    with count_host_syncs(), pytest.raises(RuntimeError, match="nest"):
+        with count_host_syncs():
+            pass
+
+
+def _proposer(method: str, engine: Engine):
+    if method == "draft":
+        return DraftModelProposer(engine)
+    if method == "layer_skip":
+        return LayerSkipProposer(engine, exit_layer=1)
+    if method == "ngram":
+        return NgramProposer(engine)
+    if method == "suffix":
+        return SuffixProposer(max_spec_factor=2.0)
+    if method == "suffix_tree":
+        return SuffixTreeProposer(max_spec_factor=2.0, budget=8)
+    if method == "eagle":
+        return EagleProposer(engine, str(ASSETS / "tiny_random_eagle.safetensors"), budget=10, topk=3, width=3, depth=4)
+    if method == "medusa":
+        return MedusaProposer(engine, str(ASSETS / "tiny_random_medusa.safetensors"),
+                              tree=[[0], [1], [0, 0], [1, 0], [0, 0, 0]])
+    return None
+
+
+@pytest.mark.parametrize("method", ["plain", "draft", "layer_skip", "ngram", "suffix", "suffix_tree", "eagle", "medusa"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("batch", ["single", "ragged"])
+def test_one_read_per_step(target, unrelated_draft, method, temperature, batch):
+    prompts = PROMPTS[:1] if batch == "single" else PROMPTS
+    def decoder():  # a fresh one each time: suffix decoding also drafts from earlier generations' outputs
+        engine = Engine(target, unrelated_draft, dtype="float32")
+        return SpeculativeDecoder(engine, _proposer(method, engine), num_speculative_tokens=4)
+
+    free = decoder().generate(prompts, max_new_tokens=20, temperature=temperature, seed=3)
+    counted = decoder()
+    with count_host_syncs(where=True) as syncs:
+        out = counted.generate(prompts, max_new_tokens=20, temperature=temperature, seed=3)
+    # The early exits the CPU takes change no token.
+    assert out.output_ids == free.output_ids
+    steps = out.stats.steps
+    lookups = steps if method == "ngram" else 0  # the match lengths, which set the scoring width
+    assert syncs.total == 1 + steps + lookups, syncs.where
+    if method != "plain":
+        assert sum(out.stats.draft_lengths) > 0  # the method drafted: its reads were exercised
+
+
+def test_tree_bounds_replace_reads_and_are_checked():
+    parents = torch.tensor([[-1, 0, 0, 1], [-1, -1, 0, 0]])
+    read = TokenTree.build(parents, [4, 2])
+    with count_host_syncs() as syncs:
+        bounded = TokenTree.build(parents, [4, 2], max_depth=3, max_children=2, check=False)
+    assert syncs.total == 0
+    for name in ("depth", "mask", "paths", "children"):
+        assert torch.equal(getattr(bounded, name), getattr(read, name)), name
+    wider = TokenTree.build(parents, [4, 2], max_depth=5, max_children=4)  # loose bounds pad with -1
+    assert torch.equal(wider.paths[..., :3], read.paths) and bool((wider.paths[..., 3:] == -1).all())
+    assert torch.equal(wider.children[..., :2], read.children) and bool((wider.children[..., 2:] == -1).all())
+    with pytest.raises(ValueError, match="deeper than max_depth=2"):
+        TokenTree.build(parents, [4, 2], max_depth=2)
+    with pytest.raises(ValueError, match="more than max_children=1"):
+        TokenTree.build(parents, [4, 2], max_children=1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("method", ["plain", "draft", "eagle"])
+def test_cuda_sync_detector_agrees(target, unrelated_draft, method):
+    """On a GPU, CUDA's own detector (`set_sync_debug_mode`) sees no more synchronisations in a
+    generation than the counter does."""
+    engine = Engine(target, unrelated_draft, device="cuda", dtype="float32")
+    decoder = SpeculativeDecoder(engine, _proposer(method, engine), num_speculative_tokens=4)
+    decoder.generate(RAGGED_PROMPTS, max_new_tokens=8)
+    torch.cuda.synchronize()
+    with count_host_syncs() as syncs:
+        decoder.generate(RAGGED_PROMPTS, max_new_tokens=16)
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            out = decoder.generate(RAGGED_PROMPTS, max_new_tokens=16)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    detected = [w for w in caught if "synchroniz" in str(w.message)]
+    assert syncs.total <= 1 + 2 * out.stats.steps
+    assert len(detected) <= syncs.total, [str(w.message) for w in detected[:5]]
