@@ -73,7 +73,7 @@ class Timer:
     def __enter__(self):
         if self.device.type == "cuda":
             self._start = torch.cuda.Event(enable_timing=True)
-            self._start.record()
+            self._start.record(torch.cuda.current_stream(self.device))
         else:
             self._t0 = time.perf_counter()
         return self
@@ -81,7 +81,7 @@ class Timer:
     def __exit__(self, *exc):
         if self.device.type == "cuda":
             end = torch.cuda.Event(enable_timing=True)
-            end.record()
+            end.record(torch.cuda.current_stream(self.device))
             self._events.append((self._start, end))
         else:
             self._total += time.perf_counter() - self._t0
