@@ -178,6 +178,30 @@ def test_tree_passes_of_every_size_share_one_width(target):
     assert third.output_ids == second.output_ids == first.output_ids
 
 
+def test_known_calls_skip_the_guards(target, monkeypatch):
+    """A call whose inputs match one this caller has run (same model, shapes, key bucket, buffers)
+    skips dynamo's full guard evaluation; any new entry (the first call of a shape, a longer cache)
+    evaluates every guard; with SKIP_KNOWN_GUARDS off, every call does."""
+    import specdec.compiled as compiled
+
+    torch._dynamo.reset()
+    engine = _engine(target, None, "on")
+    first = _generate(engine, 0, [[5, 6, 7]], max_new_tokens=40)  # key buckets 64 only
+    report = engine.compile_report()["target"]
+    assert report["compiled_calls"] - report["unguarded_calls"] == report["shapes"] == 1
+    again = _generate(engine, 0, [[5, 6, 7]], max_new_tokens=40)
+    assert again.output_ids == first.output_ids
+    after = engine.compile_report()["target"]
+    assert after["unguarded_calls"] - report["unguarded_calls"] == again.stats.steps  # every step known
+    longer = _generate(engine, 0, [[5, 6, 7]], max_new_tokens=80)  # reaches the 128-key bucket: a new entry
+    assert longer.output_ids[0][:40] == first.output_ids[0]
+    final = engine.compile_report()["target"]
+    assert final["compiled_calls"] - final["unguarded_calls"] == 2 and final["shapes"] == 2
+    monkeypatch.setattr(compiled, "SKIP_KNOWN_GUARDS", False)
+    _generate(engine, 0, [[5, 6, 7]], max_new_tokens=40)
+    assert engine.compile_report()["target"]["unguarded_calls"] == final["unguarded_calls"]
+
+
 def test_compile_off_is_the_eager_path(target):
     engine = Engine(target, dtype="float32")
     assert not engine.compile and engine.target.compiled is None and engine.compile_report() is None
@@ -213,13 +237,18 @@ def test_inductor_freezing_keeps_each_models_weights(target):
     assert freezes(torch.device("cpu"), "inductor") and not freezes(torch.device("cpu"), "eager")
     other = tiny_random_model(seed=5, eos_token_id=None)
     assert [p.shape for p in other.parameters()] == [p.shape for p in target.parameters()]
-    outputs = {}
+    outputs, engines = {}, {}
     for name, model in (("target", target), ("other", other)):
-        eager = _generate(_engine(model, None, "off"), 0, RAGGED_PROMPTS)
-        compiled = _generate(_engine(model, None, "on", backend="inductor"), 0, RAGGED_PROMPTS)
-        assert compiled.output_ids == eager.output_ids, name
-        outputs[name] = eager.output_ids
-    assert outputs["target"] != outputs["other"]  # else the check above could not tell the models apart
+        outputs[name] = _generate(_engine(model, None, "off"), 0, RAGGED_PROMPTS).output_ids
+        engines[name] = _engine(model, None, "on", backend="inductor")
+    assert outputs["target"] != outputs["other"]  # else the checks below could not tell the models apart
+    # Alternating, so that the second rounds skip the guards that do not tell the graphs apart
+    # (`SKIP_KNOWN_GUARDS`): the weights' identity does, and must still pick each model's graphs.
+    for name in ("target", "other", "target", "other"):
+        assert _generate(engines[name], 0, RAGGED_PROMPTS).output_ids == outputs[name], name
+    for engine in engines.values():
+        report = engine.compile_report()["target"]
+        assert 0 < report["unguarded_calls"] and report["graphs"] <= report["shapes"]
 
 
 @pytest.mark.slow
