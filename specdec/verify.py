@@ -47,6 +47,8 @@ class GreedyVerifier:
                  generator: torch.Generator | None = None) -> Verification:
         """logits: [B, k+1, V] target logits at the last committed token and each draft."""
         target = greedy_tokens(logits)
+        if proposal.k == 0:  # a plain decoding step: nothing to compare, fewer kernels to launch
+            return Verification(tokens=target, accepted=target.new_zeros(target.shape[0]))
         ok = (proposal.tokens == target[:, : proposal.k]) & _draft_mask(proposal)
         return Verification(tokens=target, accepted=_accepted_prefix(ok))
 
