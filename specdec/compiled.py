@@ -259,7 +259,7 @@ def _unguarded(known: bool):
 
 
 def _can_skip_guards() -> bool:
-    """Whether this torch has the stance (2.7 and later); older ones evaluate every guard."""
+    """Whether this torch has the stance (recent releases); older ones evaluate every guard."""
     stance = getattr(torch.compiler, "set_stance", None)
     return stance is not None and "skip_guard_eval_unsafe" in inspect.signature(stance).parameters
 
