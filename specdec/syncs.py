@@ -130,15 +130,15 @@ def count_host_syncs(where: bool = False) -> Iterator[HostSyncs]:
             return original(self, *args, **kwargs)
         return method
 
-    global _COUNTING
-    if _COUNTING:
-        raise RuntimeError("count_host_syncs blocks do not nest")
-    _COUNTING += 1
     def tensor(data, *args, **kwargs):
         if kwargs.get("device") is not None:  # a pageable copy to the device: the stream is waited for
             syncs._record("tensor(device=)")
         return _TENSOR(data, *args, **kwargs)
 
+    global _COUNTING
+    if _COUNTING:
+        raise RuntimeError("count_host_syncs blocks do not nest")
+    _COUNTING += 1
     try:
         for name in _METHODS:
             setattr(torch.Tensor, name, patched(name))
