@@ -41,14 +41,26 @@ def test_device_benchmark_runs_on_cpu_with_tiny_shapes(tmp_path):
     assert saved["forced"]["k"] == 2 and saved["shape"] == "tiny"
 
 
-def test_device_benchmark_imports_no_experiment_stack():
-    """The GPU box may lack hydra, wandb, gguf and datasets: the script's imports must not need them."""
+@pytest.mark.parametrize("script", ["bench_gpu", "device_check"])
+def test_device_scripts_import_no_experiment_stack(script):
+    """The GPU box may lack pytest, hydra, wandb, gguf and datasets: the scripts' imports must not need them."""
     code = ("import sys, importlib.util; spec = importlib.util.spec_from_file_location('b', sys.argv[1]); "
             "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); "
-            "print(sorted(x for x in ('hydra', 'wandb', 'gguf', 'datasets', 'omegaconf') if x in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code, str(SCRIPTS / "bench_gpu.py")], capture_output=True,
+            "print(sorted(x for x in ('hydra', 'wandb', 'gguf', 'datasets', 'omegaconf', 'pytest') if x in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code, str(SCRIPTS / f"{script}.py")], capture_output=True,
                          text=True, check=True, cwd=SCRIPTS.parent)
     assert out.stdout.strip() == "[]"
+
+
+def test_device_check_runs_its_checks_on_cpu(tmp_path):
+    """The device machine's one command, its plumbing on the CPU (dynamo's quick backend; the host-sync
+    check needs CUDA): every compiled case gives the eager tokens, and the results are written."""
+    check = _load("device_check")
+    assert check.main(["--device", "cpu", "--skip-bench", "--backend", "eager", "--out-dir", str(tmp_path)]) == 0
+    saved = json.loads((tmp_path / "checks.json").read_text())
+    cases = saved["compiled_equals_eager"]
+    assert len(cases) == 7 and all(case["equal"] for case in cases.values()) and "host_syncs" not in saved
+    assert cases["eagle k=4 ragged"]["compile"]["eagle drafter"]["compiled_calls"] > 0
 
 
 def test_predicted_speedup_is_the_cost_model_of_specdec_metrics(tmp_path):

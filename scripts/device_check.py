@@ -1,0 +1,136 @@
+"""The device machine's one command: the GPU checks a CPU cannot run, then the device benchmark.
+
+    python scripts/device_check.py --out-dir "$OUT"              # on a GPU: checks (a few minutes), then bench_gpu
+    python scripts/device_check.py --device cpu --skip-bench      # the same checks' plumbing, anywhere
+
+A GPU box may lack pytest, hydra, wandb, gguf and datasets: this needs torch and transformers only.
+The checks, on tiny random models in float32 (so that tokens must be identical):
+
+1. compile=on (inductor; CUDA graphs on a GPU) gives the eager path's greedy tokens: plain decoding
+   and a draft model at k = 1 and 4, a single prompt and a ragged batch of three, and EAGLE's token
+   trees (the tests' tiny trained drafter) on the ragged batch;
+2. host synchronisations: CUDA's own detector (`torch.cuda.set_sync_debug_mode`) sees no more per
+   generation than specdec's count, which is one read a step plus the prefill's (eager plain,
+   draft-model and EAGLE decoding; skipped without CUDA).
+
+It writes `checks.json` (and, unless --skip-bench, the benchmark's `bench_gpu.json`) to --out-dir,
+prints a line per check, and exits 1 if a check failed (the benchmark runs anyway: its numbers stand
+on their own).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from specdec.compiled import CompiledForward  # noqa: E402
+from specdec.decoding import SpeculativeDecoder  # noqa: E402
+from specdec.engine import Engine  # noqa: E402
+from specdec.models import tiny_random_model  # noqa: E402
+from specdec.proposers.draft_model import DraftModelProposer  # noqa: E402
+from specdec.proposers.eagle import EagleProposer  # noqa: E402
+from specdec.syncs import count_host_syncs  # noqa: E402
+
+PROMPTS = [[5, 6, 7, 8, 9], [3, 4], [10, 11, 12, 13, 14, 15, 16, 17, 18]]
+EAGLE = ROOT / "tests" / "assets" / "tiny_random_eagle.safetensors"
+
+
+def _decoder(target, draft, device: str, compile: str, backend: str, method: str, k: int) -> SpeculativeDecoder:
+    engine = Engine(target, draft, device=device, dtype="float32", compile=compile)
+    if engine.compile:
+        for model in (engine.target, engine.draft):
+            if model is not None:
+                model.compiled = CompiledForward(model, backend=backend)
+    proposer = {"plain": lambda: None, "draft": lambda: DraftModelProposer(engine),
+                "eagle": lambda: EagleProposer(engine, str(EAGLE), budget=10, topk=3, width=3, depth=4)}[method]()
+    return SpeculativeDecoder(engine, proposer, num_speculative_tokens=k)
+
+
+def check_compiled_equals_eager(target, draft, device: str, backend: str) -> dict:
+    """Greedy tokens of compile=on against compile=off, per (method, k, batch)."""
+    cases = [(m, k, b) for m in ("plain", "draft") for k in ((1,) if m == "plain" else (1, 4))
+             for b in ("single", "ragged")] + [("eagle", 4, "ragged")]
+    out = {}
+    for method, k, batch in cases:
+        prompts = PROMPTS[:1] if batch == "single" else PROMPTS
+        eager = _decoder(target, draft, device, "off", backend, method, k).generate(prompts, max_new_tokens=24)
+        compiled = _decoder(target, draft, device, "on", backend, method, k)
+        got = compiled.generate(prompts, max_new_tokens=24)
+        again = compiled.generate(prompts, max_new_tokens=24)  # replays: known entries skip their guards
+        out[f"{method} k={k} {batch}"] = {"equal": got.output_ids == eager.output_ids == again.output_ids,
+                                          "compile": compiled.engine.compile_report()}
+    return out
+
+
+def check_syncs(target, draft, device: str) -> dict:
+    """Per method: specdec's count and CUDA's detector over one generation each, and the steps."""
+    out = {}
+    for method in ("plain", "draft", "eagle"):
+        decoder = _decoder(target, draft, device, "off", "eager", method, 4)
+        decoder.generate(PROMPTS, max_new_tokens=8)
+        with count_host_syncs() as syncs:
+            counted = decoder.generate(PROMPTS, max_new_tokens=16)
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                detected = decoder.generate(PROMPTS, max_new_tokens=16)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        messages = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+        out[method] = {"steps": counted.stats.steps, "counted": syncs.total, "detected": len(messages),
+                       "detected_steps": detected.stats.steps, "first_detected": messages[:3],
+                       "ok": syncs.total == 1 + counted.stats.steps and len(messages) <= syncs.total}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--out-dir", default=".")
+    ap.add_argument("--backend", default="inductor", help="compile=on's backend for check 1 (eager: quick plumbing)")
+    ap.add_argument("--skip-bench", action="store_true")
+    ap.add_argument("--bench-args", default="", help="extra arguments for scripts/bench_gpu.py, e.g. '--skip-hf'")
+    args = ap.parse_args(argv)
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    target = tiny_random_model(seed=0, eos_token_id=None)
+    draft = tiny_random_model(seed=1, num_layers=1, eos_token_id=None)
+    results, failed, began = {"device": args.device, "torch": torch.__version__}, False, time.perf_counter()
+    checks = [("compiled_equals_eager", lambda: check_compiled_equals_eager(target, draft, args.device, args.backend))]
+    if args.device.startswith("cuda"):
+        checks.append(("host_syncs", lambda: check_syncs(target, draft, args.device)))
+    for name, run in checks:
+        try:
+            results[name] = run()
+            ok = all(case.get("equal", case.get("ok")) for case in results[name].values())
+        except Exception:  # report and go on: the next check and the benchmark still tell something
+            results[name], ok = {"error": traceback.format_exc()}, False
+        failed |= not ok
+        print(f"[{time.perf_counter() - began:6.1f} s] {name}: {'ok' if ok else 'FAILED'}", flush=True)
+        if not ok:
+            print(json.dumps(results[name], indent=1, default=str)[:4000], flush=True)
+    (out_dir / "checks.json").write_text(json.dumps(results, indent=2, default=str))
+    if not args.skip_bench:
+        spec = importlib.util.spec_from_file_location("bench_gpu", ROOT / "scripts" / "bench_gpu.py")
+        bench = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bench)
+        bench.main(["--device", args.device, "--out", str(out_dir / "bench_gpu.json"), *args.bench_args.split()])
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
