@@ -109,8 +109,10 @@ class RowCache(Cache):
         self.stamp = next(_STAMPS)
         return self.stamp
 
-    def begin_write(self, step_len: int, counts: list[int] | None = None) -> None:
-        """Prepare a forward pass that writes `step_len` positions per row after its valid length.
+    def begin_write(self, step_len: int, counts: list[int] | None = None) -> torch.Tensor:
+        """Prepare a forward pass that writes `step_len` positions per row after its valid length;
+        returns those cache indices, `slots: [B, step_len]` (each row's valid length onwards, before
+        any clamping to the scratch position: the pass's default positions).
 
         counts: per row, how many of the positions must be kept (default all `step_len`); the rest
                 is padding, written wherever it fits (past the end: the scratch position).
@@ -129,15 +131,16 @@ class RowCache(Cache):
         # greedy decoding: attention's rounding then does not depend on where a pass starts; the
         # extra keys lie past every query and are masked).
         self.kv_len = self.max_len + 1 if self.fixed_kv_len else min(self.max_row_len + step_len, self.max_len + 1)
+        slots = to_device(self.lengths, self.device)[:, None] + torch.arange(step_len, device=self.device)
         first = self.lengths[0]
         if all(n == first for n in self.lengths) and first + step_len <= self.max_len + 1:
             self.uniform_start, self.write_index = first, None
         else:
             self.uniform_start = None
-            starts = to_device(self.lengths, self.device)
-            pos = (starts[:, None] + torch.arange(step_len, device=self.device)).clamp(max=self.max_len)
+            pos = slots.clamp(max=self.max_len)
             rows = torch.arange(self.batch_size, device=self.device)[:, None].expand_as(pos)
             self.write_index = (rows, pos)
+        return slots
 
     def advance(self, counts: list[int]) -> None:
         """Mark `counts[b]` of the positions just written as valid for row b."""

@@ -60,7 +60,6 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from specdec.attention import grouped_attention
-from specdec.syncs import to_device
 
 COMPILE_MODES = ("off", "on", "auto")
 # The widths a pass is padded to. Powers of two, and 6 and 12 between: on this CPU (SmolLM2, bfloat16,
@@ -357,9 +356,8 @@ class _BucketedPasses:
         if w > MAX_WIDTH or not all(layer.is_initialized for layer in cache.layers):
             self.eager_calls += 1
             return None
-        cache.begin_write(w, counts)  # checks each row's capacity for its real tokens
+        slots = cache.begin_write(w, counts)  # checks each row's capacity for its real tokens
         b = len(counts)
-        slots = to_device(cache.lengths, self.device)[:, None] + torch.arange(w, device=self.device)[None, :]
         view = self._view if self._view is not None and self._view.cache is cache else _BucketView(cache)
         self._view = view
         view.rows = torch.arange(b, device=self.device)[:, None].expand(b, w)

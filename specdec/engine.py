@@ -176,9 +176,7 @@ class CachedModel:
                 return logits
         b, t = tokens.shape
         cache = self.cache
-        cache.begin_write(t, advance)
-        starts = to_device(cache.lengths, tokens.device)
-        slots = starts[:, None] + torch.arange(t, device=tokens.device)[None, :]
+        slots = cache.begin_write(t, advance)
         positions = slots if positions is None else positions
         # Rows at equal lengths need no custom mask: the model builds its usual causal (and sliding
         # window) masks from the positions and the cache's sizes, and SDPA takes the same kernels as

@@ -148,8 +148,7 @@ class EagleProposer:
             out = self.compiled.forward(cache, (embeds, features), positions, counts, masks)
             if out is not None:
                 return out
-        cache.begin_write(t, counts)
-        slots = to_device(cache.lengths, tokens.device)[:, None] + torch.arange(t, device=tokens.device)
+        slots = cache.begin_write(t, counts)
         with grouped_attention(self.target.model):
             out = self.drafter(embeds, features, positions, masks(slots, positions, cache.kv_len), cache)
         cache.advance(counts)
