@@ -32,7 +32,6 @@ import argparse
 import json
 import statistics
 import time
-import warnings
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -43,7 +42,7 @@ from specdec.decoding import SpeculativeDecoder
 from specdec.engine import Engine, synchronize
 from specdec.metrics import draft_token_cost, expected_tokens_per_step, predicted_speedup, tokens_per_s
 from specdec.proposers.draft_model import DraftModelProposer
-from specdec.syncs import count_host_syncs
+from specdec.syncs import count_host_syncs, detect_cuda_syncs
 
 SHAPES = {
     # Llama-3.2-1B: 1.24 B parameters (embeddings tied)
@@ -167,14 +166,9 @@ def syncs_per_step(decoder: SpeculativeDecoder, prompt: list[int], new_tokens: i
             steps = decoder.generate([prompt], max_new_tokens=new_tokens).stats.steps
         out["counted"] = syncs.total / steps
     if decoder.engine.device.type == "cuda":
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                steps = decoder.generate([prompt], max_new_tokens=new_tokens).stats.steps
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-        out["cuda"] = sum("synchroniz" in str(w.message) for w in caught) / steps
+        with detect_cuda_syncs() as detected:
+            steps = decoder.generate([prompt], max_new_tokens=new_tokens).stats.steps
+        out["cuda"] = len(detected) / steps
     return out
 
 

@@ -26,7 +26,6 @@ import json
 import sys
 import time
 import traceback
-import warnings
 from pathlib import Path
 
 import torch
@@ -40,7 +39,7 @@ from specdec.engine import Engine  # noqa: E402
 from specdec.models import tiny_random_model  # noqa: E402
 from specdec.proposers.draft_model import DraftModelProposer  # noqa: E402
 from specdec.proposers.eagle import EagleProposer  # noqa: E402
-from specdec.syncs import count_host_syncs  # noqa: E402
+from specdec.syncs import count_host_syncs, detect_cuda_syncs  # noqa: E402
 
 PROMPTS = [[5, 6, 7, 8, 9], [3, 4], [10, 11, 12, 13, 14, 15, 16, 17, 18]]
 EAGLE = ROOT / "tests" / "assets" / "tiny_random_eagle.safetensors"
@@ -82,14 +81,8 @@ def check_syncs(target, draft, device: str) -> dict:
         with count_host_syncs() as syncs:
             counted = decoder.generate(PROMPTS, max_new_tokens=16)
         torch.cuda.synchronize()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                detected = decoder.generate(PROMPTS, max_new_tokens=16)
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-        messages = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+        with detect_cuda_syncs() as messages:
+            detected = decoder.generate(PROMPTS, max_new_tokens=16)
         out[method] = {"steps": counted.stats.steps, "counted": syncs.total, "detected": len(messages),
                        "detected_steps": detected.stats.steps, "first_detected": messages[:3],
                        "ok": syncs.total == 1 + counted.stats.steps and len(messages) <= syncs.total}

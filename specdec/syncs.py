@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import contextlib
 import traceback
+import warnings
 from collections import Counter
 from collections.abc import Iterator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["HostSyncs", "count_host_syncs", "reads_are_free", "to_device"]
+__all__ = ["HostSyncs", "count_host_syncs", "detect_cuda_syncs", "reads_are_free", "to_device"]
 
 # Operators whose result the host must read (a scalar, or a shape that depends on the data).
 _READS = {"aten.item.default", "aten._local_scalar_dense.default", "aten.is_nonzero.default",
@@ -150,3 +151,24 @@ def count_host_syncs(where: bool = False) -> Iterator[HostSyncs]:
         torch.tensor = _TENSOR
         for name, original in originals.items():
             setattr(torch.Tensor, name, original)
+
+
+@contextlib.contextmanager
+def detect_cuda_syncs() -> Iterator[list[str]]:
+    """CUDA's own view, on a GPU: the messages of every synchronisation its sync detector
+    (`torch.cuda.set_sync_debug_mode("warn")`) reports inside the block, in a list filled when it ends.
+    The ground truth that `count_host_syncs` stands in for where there is no GPU.
+
+        with detect_cuda_syncs() as detected:
+            decoder.generate(...)
+        len(detected)
+    """
+    detected: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield detected
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            detected += [str(w.message) for w in caught if "synchroniz" in str(w.message)]
