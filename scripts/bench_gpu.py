@@ -8,7 +8,8 @@ compiles every graph the timed runs need, and medians of the repeats are reporte
 - the target's cost of one forward pass over T = 1 .. k_max+1 new tokens, eager and compiled
   (`compile=on`), and the ratio to T = 1 (how much verifying k+1 tokens costs beyond one token);
 - the draft's cost per token, and c = draft token cost / target one-token cost, both ways;
-- plain decoding tokens/s at batch sizes 1, 8 and 32: specdec eager and compiled, and at batch 1
+- plain decoding tokens/s at batch sizes 1, 8 and 32: specdec eager and compiled (on a GPU with its
+  steps overlapped: `overlap=auto`), and at batch 1 the compiled serial loop (`overlap=off`) and
   transformers' `generate()` with its dynamic cache and with `cache_implementation="static"`
   (which transformers compiles itself on a GPU), against the memory-bandwidth limit (weight bytes /
   bandwidth: every decoding step reads every weight once; bandwidth measured by a device copy and
@@ -31,18 +32,27 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-import specdec.verify as verify
-from specdec.compiled import CompiledForward
-from specdec.decoding import SpeculativeDecoder
-from specdec.engine import Engine, synchronize
-from specdec.metrics import draft_token_cost, expected_tokens_per_step, predicted_speedup, tokens_per_s
-from specdec.proposers.draft_model import DraftModelProposer
-from specdec.syncs import count_host_syncs, detect_cuda_syncs
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout without `pip install` (a bare GPU box)
+
+import specdec.verify as verify  # noqa: E402
+from specdec.compiled import CompiledForward  # noqa: E402
+from specdec.decoding import SpeculativeDecoder  # noqa: E402
+from specdec.engine import Engine, synchronize  # noqa: E402
+from specdec.metrics import (  # noqa: E402
+    draft_token_cost,
+    expected_tokens_per_step,
+    predicted_speedup,
+    tokens_per_s,
+)
+from specdec.proposers.draft_model import DraftModelProposer  # noqa: E402
+from specdec.syncs import count_host_syncs, detect_cuda_syncs  # noqa: E402
 
 SHAPES = {
     # Llama-3.2-1B: 1.24 B parameters (embeddings tied)
@@ -138,10 +148,11 @@ def make_engine(target, draft, device, dtype, compiled: bool, backend: str) -> E
     return engine
 
 
-def plain(engine: Engine) -> SpeculativeDecoder:
+def plain(engine: Engine, overlap: str = "auto") -> SpeculativeDecoder:
     """Plain decoding one token wide (the fastest plain decoding; exact greedy's fixed width is a
-    numerics choice, not a speed one)."""
-    decoder = SpeculativeDecoder(engine, eos_token_id=[])
+    numerics choice, not a speed one); `overlap` as the decoder takes it (auto: on a GPU, step n+1
+    is queued before step n's token is read)."""
+    decoder = SpeculativeDecoder(engine, eos_token_id=[], overlap=overlap)
     decoder.exact_greedy = False
     return decoder
 
@@ -226,6 +237,9 @@ def main(argv: list[str] | None = None) -> dict:
         decoders = {name: plain(engine) for name, engine in engines.items()}
         variants = {f"specdec {name}": (lambda d=d, p=prompts: decode_rate(d, p, args.new_tokens))
                     for name, d in decoders.items()}
+        if b == 1:  # what overlapping the steps is worth: the compiled loop reading each step's token first
+            serial = plain(engines["compiled"], "off")
+            variants["specdec compiled serial"] = lambda d=serial: decode_rate(d, [prompt], args.new_tokens)
         if b == 1 and not args.skip_hf:
             hf = engines["eager"].target.model
             variants["transformers dynamic"] = lambda hf=hf: hf_rate(hf, context_ids, args.new_tokens)

@@ -7,11 +7,12 @@ A GPU box may lack pytest, hydra, wandb, gguf and datasets: this needs torch and
 The checks, on tiny random models in float32 (so that tokens must be identical):
 
 1. compile=on (inductor; CUDA graphs on a GPU) gives the eager path's greedy tokens: plain decoding
-   and a draft model at k = 1 and 4, a single prompt and a ragged batch of three, and EAGLE's token
-   trees (the tests' tiny trained drafter) on the ragged batch;
+   (compiled with its steps overlapped, against the eager serial loop) and a draft model at k = 1
+   and 4, a single prompt and a ragged batch of three, and EAGLE's token trees (the tests' tiny
+   trained drafter) on the ragged batch;
 2. host synchronisations: CUDA's own detector (`torch.cuda.set_sync_debug_mode`) sees no more per
-   generation than specdec's count, which is one read a step plus the prefill's (eager plain,
-   draft-model and EAGLE decoding; skipped without CUDA).
+   generation than specdec's count, which is one read a step plus the prefill's (eager plain
+   decoding serial and overlapped, draft-model and EAGLE decoding; skipped without CUDA).
 
 It writes `checks.json` (and, unless --skip-bench, the benchmark's `bench_gpu.json`) to --out-dir,
 prints a line per check, and exits 1 if a check failed (the benchmark runs anyway: its numbers stand
@@ -45,7 +46,8 @@ PROMPTS = [[5, 6, 7, 8, 9], [3, 4], [10, 11, 12, 13, 14, 15, 16, 17, 18]]
 EAGLE = ROOT / "tests" / "assets" / "tiny_random_eagle.safetensors"
 
 
-def _decoder(target, draft, device: str, compile: str, backend: str, method: str, k: int) -> SpeculativeDecoder:
+def _decoder(target, draft, device: str, compile: str, backend: str, method: str, k: int,
+             overlap: str = "auto") -> SpeculativeDecoder:
     engine = Engine(target, draft, device=device, dtype="float32", compile=compile)
     if engine.compile:
         for model in (engine.target, engine.draft):
@@ -53,18 +55,19 @@ def _decoder(target, draft, device: str, compile: str, backend: str, method: str
                 model.compiled = CompiledForward(model, backend=backend)
     proposer = {"plain": lambda: None, "draft": lambda: DraftModelProposer(engine),
                 "eagle": lambda: EagleProposer(engine, str(EAGLE), budget=10, topk=3, width=3, depth=4)}[method]()
-    return SpeculativeDecoder(engine, proposer, num_speculative_tokens=k)
+    return SpeculativeDecoder(engine, proposer, num_speculative_tokens=k, overlap=overlap)
 
 
 def check_compiled_equals_eager(target, draft, device: str, backend: str) -> dict:
-    """Greedy tokens of compile=on against compile=off, per (method, k, batch)."""
+    """Greedy tokens of compile=on against compile=off, per (method, k, batch); plain decoding
+    compiled with its steps overlapped (`overlap=on`) against the eager serial loop."""
     cases = [(m, k, b) for m in ("plain", "draft") for k in ((1,) if m == "plain" else (1, 4))
              for b in ("single", "ragged")] + [("eagle", 4, "ragged")]
     out = {}
     for method, k, batch in cases:
         prompts = PROMPTS[:1] if batch == "single" else PROMPTS
-        eager = _decoder(target, draft, device, "off", backend, method, k).generate(prompts, max_new_tokens=24)
-        compiled = _decoder(target, draft, device, "on", backend, method, k)
+        eager = _decoder(target, draft, device, "off", backend, method, k, "off").generate(prompts, max_new_tokens=24)
+        compiled = _decoder(target, draft, device, "on", backend, method, k, "on")
         got = compiled.generate(prompts, max_new_tokens=24)
         again = compiled.generate(prompts, max_new_tokens=24)  # replays: known entries skip their guards
         out[f"{method} k={k} {batch}"] = {"equal": got.output_ids == eager.output_ids == again.output_ids,
@@ -73,17 +76,18 @@ def check_compiled_equals_eager(target, draft, device: str, backend: str) -> dic
 
 
 def check_syncs(target, draft, device: str) -> dict:
-    """Per method: specdec's count and CUDA's detector over one generation each, and the steps."""
+    """Per method: specdec's count and CUDA's detector over one generation each, and the steps
+    (plain decoding serial and overlapped)."""
     out = {}
-    for method in ("plain", "draft", "eagle"):
-        decoder = _decoder(target, draft, device, "off", "eager", method, 4)
+    for method, overlap in (("plain", "off"), ("plain", "on"), ("draft", "auto"), ("eagle", "auto")):
+        decoder = _decoder(target, draft, device, "off", "eager", method, 4, overlap)
         decoder.generate(PROMPTS, max_new_tokens=8)
         with count_host_syncs() as syncs:
             counted = decoder.generate(PROMPTS, max_new_tokens=16)
         torch.cuda.synchronize()
         with detect_cuda_syncs() as messages:
             detected = decoder.generate(PROMPTS, max_new_tokens=16)
-        out[method] = {"steps": counted.stats.steps, "counted": syncs.total, "detected": len(messages),
+        out[method if overlap == "auto" else f"{method} overlap={overlap}"] = {"steps": counted.stats.steps, "counted": syncs.total, "detected": len(messages),
                        "detected_steps": detected.stats.steps, "first_detected": messages[:3],
                        "ok": syncs.total == 1 + counted.stats.steps and len(messages) <= syncs.total}
     return out

@@ -39,6 +39,7 @@ from specdec.verify import make_verifier
 # So under exact greedy every pass has the same width and attends over the whole cache buffer (see
 # experiments/measurement for what was measured). EXACT_WIDTH is the default width: k <= 7.
 EXACT_WIDTH = 8
+OVERLAP_MODES = ("auto", "on", "off", True, False)
 
 
 class SpeculativeDecoder:
@@ -54,6 +55,10 @@ class SpeculativeDecoder:
     eos_token_id:           id or ids that end a row; default from the tokenizer / model config;
                             an empty list never stops early.
     max_len:                minimum cache length to allocate in every generation (see `reserve` for one).
+    overlap:                plain decoding only: queue step n+1 before reading step n's token, so
+                            that the device never waits for the host's bookkeeping (`_overlapped_steps`).
+                            "auto" (the default): on CUDA, where the device runs ahead of the host;
+                            "on" / "off" (also True / False). Tokens are the same either way.
 
     The decoder owns its cache budget: `positions_needed` says how many positions a request takes,
     `fits` whether they fit the models' context, `check_request` refuses one that does not.
@@ -61,8 +66,12 @@ class SpeculativeDecoder:
 
     def __init__(self, engine: Engine, proposer: Proposer | None = None, num_speculative_tokens: int = 4,
                  verifier: str = "auto", tokenizer=None, eos_token_id: int | Sequence[int] | None = None,
-                 max_len: int = 0, schedule=None, verifier_args: dict | None = None, exact_greedy: bool = True):
+                 max_len: int = 0, schedule=None, verifier_args: dict | None = None, exact_greedy: bool = True,
+                 overlap: str | bool = "auto"):
         self.engine = engine
+        if overlap not in OVERLAP_MODES:
+            raise ValueError(f"overlap={overlap!r} is not one of: auto, on, off (or True / False)")
+        self.overlap = overlap
         self.proposer = proposer or NoDraftProposer()
         self.speculative = proposer is not None
         if self.speculative and num_speculative_tokens < 1:
@@ -202,6 +211,8 @@ class SpeculativeDecoder:
         target.rollback([n - 1 for n in state.seq_lens])
         stats.ttft_s = time.perf_counter() - start
 
+        if self.overlaps():
+            self._overlapped_steps(state, verifier, stats, start, on_tokens, verify_t)
         while any(state.active):
             k = self.schedule.next_k(state) if self.speculative else 0
             draft_before, verify_before = draft_t.total, verify_t.total
@@ -249,11 +260,66 @@ class SpeculativeDecoder:
                            max_len, sampling, gen, reuse, self.schedule, past_stamps,
                            committed=[list(p) for p in ids])
 
-    def _score(self, state: DecodeState, proposal: Proposal) -> torch.Tensor:
+    def overlaps(self) -> bool:
+        """Whether this generation's steps overlap (`_overlapped_steps`): plain decoding only, where
+        the next step needs nothing the host has to read first."""
+        if self.speculative or self.overlap in ("off", False):
+            return False
+        return self.overlap in ("on", True) or self.engine.device.type == "cuda"
+
+    def _overlapped_steps(self, state: DecodeState, verifier, stats, start, on_tokens, verify_t: Timer) -> None:
+        """Plain decoding with the host one step behind the device, until every row is done.
+
+        Each step emits exactly one token per row that has room left, so the host knows every row's
+        length one step ahead without reading anything: it queues step n+1 (whose input token is step
+        n's output, written to the token buffer on the device) before it reads step n's tokens, and
+        does step n's bookkeeping (EOS, streaming, statistics) while the device runs step n+1. The
+        read waits for step n alone: its copy to the host is queued right behind it, with an event.
+        The cost: a row that ends on EOS at step n has already been given step n+1, whose token is
+        dropped (its cache entry too), one extra pass at the end of a generation that stops on EOS.
+        The passes are the serial loop's, so the tokens are the same, bit for bit."""
+        target, sampling, b = self.engine.target, state.sampling, state.batch_size
+        proposal = Proposal.empty(b, state.tokens.device)
+        ahead = [0] * b  # per row, tokens queued whose step has not been read yet (0 or 1)
+        pending = None  # (step's tokens on their way to the host, which rows it gave a token)
+        while True:
+            lens = [n + a for n, a in zip(state.seq_lens, ahead)]
+            live = [on and n - p < state.max_new_tokens
+                    for on, n, p in zip(state.active, lens, state.prompt_lens)]
+            queued = None
+            if any(live):
+                target.rollback([n - 1 for n in lens])
+                with verify_t:
+                    logits = self._score(state, proposal, lens)
+                    result = verifier(logits, proposal, sampling, state.generator)
+                    rows = [r for r in range(b) if live[r]]
+                    where = to_device([rows, [lens[r] for r in rows]], state.tokens.device)
+                    state.tokens[where[0], where[1]] = result.tokens[where[0], 0]
+                    queued = (_HostCopy(result.tokens[:, 0]), live)
+                ahead = [a + on for a, on in zip(ahead, live)]
+                stats.steps += 1
+                stats.draft_lengths.append(0)
+            if pending is not None:
+                copy, given = pending
+                tokens = copy.read()
+                counts = [int(g and on) for g, on in zip(given, state.active)]
+                emitted = self._commit(state, [[t] for t in tokens], counts, stats, start, on_tokens, write=False)
+                for r, n in enumerate(counts):
+                    if n:
+                        stats.rows[r].record(0, 0, emitted[r])
+                # A row that ended drops what was queued after its end.
+                ahead = [a - g if on else 0 for a, g, on in zip(ahead, given, state.active)]
+            if queued is None:
+                break
+            pending = queued
+        target.rollback([n - 1 for n in state.seq_lens])
+
+    def _score(self, state: DecodeState, proposal: Proposal, lens: list[int] | None = None) -> torch.Tensor:
         """One target pass over each row's last token and its drafts: logits [B, T, V], T = 1 + max drafts
-        (1 + the node budget for a tree)."""
+        (1 + the node budget for a tree). `lens`: the rows' lengths when they are not `state.seq_lens`
+        (steps queued ahead of the host's commit)."""
         rows = torch.arange(state.batch_size, device=state.tokens.device)
-        roots = to_device(state.seq_lens, rows.device) - 1
+        roots = to_device(state.seq_lens if lens is None else lens, rows.device) - 1
         last = state.tokens[rows, roots]
         if isinstance(proposal, TreeProposal):  # every node, at its depth, seeing only its ancestors
             chunk = torch.cat([last[:, None], proposal.tokens], dim=1)
@@ -305,8 +371,10 @@ class SpeculativeDecoder:
         self.engine.target.rollback([n - 1 for n in state.seq_lens])
         return StepOutcome(proposal, result, prev, accepted, emitted, active)
 
-    def _commit(self, state, tokens: list[list[int]], counts: list[int], stats, start, on_tokens) -> list[int]:
-        """Append `tokens[b][:counts[b]]` to each active row, cut at EOS and at max_new_tokens."""
+    def _commit(self, state, tokens: list[list[int]], counts: list[int], stats, start, on_tokens,
+                write: bool = True) -> list[int]:
+        """Append `tokens[b][:counts[b]]` to each active row, cut at EOS and at max_new_tokens.
+        `write=False`: the device's token buffer holds them already (written when they were queued)."""
         emitted, written = [], []  # written: (row, column, token) of every token appended
         for b, n in enumerate(counts):
             if not state.active[b] or n == 0:
@@ -330,7 +398,7 @@ class SpeculativeDecoder:
                 stats.rows[b].wall_s = time.perf_counter() - start
             if on_tokens is not None:
                 on_tokens(b, row)
-        if written:  # one copy to the device buffer for the whole batch
+        if written and write:  # one copy to the device buffer for the whole batch
             rows, columns, values = to_device(written, state.tokens.device).T
             state.tokens[rows, columns] = values
         return emitted
@@ -352,6 +420,25 @@ def _read_step(proposal: Proposal, result) -> tuple[list[int], list[list[int]], 
         return accepted, tokens, None
     proposal.drafted = [row[-1] for row in host]
     return accepted, tokens, [row[width:-1] for row in host]
+
+
+class _HostCopy:
+    """A device tensor's copy to the host, queued now and read later: on CUDA a non-blocking copy
+    into pinned memory followed by an event, so that `read` waits for the work queued before the
+    copy and not for what was queued after it; elsewhere the tensor itself."""
+
+    def __init__(self, values: torch.Tensor):
+        self.event = None
+        if values.device.type == "cuda":
+            values = values.to("cpu", non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        self.values = values
+
+    def read(self) -> list:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.values.tolist()
 
 
 def _report(part) -> dict | None:

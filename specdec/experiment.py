@@ -150,6 +150,9 @@ def build(cfg: DictConfig) -> Setup:
         if decoder is not None:
             methods[m.name] = decoder
     set_exact_greedy([*methods.values(), baseline], cfg.exact_greedy)
+    for decoder in (*methods.values(), baseline):  # speculative decoders ignore it (`SpeculativeDecoder.overlaps`)
+        if isinstance(decoder, SpeculativeDecoder):
+            decoder.overlap = cfg.overlap
     return Setup(engine, tokenizer, methods, baseline, models)
 
 
@@ -341,6 +344,7 @@ def run_info(cfg: DictConfig, setup: Setup | None = None) -> dict:
         info["dtype"] = str(setup.engine.dtype).removeprefix("torch.")
         info["cache_reuse"] = "across_turns" if setup.cache_reuse else "none"
         info["exact_greedy"] = bool(cfg.exact_greedy)
+        info["overlap"] = "on" if setup.baseline.overlaps() else "off"  # what plain decoding ran with
         exact = setup.baseline.exact_greedy and cfg.generation.temperature == 0
         info["score_width"] = setup.baseline.score_width if exact else 1
         if not setup.cache_reuse:
