@@ -21,6 +21,10 @@ compiles every graph the timed runs need, and medians of the repeats are reporte
 - host synchronisations per decoding step: specdec's counter (eager decoders) and, on a GPU,
   CUDA's own detector (`torch.cuda.set_sync_debug_mode`, every decoder).
 
+The stages run most important first (plain decoding at the first batch size, scoring costs and c,
+forced acceptance, the other batch sizes, host synchronisations); the JSON is written after each,
+so a run cut short keeps what it measured, and no stage starts past `--budget-s`.
+
 It imports torch, transformers and specdec's core only (a GPU box may lack hydra, wandb, gguf).
 
     python scripts/bench_gpu.py --out gpu.json                           # on a GPU: <= 8 minutes
@@ -199,6 +203,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--skip-hf", action="store_true", help="leave out transformers' generate()")
     ap.add_argument("--compile-backend", default="inductor", help=argparse.SUPPRESS)
     ap.add_argument("--bandwidth", type=float, default=None, help="peak memory bandwidth, GB/s")
+    ap.add_argument("--budget-s", type=float, default=450,
+                    help="seconds after which no further stage starts (the stages run most important first)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     shape = "tiny" if args.tiny else args.shape
@@ -215,29 +221,54 @@ def main(argv: list[str] | None = None) -> dict:
     vocab = target.config.vocab_size
     gen = torch.Generator().manual_seed(0)
     context_ids = torch.randint(0, vocab, (1, args.context), generator=gen).to(device)
-    log(f"models built: target {weight_bytes(target) / 1e9:.2f} GB, draft {weight_bytes(draft) / 1e9:.2f} GB")
-
-    # 1. scoring costs T = 1 .. k_max+1 and the draft's token cost, eager and compiled
-    costs, draft_cost = {}, {}
-    for name, engine in engines.items():
-        for model in (engine.target, engine.draft):
-            model.reset(1, args.context + args.k_max + args.new_tokens + 16)
-            model.forward(context_ids)  # the prefill (eager: wider than a compiled pass)
-        costs[name] = {t: time_forward(engine.target, context_ids[:, :t], args.context, args.repeats)
-                       for t in range(1, args.k_max + 2)}
-        draft_cost[name] = time_forward(engine.draft, context_ids[:, :1], args.context, args.repeats)
-        log(f"scoring costs, {name}")
-
-    # 2. plain decoding, eager and compiled, per batch size; transformers at batch 1
-    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     prompt = context_ids[0].tolist()
-    plain_rates: dict[int, dict[str, list[float]]] = {}
-    for b in batch_sizes:
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    measured_bw = measure_bandwidth(device)
+    nominal_bw = next((v for k, v in BANDWIDTH_GBS.items() if k in name), None)
+    bandwidth = args.bandwidth or measured_bw or nominal_bw
+    wbytes = weight_bytes(target)
+    limit = bandwidth * 1e9 / wbytes if bandwidth else None
+    med = statistics.median
+    result = {
+        "device": name, "dtype": args.dtype, "shape": shape, "context": args.context, "new_tokens": args.new_tokens,
+        "repeats": args.repeats, "torch": torch.__version__, "transformers": __import__("transformers").__version__,
+        "target_params": sum(p.numel() for p in target.parameters()), "target_weight_bytes": wbytes,
+        "draft_params": sum(p.numel() for p in draft.parameters()),
+        "bandwidth_gbs": bandwidth, "bandwidth_measured_gbs": measured_bw, "bandwidth_nominal_gbs": nominal_bw,
+        "bandwidth_limit_tokens_per_s": limit, "plain_tokens_per_s": {}, "plain_runs": {}, "forced": None,
+        "stages_s": {}, "skipped": [],
+    }
+    log(f"models built: target {wbytes / 1e9:.2f} GB, draft {weight_bytes(draft) / 1e9:.2f} GB")
+
+    def save() -> None:
+        """The JSON as it stands: written after every stage, so that a run cut short keeps what it measured."""
+        result["compile_report"] = engines["compiled"].compile_report()
+        result["seconds"] = time.perf_counter() - began
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(result, f, indent=2)
+
+    def stage(title: str, run) -> None:
+        """Run one stage unless the time budget is spent (then it is listed in `skipped`)."""
+        if time.perf_counter() - began > args.budget_s:
+            result["skipped"].append(title)
+            log(f"{title}: skipped, past the {args.budget_s:.0f} s budget")
+            return
+        t = time.perf_counter()
+        run()
+        result["stages_s"][title] = round(time.perf_counter() - t, 1)
+        save()
+        log(title)
+
+    def plain_decoding(b: int) -> None:
+        """Plain decoding, eager and compiled, at batch size b; at batch 1 also the compiled serial loop
+        (what overlapping the steps is worth) and transformers' generate()."""
         prompts = [prompt] * b
-        decoders = {name: plain(engine) for name, engine in engines.items()}
-        variants = {f"specdec {name}": (lambda d=d, p=prompts: decode_rate(d, p, args.new_tokens))
-                    for name, d in decoders.items()}
-        if b == 1:  # what overlapping the steps is worth: the compiled loop reading each step's token first
+        decoders = {n: plain(e) for n, e in engines.items()}
+        variants = {f"specdec {n}": (lambda d=d, p=prompts: decode_rate(d, p, args.new_tokens))
+                    for n, d in decoders.items()}
+        if b == 1:
             serial = plain(engines["compiled"], "off")
             variants["specdec compiled serial"] = lambda d=serial: decode_rate(d, [prompt], args.new_tokens)
         if b == 1 and not args.skip_hf:
@@ -247,104 +278,118 @@ def main(argv: list[str] | None = None) -> dict:
                                                                     cache_implementation="static")
         for run in variants.values():  # warm-up: compiles every graph the timed runs reach
             run()
-        plain_rates[b] = interleaved(variants, args.repeats)
-        log(f"plain decoding, batch {b}")
+        runs = interleaved(variants, args.repeats)
+        result["plain_runs"][b] = runs
+        rates = result["plain_tokens_per_s"][b] = {v: med(x) for v, x in runs.items()}
+        if b == batch_sizes[0]:
+            result["decode_tokens_per_s"] = rates["specdec eager"]
+            result["fraction_of_bandwidth_limit"] = {v: r / limit for v, r in rates.items()} if limit else None
 
-    # 3. speculative decoding with forced acceptance, batch 1, against compiled plain decoding
-    spec_rates, spec_note = None, None
-    if forced(engines["eager"], args.k, args.acceptance) is None:
-        spec_note = "skipped: this specdec has no verifier=forced (specdec/verify.py)"
-        log(spec_note)
-    else:
+    def scoring_costs() -> None:
+        """The target's pass over T = 1 .. k_max+1 tokens and the draft's token cost, eager and compiled."""
+        costs, draft_cost = {}, {}
+        for n, engine in engines.items():
+            for model in (engine.target, engine.draft):
+                model.reset(1, args.context + args.k_max + args.new_tokens + 16)
+                model.forward(context_ids)  # the prefill (eager: wider than a compiled pass)
+            costs[n] = {t: time_forward(engine.target, context_ids[:, :t], args.context, args.repeats)
+                        for t in range(1, args.k_max + 2)}
+            draft_cost[n] = time_forward(engine.draft, context_ids[:, :1], args.context, args.repeats)
+        c = {n: draft_token_cost(draft_cost[n], 1, costs[n][1]) for n in engines}
+        result.update({
+            "target_forward_ms": {t: v * 1e3 for t, v in costs["eager"].items()},
+            "verify_ratio": {t: v / costs["eager"][1] for t, v in costs["eager"].items()},
+            "compiled_target_forward_ms": {t: v * 1e3 for t, v in costs["compiled"].items()},
+            "compiled_verify_ratio": {t: v / costs["compiled"][1] for t, v in costs["compiled"].items()},
+            "draft_token_ms": draft_cost["eager"] * 1e3, "c": c["eager"],
+            "compiled_draft_token_ms": draft_cost["compiled"] * 1e3, "compiled_c": c["compiled"],
+            # specdec.metrics' cost model in units of one target step: E tokens per step of k draft
+            # tokens at c each plus one scoring pass of k+1 tokens (Leviathan et al., measured costs)
+            "predicted_speedup": {
+                f"alpha={a},k={k}": predicted_speedup(expected_tokens_per_step([a] * k), 1.0,
+                                                      k * c["compiled"] + costs["compiled"][k + 1] / costs["compiled"][1])
+                for a in (0.6, 0.8, 0.9) for k in (2, 4, 8) if k <= args.k_max},
+        })
+
+    def forced_acceptance() -> None:
+        """Speculative decoding with forced acceptance, batch 1, against compiled plain decoding."""
+        if forced(engines["eager"], args.k, args.acceptance) is None:
+            result["forced_note"] = "skipped: this specdec has no verifier=forced (specdec/verify.py)"
+            return
         base = plain(engines["compiled"])
         variants = {"plain compiled": lambda: decode_rate(base, [prompt], args.new_tokens)}
-        for name, engine in engines.items():
+        for n, engine in engines.items():
             d = forced(engine, args.k, args.acceptance)
-            variants[f"forced {name}"] = lambda d=d: decode_rate(d, [prompt], args.new_tokens)
+            variants[f"forced {n}"] = lambda d=d: decode_rate(d, [prompt], args.new_tokens)
         for run in variants.values():
             run()
-        spec_rates = interleaved(variants, args.repeats)
-        log("forced acceptance")
-
-    # 4. host synchronisations per step, after every timed run
-    syncs = {f"plain {n}": syncs_per_step(plain(e), prompt, args.new_tokens, n == "eager") for n, e in engines.items()}
-    if spec_rates is not None:
-        syncs.update({f"forced {n}": syncs_per_step(forced(e, args.k, args.acceptance), prompt, args.new_tokens,
-                                                    n == "eager") for n, e in engines.items()})
-    log("host synchronisations")
-
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    measured_bw = measure_bandwidth(device)
-    nominal_bw = next((v for k, v in BANDWIDTH_GBS.items() if k in name), None)
-    bandwidth = args.bandwidth or measured_bw or nominal_bw
-    wbytes = weight_bytes(target)
-    limit = bandwidth * 1e9 / wbytes if bandwidth else None
-    med = statistics.median
-    c = {n: draft_token_cost(draft_cost[n], 1, costs[n][1]) for n in engines}
-    plain_med = {b: {v: med(x) for v, x in rates.items()} for b, rates in plain_rates.items()}
-    result = {
-        "device": name, "dtype": args.dtype, "shape": shape, "context": args.context, "new_tokens": args.new_tokens,
-        "repeats": args.repeats, "torch": torch.__version__, "transformers": __import__("transformers").__version__,
-        "target_params": sum(p.numel() for p in target.parameters()), "target_weight_bytes": wbytes,
-        "draft_params": sum(p.numel() for p in draft.parameters()),
-        "target_forward_ms": {t: v * 1e3 for t, v in costs["eager"].items()},
-        "verify_ratio": {t: v / costs["eager"][1] for t, v in costs["eager"].items()},
-        "compiled_target_forward_ms": {t: v * 1e3 for t, v in costs["compiled"].items()},
-        "compiled_verify_ratio": {t: v / costs["compiled"][1] for t, v in costs["compiled"].items()},
-        "draft_token_ms": draft_cost["eager"] * 1e3, "c": c["eager"],
-        "compiled_draft_token_ms": draft_cost["compiled"] * 1e3, "compiled_c": c["compiled"],
-        "decode_tokens_per_s": plain_med[batch_sizes[0]]["specdec eager"],
-        "plain_tokens_per_s": plain_med, "plain_runs": plain_rates,
-        "bandwidth_gbs": bandwidth, "bandwidth_measured_gbs": measured_bw, "bandwidth_nominal_gbs": nominal_bw,
-        "bandwidth_limit_tokens_per_s": limit,
-        "fraction_of_bandwidth_limit": {v: r / limit for v, r in plain_med[batch_sizes[0]].items()} if limit else None,
-        "forced": None if spec_rates is None else {
+        runs = interleaved(variants, args.repeats)
+        result["forced"] = {
             "k": args.k, "acceptance": args.acceptance, "lossless": False,
-            "tokens_per_s": {v: med(x) for v, x in spec_rates.items()}, "runs": spec_rates,
-            "speedup_over_compiled_plain": {v: med(x) / med(spec_rates["plain compiled"])
-                                            for v, x in spec_rates.items() if v != "plain compiled"}},
-        "forced_note": spec_note,
-        "host_syncs_per_step": syncs,
-        "compile_report": engines["compiled"].compile_report(),
-        # specdec.metrics' cost model in units of one target step: E tokens per step of k draft
-        # tokens at c each plus one scoring pass of k+1 tokens (Leviathan et al., measured costs)
-        "predicted_speedup": {
-            f"alpha={a},k={k}": predicted_speedup(expected_tokens_per_step([a] * k), 1.0,
-                                                  k * c["compiled"] + costs["compiled"][k + 1] / costs["compiled"][1])
-            for a in (0.6, 0.8, 0.9) for k in (2, 4, 8) if k <= args.k_max
-        },
-        "seconds": time.perf_counter() - began,
-    }
-    print(f"\ndevice {name}, {args.dtype}, torch {torch.__version__}, target {result['target_params'] / 1e9:.2f} B "
-          f"params, draft {result['draft_params'] / 1e6:.0f} M, context {args.context}, {args.new_tokens} new tokens, "
-          f"medians of {args.repeats}")
-    print("\n| new tokens T | eager ms | eager vs T=1 | compiled ms | compiled vs T=1 |\n|---:|---:|---:|---:|---:|")
-    for t in costs["eager"]:
-        e, k = costs["eager"], costs["compiled"]
-        print(f"| {t} | {e[t] * 1e3:.2f} | {e[t] / e[1]:.2f} | {k[t] * 1e3:.2f} | {k[t] / k[1]:.2f} |")
-    print(f"\ndraft token: eager {draft_cost['eager'] * 1e3:.2f} ms (c = {c['eager']:.3f}), "
-          f"compiled {draft_cost['compiled'] * 1e3:.2f} ms (c = {c['compiled']:.3f})")
-    lim = f"{limit:.0f} tokens/s ({bandwidth:.0f} GB/s)" if limit else "unknown (pass --bandwidth)"
+            "tokens_per_s": {v: med(x) for v, x in runs.items()}, "runs": runs,
+            "speedup_over_compiled_plain": {v: med(x) / med(runs["plain compiled"])
+                                            for v, x in runs.items() if v != "plain compiled"}}
+
+    def host_syncs() -> None:
+        """Host synchronisations per step, after every timed run."""
+        syncs = {f"plain {n}": syncs_per_step(plain(e), prompt, args.new_tokens, n == "eager")
+                 for n, e in engines.items()}
+        if result["forced"] is not None:
+            syncs.update({f"forced {n}": syncs_per_step(forced(e, args.k, args.acceptance), prompt,
+                                                        args.new_tokens, n == "eager") for n, e in engines.items()})
+        result["host_syncs_per_step"] = syncs
+
+    # Most important first: the headline (plain decoding at batch 1 against transformers), then what
+    # the speculative goals rest on (scoring costs, c, forced acceptance), then larger batches.
+    stage(f"plain decoding, batch {batch_sizes[0]}", lambda: plain_decoding(batch_sizes[0]))
+    stage("scoring costs", scoring_costs)
+    stage("forced acceptance", forced_acceptance)
+    for b in batch_sizes[1:]:
+        stage(f"plain decoding, batch {b}", lambda b=b: plain_decoding(b))
+    stage("host synchronisations", host_syncs)
+    save()
+    print_tables(result, args)
+    return result
+
+
+def print_tables(result: dict, args) -> None:
+    """The measured stages as markdown tables (the stages skipped for time are named)."""
+    limit = result["bandwidth_limit_tokens_per_s"]
+    print(f"\ndevice {result['device']}, {args.dtype}, torch {result['torch']}, target "
+          f"{result['target_params'] / 1e9:.2f} B params, draft {result['draft_params'] / 1e6:.0f} M, context "
+          f"{args.context}, {args.new_tokens} new tokens, medians of {args.repeats}")
+    if "target_forward_ms" in result:
+        e, k = result["target_forward_ms"], result["compiled_target_forward_ms"]
+        print("\n| new tokens T | eager ms | eager vs T=1 | compiled ms | compiled vs T=1 |\n|---:|---:|---:|---:|---:|")
+        for t in e:
+            print(f"| {t} | {e[t]:.2f} | {e[t] / e[1]:.2f} | {k[t]:.2f} | {k[t] / k[1]:.2f} |")
+        print(f"\ndraft token: eager {result['draft_token_ms']:.2f} ms (c = {result['c']:.3f}), "
+              f"compiled {result['compiled_draft_token_ms']:.2f} ms (c = {result['compiled_c']:.3f})")
+    lim = f"{limit:.0f} tokens/s ({result['bandwidth_gbs']:.0f} GB/s)" if limit else "unknown (pass --bandwidth)"
     print(f"bandwidth limit at batch 1: {lim}")
-    print("\n| batch | decoding | tokens/s | vs specdec eager | share of bandwidth limit x batch |\n|---:|---|---:|---:|---:|")
-    for b, rates in plain_med.items():
+    if result["plain_tokens_per_s"]:
+        print("\n| batch | decoding | tokens/s | vs specdec eager | share of bandwidth limit x batch |"
+              "\n|---:|---|---:|---:|---:|")
+    for b, rates in result["plain_tokens_per_s"].items():
         for v, r in rates.items():
             share = f"{r / (limit * b):.1%}" if limit else "-"
             print(f"| {b} | {v} | {r:.1f} | {r / rates['specdec eager']:.2f}x | {share} |")
-    if spec_rates is not None:
+    forced_result = result["forced"]
+    if forced_result is not None:
         print(f"\nforced acceptance {args.acceptance} per position, k = {args.k} (NOT lossless), batch 1:")
-        for v, x in spec_rates.items():
-            print(f"| {v} | {med(x):.1f} tokens/s | {med(x) / med(spec_rates['plain compiled']):.2f}x |")
-    else:
-        print(f"\nforced acceptance: {spec_note}")
-    print("\nhost synchronisations per step (specdec's count; CUDA's detector):")
-    for v, x in syncs.items():
-        print(f"| {v} | {x.get('counted', '-')} | {x.get('cuda', '-')} |")
-    print(f"\ncompiled graphs: {result['compile_report']}; {result['seconds']:.0f} s in all")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
-    return result
+        rates = forced_result["tokens_per_s"]
+        for v, r in rates.items():
+            print(f"| {v} | {r:.1f} tokens/s | {r / rates['plain compiled']:.2f}x |")
+    elif "forced_note" in result:
+        print(f"\nforced acceptance: {result['forced_note']}")
+    if "host_syncs_per_step" in result:
+        print("\nhost synchronisations per step (specdec's count; CUDA's detector):")
+        for v, x in result["host_syncs_per_step"].items():
+            print(f"| {v} | {x.get('counted', '-')} | {x.get('cuda', '-')} |")
+    if result["skipped"]:
+        print(f"\nskipped for time (--budget-s {args.budget_s:.0f}): {', '.join(result['skipped'])}")
+    print(f"\nstage seconds: {result['stages_s']}")
+    print(f"compiled graphs: {result['compile_report']}; {result['seconds']:.0f} s in all")
 
 
 if __name__ == "__main__":

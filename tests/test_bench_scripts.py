@@ -39,6 +39,21 @@ def test_device_benchmark_runs_on_cpu_with_tiny_shapes(tmp_path):
     assert syncs["plain eager"] == {"counted": 4 / 3} and 1 < syncs["forced eager"]["counted"] <= 2
     saved = json.loads((tmp_path / "r.json").read_text())
     assert saved["forced"]["k"] == 2 and saved["shape"] == "tiny"
+    assert saved["skipped"] == [] and len(saved["stages_s"]) == 5
+
+
+def test_device_benchmark_keeps_to_its_time_budget(tmp_path, capsys):
+    """Past --budget-s no stage starts: the skipped ones are named, and the JSON is written anyway
+    (it is written after every stage, so that a run cut short keeps what it measured)."""
+    bench = _load("bench_gpu")
+    out = bench.main(["--device", "cpu", "--tiny", "--dtype", "float32", "--context", "16", "--k-max", "2",
+                      "--new-tokens", "4", "--repeats", "1", "--batch-sizes", "1,2", "--skip-hf",
+                      "--compile-backend", "eager", "--budget-s", "0", "--out", str(tmp_path / "r.json")])
+    assert out["skipped"] == ["plain decoding, batch 1", "scoring costs", "forced acceptance",
+                              "plain decoding, batch 2", "host synchronisations"]
+    assert out["plain_tokens_per_s"] == {} and "target_forward_ms" not in out
+    assert json.loads((tmp_path / "r.json").read_text())["skipped"] == out["skipped"]
+    assert "skipped for time (--budget-s 0)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("script", ["bench_gpu", "device_check"])
