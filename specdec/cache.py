@@ -74,6 +74,20 @@ class _RowLayer(CacheLayerMixin):
         return self.owner.max_len
 
 
+_ROW_INDEX: dict[tuple, torch.Tensor] = {}
+
+
+def row_index(batch_size: int, width: int, device: torch.device) -> torch.Tensor:
+    """`[B, T]` row numbers (row b: all b), the row half of an index into `[B, ...]` buffers; made
+    once per shape, device and inference mode (read-only: a view of one arange). An index made under
+    inference mode cannot serve a pass that autograd records, nor the other way round without a
+    second compiled graph, hence one of each."""
+    key = (batch_size, width, torch.device(device), torch.is_inference_mode_enabled())
+    if key not in _ROW_INDEX:
+        _ROW_INDEX[key] = torch.arange(batch_size, device=device)[:, None].expand(batch_size, width)
+    return _ROW_INDEX[key]
+
+
 class RowCache(Cache):
     """KV cache with a valid length per row. `lengths` lives on the host: it drives Python-side
     slicing every step, and keeping it there avoids a device sync per layer.
@@ -131,16 +145,23 @@ class RowCache(Cache):
         # greedy decoding: attention's rounding then does not depend on where a pass starts; the
         # extra keys lie past every query and are masked).
         self.kv_len = self.max_len + 1 if self.fixed_kv_len else min(self.max_row_len + step_len, self.max_len + 1)
-        slots = to_device(self.lengths, self.device)[:, None] + torch.arange(step_len, device=self.device)
+        # Worked out on the host, which knows the lengths: one copy to the device, not a small kernel
+        # per term (on a GPU each is a launch, and the draft runs k passes a step).
+        slots = to_device([[n + i for i in range(step_len)] for n in self.lengths], self.device)
         first = self.lengths[0]
         if all(n == first for n in self.lengths) and first + step_len <= self.max_len + 1:
             self.uniform_start, self.write_index = first, None
         else:
             self.uniform_start = None
-            pos = slots.clamp(max=self.max_len)
-            rows = torch.arange(self.batch_size, device=self.device)[:, None].expand_as(pos)
-            self.write_index = (rows, pos)
+            self.write_index = (row_index(self.batch_size, step_len, self.device), self.clamp_slots(slots))
         return slots
+
+    def clamp_slots(self, slots: torch.Tensor) -> torch.Tensor:
+        """`slots: [B, T]` (from `begin_write`) with the positions past the buffer's end sent to the
+        scratch position; the same tensor when none is (the host knows from the lengths)."""
+        if self.max_row_len + slots.shape[1] <= self.max_len + 1:
+            return slots
+        return slots.clamp(max=self.max_len)
 
     def advance(self, counts: list[int]) -> None:
         """Mark `counts[b]` of the positions just written as valid for row b."""

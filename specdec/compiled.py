@@ -60,6 +60,8 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from specdec.attention import grouped_attention
+from specdec.cache import row_index
+from specdec.syncs import to_device
 
 COMPILE_MODES = ("off", "on", "auto")
 # The widths a pass is padded to. Powers of two, and 6 and 12 between: on this CPU (SmolLM2, bfloat16,
@@ -360,8 +362,8 @@ class _BucketedPasses:
         b = len(counts)
         view = self._view if self._view is not None and self._view.cache is cache else _BucketView(cache)
         self._view = view
-        view.rows = torch.arange(b, device=self.device)[:, None].expand(b, w)
-        view.write_pos = slots.clamp(max=cache.max_len)  # padding past the end goes to the scratch position
+        view.rows = row_index(b, w, self.device)
+        view.write_pos = cache.clamp_slots(slots)  # padding past the end goes to the scratch position
         view.kv_len = min(bucket(cache.max_row_len + w, MIN_KV), cache.layers[0].keys.shape[2])
         self.shapes.add((b, w, view.kv_len))
         return slots, view
@@ -410,9 +412,14 @@ class CompiledForward(_BucketedPasses):
         slots, view = begun
         # Padding: copies of the last token, at the positions after it.
         tokens = _pad(tokens, w)
-        positions = slots if positions is None else _pad_positions(positions, w)
-        if owner.context_length is not None:  # padding may run past the context; its logits are dropped
-            positions = positions.clamp(max=owner.context_length - 1)
+        # Padding may run past the context: its positions are clamped, its logits dropped.
+        last = owner.context_length - 1 if owner.context_length is not None else None
+        if positions is None:  # the slots' positions, worked out on the host (no kernels to launch)
+            positions = to_device([[n + i if last is None else min(n + i, last) for i in range(w)]
+                                   for n in cache.lengths], self.device)
+        else:
+            positions = _pad_positions(positions, w)
+            positions = positions if last is None else positions.clamp(max=last)
         mask = None if block_mask is None else self._tree_mask(block_mask, positions, view)
         source = getattr(owner, "_hidden_source", None)
         capture = _capture(source) if source is not None else None

@@ -318,14 +318,14 @@ class SpeculativeDecoder:
         """One target pass over each row's last token and its drafts: logits [B, T, V], T = 1 + max drafts
         (1 + the node budget for a tree). `lens`: the rows' lengths when they are not `state.seq_lens`
         (steps queued ahead of the host's commit)."""
-        rows = torch.arange(state.batch_size, device=state.tokens.device)
-        roots = to_device(state.seq_lens if lens is None else lens, rows.device) - 1
-        last = state.tokens[rows, roots]
+        roots = to_device([n - 1 for n in (state.seq_lens if lens is None else lens)], state.tokens.device)
+        last = state.tokens.gather(1, roots[:, None])[:, 0]
         if isinstance(proposal, TreeProposal):  # every node, at its depth, seeing only its ancestors
             chunk = torch.cat([last[:, None], proposal.tokens], dim=1)
             tree = proposal.tree
             return self.engine.target.forward(chunk, positions=tree.positions(roots), block_mask=tree.mask)
-        chunk = torch.cat([last[:, None], proposal.tokens[:, :proposal.max_length]], dim=1)
+        chunk = torch.cat([last[:, None], proposal.tokens[:, :proposal.max_length]], dim=1) \
+            if proposal.max_length else last[:, None]
         if not self._exact(state):
             return self.engine.target.forward(chunk)
         # Pad to the fixed width with scratch copies of the last token: they sit after every real

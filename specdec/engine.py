@@ -237,14 +237,16 @@ class CachedModel:
         if min(counts) < 1:
             raise ValueError(f"{self.name}: catch_up needs at least one new token per row, got {counts}")
         t = max(counts)
-        starts = to_device(self.cache.lengths, tokens.device)
-        idx = (starts[:, None] + torch.arange(t, device=tokens.device)).clamp(max=tokens.shape[1] - 1)
+        end = tokens.shape[1] - 1
+        idx = to_device([[min(n + i, end) for i in range(t)] for n in self.cache.lengths], tokens.device)
         chunk = tokens.gather(1, idx)
         # The positions whose logits are wanted, and where each row's lands among them, worked out
         # on the host from the counts it already has (on the device it would be a synchronisation).
         keep = sorted({c - 1 for c in counts})
-        pick = to_device([keep.index(c - 1) for c in counts], tokens.device)
         logits = self.forward(chunk, advance=counts, keep=to_device(keep, tokens.device))
+        if len(keep) == 1:  # every row fed as many tokens (batch 1 always)
+            return logits[:, 0]
+        pick = to_device([keep.index(c - 1) for c in counts], tokens.device)
         return logits[torch.arange(len(counts), device=tokens.device), pick]
 
     def cache_bytes(self) -> int:

@@ -39,20 +39,23 @@ class DraftModelProposer:
         logits = self.draft.catch_up(state.tokens, state.seq_lens)  # [B, V]
         self.fed = 0
         tokens, probs = [], []
-        lengths = torch.zeros(state.batch_size, dtype=torch.long, device=logits.device)
-        drafting = torch.ones(state.batch_size, dtype=torch.bool, device=logits.device)
+        # Only a confidence schedule stops rows early (and needs per-row lengths on the device);
+        # reading `drafting` back is a host sync, so the other schedules run the k passes without one.
+        confidence = state.schedule.uses_confidence
+        if confidence:
+            lengths = torch.zeros(state.batch_size, dtype=torch.long, device=logits.device)
+            drafting = torch.ones(state.batch_size, dtype=torch.bool, device=logits.device)
         for i in range(k):
             q = None if state.sampling.greedy else probabilities(logits, state.sampling)
             t = greedy_tokens(logits) if q is None else sample(q, state.generator)
             tokens.append(t)
             if q is not None:
                 probs.append(q)
-            lengths += drafting
+            if confidence:
+                lengths += drafting
             if i == k - 1:
                 break
-            # Only a confidence schedule stops rows early; reading `drafting` back is a host sync,
-            # so the other schedules run the k passes without one.
-            if state.schedule.uses_confidence:
+            if confidence:
                 top = (q if q is not None else torch.softmax(logits.float(), -1)).amax(-1)
                 drafting &= state.schedule.keep_drafting(top)
                 if not drafting.any():
@@ -62,7 +65,7 @@ class DraftModelProposer:
         return Proposal(
             tokens=torch.stack(tokens, dim=1),
             # Without a confidence schedule every row drafted all of them: known without asking.
-            lengths=lengths.tolist() if state.schedule.uses_confidence else [len(tokens)] * state.batch_size,
+            lengths=lengths.tolist() if confidence else [len(tokens)] * state.batch_size,
             probs=torch.stack(probs, dim=1) if probs else None,
         )
 
