@@ -219,7 +219,8 @@ def _compiled(fn, device: torch.device, backend: str):
     key = (fn, device.type, backend)
     if key not in _COMPILED:
         config = torch._dynamo.config
-        config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
+        name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # before 2.7
+        setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
         mode = "reduce-overhead" if device.type == "cuda" and backend == "inductor" else None
         _COMPILED[key] = torch.compile(fn, backend=backend, mode=mode, dynamic=False)
     return _COMPILED[key]
