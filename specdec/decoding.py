@@ -407,16 +407,21 @@ class SpeculativeDecoder:
 def _read_step(proposal: Proposal, result) -> tuple[list[int], list[list[int]], list[list[int]] | None]:
     """The step's one copy from the device to the host (on a GPU, its one synchronisation): per row
     the accepted count, the emitted tokens and, for a tree, the accepted path and the tree's depth
-    (which becomes `proposal.drafted`), packed into one tensor. Returns (accepted, tokens, path)."""
+    (which becomes `proposal.drafted`), for a proposal with its lengths on the device those lengths
+    (`Proposal.settle`), packed into one tensor. Returns (accepted, tokens, path)."""
     dtype = result.tokens.dtype
     parts = [result.accepted[:, None].to(dtype), result.tokens]
     tree = isinstance(proposal, TreeProposal)
     if tree:
         parts += [result.path.to(dtype), proposal.depths()[:, None].to(dtype)]
+    elif not proposal.settled:  # lengths the proposer left on the device (n-gram lookup on a GPU)
+        parts.append(proposal.device_lengths[:, None].to(dtype))
     host = torch.cat(parts, dim=1).tolist()
     width = 1 + result.tokens.shape[1]
     accepted, tokens = [row[0] for row in host], [row[1:width] for row in host]
     if not tree:
+        if not proposal.settled:
+            proposal.settle([row[-1] for row in host])
         return accepted, tokens, None
     proposal.drafted = [row[-1] for row in host]
     return accepted, tokens, [row[width:-1] for row in host]

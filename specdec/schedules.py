@@ -35,6 +35,9 @@ class ConstantSchedule:
 
     name = "constant"
     uses_confidence = False  # True: proposers report each draft's top probability to keep_drafting
+    # True: `trim` reads what each row offered (`proposal.lengths`) before the step's read, so a
+    # proposer must give exact lengths on the host (n-gram lookup then reads them on a GPU).
+    reads_offers = False
 
     def __init__(self, num_speculative_tokens: int = 4):
         if num_speculative_tokens < 1:
@@ -130,6 +133,8 @@ class CostAwareSchedule(ConstantSchedule):
     (a plain step). Costs depend on the batch's width only, so a row that offers less is never
     padded with more.
 
+    It reads each row's offer before scoring (`reads_offers`): a lookup's lengths come to the host.
+
     Arguments: `min_k` (0 allows plain steps), `start` (k of the first speculative step at a new
     batch size), `margin` (a speculative plan must beat plain by this fraction), `explore` (time
     budget for exploring when drafting looks unprofitable), `prior`, `prior_weight`, `decay`
@@ -141,6 +146,7 @@ class CostAwareSchedule(ConstantSchedule):
 
     name = "cost_aware"
     source = "proposer"
+    reads_offers = True
 
     def __init__(self, num_speculative_tokens: int = 8, min_k: int = 0, start: int = 1, margin: float = 0.02,
                  explore: float = 0.01, prior: float = 0.5, prior_weight: float = 2.0, decay: float = 0.98,
@@ -213,7 +219,8 @@ def cut(proposal: Proposal, k: int) -> Proposal:
     if isinstance(proposal, TreeProposal):
         return proposal
     probs = proposal.probs[:, :k] if proposal.probs is not None else None
-    return Proposal(proposal.tokens[:, :k], [min(n, k) for n in proposal.lengths], probs)
+    device_lengths = proposal.device_lengths.clamp(max=k) if proposal.device_lengths is not None else None
+    return Proposal(proposal.tokens[:, :k], [min(n, k) for n in proposal.lengths], probs, device_lengths)
 
 
 def make_schedule(spec, num_speculative_tokens: int, **args):

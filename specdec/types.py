@@ -20,6 +20,7 @@ import torch
 
 from specdec.metrics import GenerationStats
 from specdec.sampling import SamplingParams
+from specdec.syncs import to_device
 
 # on_tokens(row, new_token_ids): called as soon as tokens are committed, for streaming.
 TokenCallback = Callable[[int, list[int]], None]
@@ -36,11 +37,31 @@ class Proposal:
     lengths: per row, how many tokens were proposed (0 <= lengths[b] <= k); on the host.
     probs:   [B, k, V] draft probabilities q, or None for a deterministic proposer (q is then a
              one-hot at the proposed token, which keeps speculative sampling lossless).
+    device_lengths: [B] the lengths on the device, for a proposer whose host does not know them
+             without a synchronisation (n-gram lookup on a GPU): `lengths` then holds only an upper
+             bound (k per row, which sets the scoring width), verifiers read these, and the step's
+             one read replaces `lengths` with them before anything else looks (`settle`).
     """
 
     tokens: torch.Tensor
     lengths: list[int]
     probs: torch.Tensor | None = None
+    device_lengths: torch.Tensor | None = None
+
+    def lengths_on(self, device: torch.device) -> torch.Tensor:
+        """`[B]` the per-row lengths as a device tensor (uploaded when only the host has them)."""
+        if self.device_lengths is not None:
+            return self.device_lengths
+        return to_device(self.lengths, device)
+
+    @property
+    def settled(self) -> bool:
+        """Whether `lengths` are the rows' lengths, not a bound awaiting the step's read."""
+        return self.device_lengths is None
+
+    def settle(self, lengths: list[int]) -> None:
+        """The rows' lengths, as the step's read brought them back: `lengths` becomes exact."""
+        self.lengths, self.device_lengths = list(lengths), None
 
     @property
     def k(self) -> int:
@@ -195,6 +216,7 @@ class Schedule(Protocol):
     name: str
     k_max: int
     uses_confidence: bool
+    reads_offers: bool  # whether `trim` reads `proposal.lengths` before the step's read (exact lengths needed)
 
     def reset(self) -> None:
         """A new generation starts."""

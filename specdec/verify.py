@@ -25,7 +25,7 @@ __all__ = ["BlockVerifier", "ByTemperature", "ForcedVerifier", "GreedyVerifier",
 
 def _draft_mask(proposal: Proposal) -> torch.Tensor:
     """[B, k] True where a real (not padding) draft token sits."""
-    lengths = to_device(proposal.lengths, proposal.tokens.device)
+    lengths = proposal.lengths_on(proposal.tokens.device)
     return torch.arange(proposal.k, device=lengths.device)[None, :] < lengths[:, None]
 
 
@@ -89,7 +89,7 @@ class SpeculativeSamplingVerifier:
         accepted = _accepted_prefix(ok)
         rows = torch.arange(b, device=p.device)
         p_a = p[rows, accepted]  # [B, V] target distribution at the first non-accepted slot
-        lengths = to_device(proposal.lengths, p.device)
+        lengths = proposal.lengths_on(p.device)
         rejected = accepted < lengths
         if k:  # computed for every row and kept where it rejected: asking whether any did is a host sync
             q_a = q[rows, accepted.clamp(max=k - 1)].to(p.dtype)
@@ -216,7 +216,7 @@ class BlockVerifier:
         k = proposal.k
         h = self.keep_probability(self.residual_mass(p, q, w)[:, 1:], w[:, 1:k])  # h_1 .. h_{k-1}
         h = torch.cat([h, torch.zeros_like(w[:, :1])], dim=1)  # [B, k], a slot for h_k
-        lengths = to_device(proposal.lengths, p.device)
+        lengths = proposal.lengths_on(p.device)
         last = (lengths - 1).clamp(min=0)
         rows = torch.arange(p.shape[0], device=p.device)
         h[rows, last] = w[rows, lengths]  # h_gamma = w_gamma at each row's own block length
@@ -242,7 +242,7 @@ class BlockVerifier:
         kept = (eta <= h) & (h > 0)
         positions = torch.arange(1, k + 1, device=p.device)
         tau = (kept * positions).amax(dim=1) if k else torch.zeros(b, dtype=torch.long, device=p.device)
-        lengths = to_device(proposal.lengths, p.device)
+        lengths = proposal.lengths_on(p.device)
         p_t = p[rows, tau]
         if k:
             q_t = q[rows, tau.clamp(max=k - 1)]

@@ -39,6 +39,14 @@ def test_ngram_greedy_equals_autoregressive(engine_factory, batch, prompts, k, n
     out = _greedy(engine, NgramProposer(engine, max_ngram=ngram[0], min_ngram=ngram[1]), k, prompts=prompts)
     assert out.output_ids == ref.output_ids
     assert out.lossless and sum(r.proposed for r in out.stats.rows) > 0
+    # k wide with the lengths left on the device (a GPU's default): the same tokens and, once the
+    # step's read has brought the lengths back, the same per-row statistics
+    static = NgramProposer(engine, max_ngram=ngram[0], min_ngram=ngram[1])
+    static.static_width = True
+    wide = _greedy(engine, static, k, prompts=prompts)
+    assert wide.output_ids == ref.output_ids
+    assert [(r.proposed, r.accepted, r.steps) for r in wide.stats.rows] == \
+        [(r.proposed, r.accepted, r.steps) for r in out.stats.rows]
 
 
 @pytest.mark.parametrize("batch", ["single", "ragged"])

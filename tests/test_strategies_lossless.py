@@ -66,9 +66,16 @@ def _sample_pairs(engine, proposer, schedule=None, k=2, verifier="auto", prompt=
     return torch.bincount(pairs[:, 0] * V + pairs[:, 1], minlength=V * V), out.stats
 
 
-def test_ngram_sampling_is_lossless(target, expected):
+def _ngram(cls, engine, static: bool):
+    proposer = cls(engine, max_ngram=2)
+    proposer.static_width = static  # True: k wide, lengths on the device (a GPU's default)
+    return proposer
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_ngram_sampling_is_lossless(target, expected, static):
     engine = Engine(target, dtype="float32")
-    counts, stats = _sample_pairs(engine, NgramProposer(engine, max_ngram=2))
+    counts, stats = _sample_pairs(engine, _ngram(NgramProposer, engine, static))
     assert 0.05 < stats.acceptance_rate < 0.95
     assert chi_square_pvalue(counts, expected) > 1e-3
 
@@ -78,12 +85,13 @@ class UniformQNgram(NgramProposer):
 
     def propose(self, state, k):
         p = super().propose(state, k)
-        return Proposal(p.tokens, p.lengths, torch.full((*p.tokens.shape, V), 1.0 / V))
+        return Proposal(p.tokens, p.lengths, torch.full((*p.tokens.shape, V), 1.0 / V), p.device_lengths)
 
 
-def test_ngram_with_a_misstated_q_fails_the_same_test(target, expected):
+@pytest.mark.parametrize("static", [False, True])
+def test_ngram_with_a_misstated_q_fails_the_same_test(target, expected, static):
     engine = Engine(target, dtype="float32")
-    counts, _ = _sample_pairs(engine, UniformQNgram(engine, max_ngram=2))
+    counts, _ = _sample_pairs(engine, _ngram(UniformQNgram, engine, static))
     assert chi_square_pvalue(counts, expected) < 1e-6
 
 

@@ -101,6 +101,9 @@ class HybridProposer:
                       for n, p in parts.items() if not _without_heads(p)}
         if not self.parts:
             raise ValueError("method.proposer.parts: every part was left out (heads_path null)")
+        for part in self.parts.values():  # the choice reads each lookup's offers on the host
+            if hasattr(part, "static_width"):
+                part.static_width = False
         self.trees = {n: p.num_nodes for n, p in self.parts.items() if getattr(p, "drafts_trees", False)}
         # With a tree part, the loop makes cache room for its nodes and verifies through the tree
         # verifier, which sends the other parts' chains to the chain rule.

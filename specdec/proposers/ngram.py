@@ -9,6 +9,13 @@ A row with no match proposes nothing, and the loop then scores 1 + (longest prop
 in which no row matched is exactly a plain decoding step, so the method costs nothing where it has
 nothing to say. The search is vectorised over the batch: for each n one unfold of the [B, L] token
 buffer and one comparison, O(B * L * n) elementwise work per step and no Python loop over rows.
+
+Knowing the longest match means reading the search's result before scoring: on a GPU a second
+synchronisation in the step, with the device idle until the scoring pass is launched. So where reads
+are not free (`static_width`, by default: off a CPU, unless the schedule or a hybrid reads the offers
+on the host) the proposal is k wide whatever matched, its lengths stay on the device
+(`Proposal.device_lengths`) and come back with the step's one read; a step with no match then
+scores k + 1 tokens, which a GPU pays about as much for as one (memory-bound), and a CPU does not.
 """
 
 from __future__ import annotations
@@ -27,6 +34,9 @@ class NgramProposer:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"method.proposer: need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        # True: always k wide, the lengths left on the device; False: the lengths read before scoring;
+        # None: True where reads are not free and nothing reads the offers on the host.
+        self.static_width: bool | None = None
 
     def reset(self, state) -> None:
         pass
@@ -45,9 +55,16 @@ class NgramProposer:
         idx = (start[:, None] + torch.arange(k, device=device)).clamp(max=width - 1)  # [B, k]
         tokens = seqs.gather(1, idx)
         tokens = tokens.masked_fill(torch.arange(k, device=device)[None, :] >= lengths[:, None], 0)
-        # The step's one read of the search: how long each match is decides the scoring width.
+        if self._static(state):  # the lengths come back with the step's read
+            return Proposal(tokens, [k] * b, device_lengths=lengths)
+        # The search's read: how long each match is decides the scoring width.
         found_lengths = lengths.tolist()
         return Proposal(tokens[:, : max(found_lengths)], found_lengths)
+
+    def _static(self, state) -> bool:
+        if self.static_width is not None:
+            return self.static_width
+        return not reads_are_free(state.tokens.device) and not getattr(state.schedule, "reads_offers", False)
 
     def find(self, seqs: torch.Tensor, lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """seqs: [B, L] tokens, row b valid up to lens[b]. Returns, per row, where the continuation of
