@@ -12,7 +12,7 @@ The checks, on tiny random models in float32 (so that tokens must be identical):
    trained drafter) on the ragged batch;
 2. host synchronisations: CUDA's own detector (`torch.cuda.set_sync_debug_mode`) sees no more per
    generation than specdec's count, which is one read a step plus the prefill's (eager plain
-   decoding serial and overlapped, draft-model and EAGLE decoding; skipped without CUDA).
+   decoding serial and overlapped, draft-model, n-gram and EAGLE decoding; skipped without CUDA).
 
 It writes `checks.json` (and, unless --skip-bench, the benchmark's `bench_gpu.json`) to --out-dir,
 prints a line per check, and exits 1 if a check failed (the benchmark runs anyway: its numbers stand
@@ -40,6 +40,7 @@ from specdec.engine import Engine  # noqa: E402
 from specdec.models import tiny_random_model  # noqa: E402
 from specdec.proposers.draft_model import DraftModelProposer  # noqa: E402
 from specdec.proposers.eagle import EagleProposer  # noqa: E402
+from specdec.proposers.ngram import NgramProposer  # noqa: E402
 from specdec.syncs import count_host_syncs, detect_cuda_syncs  # noqa: E402
 
 PROMPTS = [[5, 6, 7, 8, 9], [3, 4], [10, 11, 12, 13, 14, 15, 16, 17, 18]]
@@ -55,7 +56,7 @@ def _decoder(target, draft, device: str, compile: str, backend: str, method: str
         for model in (engine.target, engine.draft):
             if model is not None:
                 model.compiled = CompiledForward(model, backend=backend)
-    proposer = {"plain": lambda: None, "draft": lambda: DraftModelProposer(engine),
+    proposer = {"plain": lambda: None, "draft": lambda: DraftModelProposer(engine), "ngram": lambda: NgramProposer(engine),
                 "eagle": lambda: EagleProposer(engine, str(EAGLE), budget=10, topk=3, width=3, depth=4)}[method]()
     return SpeculativeDecoder(engine, proposer, num_speculative_tokens=k, overlap=overlap)
 
@@ -81,7 +82,7 @@ def check_syncs(target, draft, device: str) -> dict:
     """Per method: specdec's count and CUDA's detector over one generation each, and the steps
     (plain decoding serial and overlapped)."""
     out = {}
-    for method, overlap in (("plain", "off"), ("plain", "on"), ("draft", "auto"), ("eagle", "auto")):
+    for method, overlap in (("plain", "off"), ("plain", "on"), ("draft", "auto"), ("ngram", "auto"), ("eagle", "auto")):
         decoder = _decoder(target, draft, device, "off", "eager", method, 4, overlap)
         decoder.generate(PROMPTS, max_new_tokens=8)
         with count_host_syncs() as syncs:

@@ -140,7 +140,7 @@ def test_tree_bounds_replace_reads_and_are_checked():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("method", ["plain", "draft", "eagle"])
+@pytest.mark.parametrize("method", ["plain", "draft", "ngram", "eagle"])
 def test_cuda_sync_detector_agrees(target, unrelated_draft, method):
     """On a GPU, CUDA's own detector (`set_sync_debug_mode`) sees no more synchronisations in a
     generation than the counter does."""

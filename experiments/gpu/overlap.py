@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     per_step: dict[str, list[float]] = {"on": [], "off": []}
     steps: dict[str, list[int]] = {"on": [], "off": []}
-    same = True
+    same, ref = True, None
     for repeat in range(args.repeats + 1):  # the first round is the warm-up
         for mode in (("on", "off") if repeat % 2 == 0 else ("off", "on")):
             decoder.overlap = mode
@@ -66,10 +66,10 @@ def main(argv: list[str] | None = None) -> dict:
                 took += clock() - t
                 outs.append(out.output_ids[0])
                 n += out.stats.steps
-            if repeat == 0:
-                ref = outs if mode == "on" else ref
-                continue
+            ref = outs if ref is None else ref  # the warm-up's first run: every later run must equal it
             same &= outs == ref
+            if repeat == 0:
+                continue
             per_step[mode].append(took / n)
             steps[mode].append(n)
         print(f"repeat {repeat}: {({m: round(v[-1] * 1e3, 3) for m, v in per_step.items() if v})} ms/step",
