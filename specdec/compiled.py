@@ -273,6 +273,33 @@ def _graphs_compiled() -> int:
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
+_GRAPH_CAPTURES = [0]  # CUDA graphs captured in this process (`count_cuda_graph_captures`)
+
+
+def count_cuda_graph_captures() -> None:
+    """Count every CUDA graph capture from now on (`torch.cuda.CUDAGraph.capture_begin`, through which
+    inductor's CUDA-graph trees record): a graph is captured per compiled graph and input layout, and
+    again when its static inputs move, so a count that grows during decoding means re-captures.
+    Installed once per process; the class's own method is called unchanged."""
+    graph = torch.cuda.CUDAGraph
+    if getattr(graph.capture_begin, "specdec_counts", False):
+        return
+    original = graph.capture_begin
+
+    def capture_begin(self, *args, **kwargs):
+        _GRAPH_CAPTURES[0] += 1
+        return original(self, *args, **kwargs)
+
+    capture_begin.specdec_counts = True
+    graph.capture_begin = capture_begin
+
+
+def _cuda_graph_skips() -> int:
+    """Compiled graphs that inductor runs without CUDA graphs (each logged with its reason: a CPU
+    tensor among the inputs, an input mutated that is not static, ...): on a GPU, launch-bound."""
+    return torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
+
+
 def _pad(x: torch.Tensor, w: int) -> torch.Tensor:
     """`x: [B, T, ...]` padded to `[B, w, ...]` with copies of its last entry along dim 1 (a new tensor
     even without padding: made under inference mode like every other input, else the graph's guards
@@ -309,14 +336,20 @@ class _BucketedPasses:
         self.shapes: set[tuple[int, int, int]] = set()
         self._entries: set[tuple] = set()  # `_entry` of every call run: their graphs exist
         self.unguarded_calls = 0
+        self.cuda_graph_captures = 0  # CUDA graphs captured by this caller's calls (on CUDA)
+        self.cuda_graph_skips = 0  # graphs its calls compiled that run without CUDA graphs
+        if device.type == "cuda":
+            count_cuda_graph_captures()
 
     def report(self) -> dict:
         """Graphs compiled (recompilations included), passes run compiled / eagerly (of which
         `unguarded_calls` skipped the guards that do not tell graphs apart), seconds spent in the
-        passes that compiled, and the distinct (batch, width, key bucket) shapes run."""
+        passes that compiled, the distinct (batch, width, key bucket) shapes run and, on CUDA, the
+        CUDA graphs captured and the compiled graphs that run without them (0 elsewhere)."""
         return {"graphs": self.graphs, "compiled_calls": self.compiled_calls, "eager_calls": self.eager_calls,
                 "unguarded_calls": self.unguarded_calls, "compile_s": round(self.compile_s, 3),
-                "shapes": len(self.shapes)}
+                "shapes": len(self.shapes), "cuda_graph_captures": self.cuda_graph_captures,
+                "cuda_graph_skips": self.cuda_graph_skips}
 
     def _pool_buffers(self, cache) -> None:
         """Let the cache's layers take their buffers from the pool when they allocate: one pair per
@@ -372,6 +405,7 @@ class _BucketedPasses:
     def _run(self, fn, model: torch.nn.Module, *args):
         """`fn(*args)` compiled; `model` is the transformers model whose config names the attention."""
         before, start = _graphs_compiled(), time.perf_counter()
+        captures, skips = _GRAPH_CAPTURES[0], _cuda_graph_skips()
         if self.device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()
         entry = _entry(fn, args)
@@ -380,6 +414,8 @@ class _BucketedPasses:
             out = _compiled(fn, self.device, self.backend)(*args)
         self._entries.add(entry)
         self.unguarded_calls += known
+        self.cuda_graph_captures += _GRAPH_CAPTURES[0] - captures
+        self.cuda_graph_skips += _cuda_graph_skips() - skips
         compiled_now = _graphs_compiled() - before
         if compiled_now:
             self.graphs += compiled_now

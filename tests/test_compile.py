@@ -335,3 +335,22 @@ def test_cpu_compile_study_needs_its_baseline():
     script = _study_script()
     with pytest.raises(SystemExit):
         script.parse_args(["--methods", "ngram,eagle"])
+
+
+def test_cuda_graph_captures_are_counted_once_installed():
+    """The counter behind the report's `cuda_graph_captures` (a GPU's CUDA-graph trees capture through
+    `torch.cuda.CUDAGraph.capture_begin`): installed once, it counts each call and then runs the
+    class's own method (which, without CUDA, fails as it would have)."""
+    import specdec.compiled as compiled
+
+    compiled.count_cuda_graph_captures()
+    wrapper = torch.cuda.CUDAGraph.capture_begin
+    compiled.count_cuda_graph_captures()  # a second install changes nothing
+    assert torch.cuda.CUDAGraph.capture_begin is wrapper and wrapper.specdec_counts
+    before = compiled._GRAPH_CAPTURES[0]
+    if not torch.cuda.is_available():
+        with pytest.raises((RuntimeError, TypeError, AttributeError)):
+            wrapper(object())
+        assert compiled._GRAPH_CAPTURES[0] == before + 1
+    report = CompiledForward(Engine(tiny_random_model(seed=0), dtype="float32").target).report()
+    assert report["cuda_graph_captures"] == report["cuda_graph_skips"] == 0  # on this device, none yet
