@@ -27,6 +27,7 @@ from specdec.proposers.medusa import MedusaProposer
 from specdec.proposers.ngram import NgramProposer
 from specdec.proposers.suffix import SuffixProposer, SuffixTreeProposer
 from specdec.sampling import one_hot
+from specdec.schedules import make_schedule
 from specdec.syncs import count_host_syncs, detect_cuda_syncs, reads_are_free
 from specdec.tree import TokenTree
 from tests.conftest import RAGGED_PROMPTS
@@ -120,6 +121,19 @@ def test_one_read_per_step(target, unrelated_draft, method, temperature, batch):
     assert syncs.total == 1 + steps + lookups, syncs.where
     if method != "plain":
         assert sum(out.stats.draft_lengths) > 0  # the method drafted: its reads were exercised
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_confidence_schedule_reads_once_a_step_off_a_cpu(target, unrelated_draft, temperature):
+    """Counted as on a GPU, the draft runs its k passes and its rows' stopping points come back with
+    the step's read, instead of a read per pass asking whether every row has stopped."""
+    engine = Engine(target, unrelated_draft, dtype="float32")
+    decoder = SpeculativeDecoder(engine, DraftModelProposer(engine), num_speculative_tokens=6,
+                                 schedule=make_schedule("confidence", 6, threshold=0.3))
+    with count_host_syncs(where=True) as syncs:
+        out = decoder.generate(PROMPTS, max_new_tokens=20, temperature=temperature, seed=3)
+    assert syncs.total == 1 + out.stats.steps, syncs.where
+    assert min(out.stats.draft_lengths) < 6  # rows did stop early: the lengths came back
 
 
 def test_tree_bounds_replace_reads_and_are_checked():

@@ -106,6 +106,24 @@ def test_confidence_stops_rows_independently(engine_factory, unrelated_draft):
     assert sum(r.proposed for r in out.stats.rows) < 8 * sum(r.steps for r in out.stats.rows)
 
 
+@pytest.mark.parametrize("batch", ["single", "ragged"])
+def test_confidence_without_early_exit_drafts_the_same(engine_factory, unrelated_draft, batch):
+    """Off a CPU the draft runs its k passes and each row's stopping point stays on the device until
+    the step's read: the same tokens and, once read, the same per-row statistics as stopping early."""
+    engine = engine_factory(unrelated_draft)
+    prompts = RAGGED_PROMPTS[:1] if batch == "single" else RAGGED_PROMPTS
+    ref = _greedy(engine, prompts=prompts)
+    runs = []
+    for early_exit in (True, False):
+        proposer = DraftModelProposer(engine)
+        proposer.early_exit = early_exit
+        runs.append(_greedy(engine, proposer, schedule=make_schedule("confidence", 8, threshold=0.3), prompts=prompts))
+    assert runs[0].output_ids == runs[1].output_ids == ref.output_ids
+    stats = [[(r.proposed, r.accepted, r.steps, r.draft_lengths) for r in out.stats.rows] for out in runs]
+    assert stats[0] == stats[1] and sum(r.proposed for r in runs[1].stats.rows) > 0
+    assert runs[0].stats.draft_lengths == runs[1].stats.draft_lengths
+
+
 def test_ngram_finds_the_longest_most_recent_match():
     prop = NgramProposer(max_ngram=3, min_ngram=1)
     seqs = torch.tensor([

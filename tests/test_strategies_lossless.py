@@ -102,12 +102,15 @@ def test_layer_skip_sampling_is_lossless(target, expected):
     assert chi_square_pvalue(counts, expected) > 1e-3
 
 
-@pytest.mark.parametrize("schedule, args", [("heuristic", {}), ("confidence", {"threshold": 0.6}),
-                                            ("cost_aware", {"min_k": 1})])
-def test_schedules_sampling_is_lossless(target, draft, expected, schedule, args):
+@pytest.mark.parametrize("schedule, args, early_exit", [
+    ("heuristic", {}, None), ("confidence", {"threshold": 0.6}, True), ("confidence", {"threshold": 0.6}, False),
+    ("cost_aware", {"min_k": 1}, None)])
+def test_schedules_sampling_is_lossless(target, draft, expected, schedule, args, early_exit):
     engine = Engine(target, draft, dtype="float32")
     sched = make_schedule(schedule, 2, **args)
-    counts, stats = _sample_pairs(engine, DraftModelProposer(engine), sched)
+    proposer = DraftModelProposer(engine)
+    proposer.early_exit = early_exit  # False: the k passes run, lengths on the device (a GPU's default)
+    counts, stats = _sample_pairs(engine, proposer, sched)
     assert 0.05 < stats.acceptance_rate < 0.95
     if schedule == "confidence":  # a good share of rows stopped after one draft
         assert sum(r.proposed for r in stats.rows) < 1.9 * sum(r.steps for r in stats.rows)

@@ -6,6 +6,11 @@ accepted step (its own last draft, never fed to it, and the target's bonus token
 k tokens with k-1 single-token passes. After verification it rolls back to the accepted length.
 A step with k = 0 (a schedule chose plain decoding) leaves the draft alone; it catches up on the
 missed tokens, in one ragged pass, the next time it drafts.
+
+A confidence schedule stops a row once its draft is unsure. Asking whether every row has stopped is
+a read of the device, so only where reads are free (a CPU; `early_exit`) does the loop stop early;
+elsewhere it runs its k passes, each row's length stays on the device (`Proposal.device_lengths`) and
+comes back with the step's one read.
 """
 
 from __future__ import annotations
@@ -15,10 +20,14 @@ import torch
 from specdec.engine import CachedModel, Engine
 from specdec.proposers.base import Proposal
 from specdec.sampling import greedy_tokens, probabilities, sample
+from specdec.syncs import reads_are_free
 
 
 class DraftModelProposer:
     name = "draft"
+    # With a confidence schedule: True stops drafting once every row has stopped (a read per pass),
+    # False runs the k passes and leaves the lengths on the device; None: True where reads are free.
+    early_exit: bool | None = None
 
     def __init__(self, engine: Engine):
         if engine.draft is None:
@@ -42,6 +51,7 @@ class DraftModelProposer:
         # Only a confidence schedule stops rows early (and needs per-row lengths on the device);
         # reading `drafting` back is a host sync, so the other schedules run the k passes without one.
         confidence = state.schedule.uses_confidence
+        early_exit = self.early_exit if self.early_exit is not None else reads_are_free(state.tokens.device)
         if confidence:
             lengths = torch.zeros(state.batch_size, dtype=torch.long, device=logits.device)
             drafting = torch.ones(state.batch_size, dtype=torch.bool, device=logits.device)
@@ -58,16 +68,18 @@ class DraftModelProposer:
             if confidence:
                 top = (q if q is not None else torch.softmax(logits.float(), -1)).amax(-1)
                 drafting &= state.schedule.keep_drafting(top)
-                if not drafting.any():
+                if early_exit and not drafting.any():
                     break
             logits = self.draft.forward(t[:, None])[:, 0]
             self.fed += 1
-        return Proposal(
-            tokens=torch.stack(tokens, dim=1),
-            # Without a confidence schedule every row drafted all of them: known without asking.
-            lengths=lengths.tolist() if confidence else [len(tokens)] * state.batch_size,
-            probs=torch.stack(probs, dim=1) if probs else None,
-        )
+        tokens = torch.stack(tokens, dim=1)
+        probs = torch.stack(probs, dim=1) if probs else None
+        # Without a confidence schedule every row drafted all of them: known without asking.
+        if not confidence:
+            return Proposal(tokens, [tokens.shape[1]] * state.batch_size, probs)
+        if early_exit:
+            return Proposal(tokens, lengths.tolist(), probs)
+        return Proposal(tokens, [tokens.shape[1]] * state.batch_size, probs, device_lengths=lengths)
 
     def observe(self, state, outcome) -> None:
         # The draft was fed every committed token before `prev`, then `fed` drafts at prev, prev+1, ...
