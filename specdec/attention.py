@@ -128,6 +128,8 @@ class AttentionLayout:
             raise refuse("it has sliding-window layers but no config.sliding_window")
 
         implementation = getattr(config, "_attn_implementation", None) or "eager"
+        if implementation == GROUPED_SDPA:  # read inside a generation, which holds the swap (`grouped_attention`)
+            implementation = "sdpa"
         if implementation not in MASKED_IMPLEMENTATIONS:
             raise refuse(f"attn_implementation={implementation!r} does not take the per-row 4-D masks of "
                          "ragged batches", "load it with attn_implementation='sdpa' or 'eager'")
@@ -207,9 +209,12 @@ def grouped_attention(model: torch.nn.Module):
     runs its SDPA layers through `grouped_sdpa`, with the masks transformers builds for SDPA. Models
     loaded with another implementation (eager: soft-capped logits) keep theirs. The implementation
     is read from the config at call time (and, under dynamo, while tracing, and guarded), so the
-    swap is around each call, never inside a compiled region."""
+    swap is around a call, never inside a compiled region. Setting a config attribute costs about
+    25 us in transformers 5 (validation), so `Engine.exclusive` holds the swap for a whole
+    generation and the per-pass contexts inside it do nothing; passes outside a generation swap
+    around themselves."""
     config = model.config
-    if getattr(config, "_attn_implementation", None) != "sdpa":
+    if getattr(config, "_attn_implementation", None) != "sdpa":  # not SDPA, or already swapped (held)
         return contextlib.nullcontext()
     if GROUPED_SDPA not in AttentionInterface._global_mapping:
         AttentionInterface.register(GROUPED_SDPA, grouped_sdpa)

@@ -410,7 +410,8 @@ class _BucketedPasses:
             torch.compiler.cudagraph_mark_step_begin()
         entry = _entry(fn, args)
         known = SKIP_KNOWN_GUARDS and entry in self._entries and _CAN_SKIP_GUARDS
-        with _unguarded(known), _freezing(freezes(self.device, self.backend)), grouped_attention(model):
+        # Freezing is read only while compiling: a known entry, which runs a graph that exists, skips the patch.
+        with _unguarded(known), _freezing(freezes(self.device, self.backend) and not known), grouped_attention(model):
             out = _compiled(fn, self.device, self.backend)(*args)
         self._entries.add(entry)
         self.unguarded_calls += known

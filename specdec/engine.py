@@ -10,6 +10,7 @@ the target and the optional draft and makes sure they share a device and dtype.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import weakref
@@ -133,11 +134,19 @@ class CachedModel:
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return self._parameter().device
 
     @property
     def dtype(self) -> torch.dtype:
-        return next(self.model.parameters()).dtype
+        return self._parameter().dtype
+
+    def _parameter(self) -> torch.nn.Parameter:
+        """The model's first parameter, found once (asked for on every pass: walking the module tree
+        each time costs microseconds a pass); a conversion (`.to()`) changes it in place, so its
+        device and dtype stay current."""
+        if getattr(self, "_first", None) is None:
+            self._first = next(self.model.parameters())
+        return self._first
 
     @property
     def lengths(self) -> list[int]:
@@ -348,7 +357,10 @@ class Engine:
             )
         try:
             self.check_models()
-            yield
+            with contextlib.ExitStack() as held:  # the attention swap held for the generation, not per pass
+                for model in {id(m.model): m.model for m in (self.target, self.draft) if m is not None}.values():
+                    held.enter_context(grouped_attention(model))
+                yield
         finally:
             self._busy.release()
 

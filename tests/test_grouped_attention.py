@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from specdec.attention import GROUPED_SDPA, grouped_attention, grouped_sdpa
+from specdec.attention import GROUPED_SDPA, AttentionLayout, grouped_attention, grouped_sdpa
 from specdec.engine import CachedModel
 from tests.conftest import RAGGED_PROMPTS
 
@@ -112,3 +112,26 @@ def test_models_loaded_without_sdpa_keep_their_implementation(target):
             assert target.config._attn_implementation == "eager"
     finally:
         target.config._attn_implementation = "sdpa"
+
+
+def test_a_generation_holds_the_swap_and_gives_it_back(target):
+    """Setting a transformers config attribute costs microseconds, so a generation swaps once for all
+    its passes; the config is SDPA again afterwards, also when the generation fails midway, and a
+    layout read inside a generation takes the held swap for SDPA."""
+    from specdec.decoding import SpeculativeDecoder
+    from specdec.engine import Engine
+
+    engine = Engine(target, dtype="float32")
+    seen = []
+
+    def look(row, ids):
+        seen.append((target.config._attn_implementation, AttentionLayout.of(target).layer_types))
+        if len(seen) == 3:
+            raise KeyboardInterrupt  # a failure inside the generation
+
+    with pytest.raises(KeyboardInterrupt):
+        SpeculativeDecoder(engine).generate(RAGGED_PROMPTS[:1], max_new_tokens=8, on_tokens=look)
+    assert [s[0] for s in seen] == [GROUPED_SDPA] * 3
+    assert target.config._attn_implementation == "sdpa"
+    out = SpeculativeDecoder(engine).generate(RAGGED_PROMPTS[:1], max_new_tokens=4)  # the engine is free again
+    assert len(out.output_ids[0]) == 4 and target.config._attn_implementation == "sdpa"
