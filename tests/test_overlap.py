@@ -150,27 +150,3 @@ def test_an_experiment_sets_overlap_and_records_it(tmp_path):
         outputs[mode] = [r.output_token_ids for r in result.rows if r.method == "autoregressive"]
     assert outputs["on"] == outputs["off"] and outputs["on"]
 
-
-def _experiment(name: str):
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "experiments" / "gpu" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_overlap_study_runs_and_compares_tokens(tmp_path):
-    out = _experiment("overlap").main(["--model", "tiny_random", "--dtype", "float32", "--repeats", "1",
-                                       "--max-new-tokens", "6", "--out", str(tmp_path / "o.json")])
-    assert out["tokens_equal"] and out["serial_over_overlapped"] > 0 and out["prompts"] >= 1
-
-
-def test_few_operators_run_around_a_compiled_pass():
-    """experiments/gpu/launches.py's count: on a GPU each is a kernel launch (a draft pays them k times
-    a step). The bounds hold what the study measured (14.1, 12.1, 46.6) with a little room."""
-    counts = _experiment("launches").main([])  # 40 new tokens: the prefill spread thin
-    assert counts["plain overlap=on"] < counts["plain overlap=off"] <= 16
-    assert counts["draft k=4"] <= 52

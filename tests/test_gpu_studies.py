@@ -1,0 +1,34 @@
+"""The experiments/gpu studies that run anywhere: their plumbing on tiny models, and the one bound
+that a study's measurement sets for the code (the operators around a compiled pass)."""
+
+import importlib.util
+from pathlib import Path
+
+
+def _experiment(name: str):
+    path = Path(__file__).resolve().parents[1] / "experiments" / "gpu" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_overlap_study_runs_and_compares_tokens(tmp_path):
+    out = _experiment("overlap").main(["--model", "tiny_random", "--dtype", "float32", "--repeats", "1",
+                                       "--max-new-tokens", "6", "--out", str(tmp_path / "o.json")])
+    assert out["tokens_equal"] and out["serial_over_overlapped"] > 0 and out["prompts"] >= 1
+
+
+def test_few_operators_run_around_a_compiled_pass():
+    """experiments/gpu/launches.py's count: on a GPU each is a kernel launch (a draft pays them k times
+    a step). The bounds hold what the study measured (14.1, 12.1, 46.6) with a little room."""
+    counts = _experiment("launches").main([])  # 40 new tokens: the prefill spread thin
+    assert counts["plain overlap=on"] < counts["plain overlap=off"] <= 16
+    assert counts["draft k=4"] <= 52
+
+
+def test_host_time_study_runs_every_method(tmp_path):
+    out = _experiment("host_time").main(["--modes", "eager", "--repeats", "1", "--new-tokens", "8",
+                                         "--out", str(tmp_path / "h.json")])
+    assert set(out["ms_per_step"]) == {f"{m} eager" for m in ("plain", "draft", "forced", "ngram")}
+    assert all(v > 0 for v in out["ms_per_step"].values())
