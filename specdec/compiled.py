@@ -61,6 +61,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from specdec.attention import grouped_attention
 from specdec.cache import row_index
+from specdec.sampling import greedy_tokens
 from specdec.syncs import to_device
 
 COMPILE_MODES = ("off", "on", "auto")
@@ -162,6 +163,20 @@ def _forward(model: torch.nn.Module, layout, view: _BucketView, tokens: torch.Te
     if mask is None:
         mask = layout.masks(positions, view.kv_len, dtype)
     return layout.call(model, tokens, positions, view, mask, None)
+
+
+def _chain(model: torch.nn.Module, layout, view: _BucketView, token: torch.Tensor, positions: torch.Tensor,
+           slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The compiled region of a greedy draft chain: n single-token passes in one graph, each feeding
+    the previous pass's argmax. `token: [B, 1]` the first token fed, `positions, slots: [B, n]` each
+    pass's position and cache index. Returns the n tokens drafted, `[B, n]`."""
+    drafted = []
+    for j in range(slots.shape[1]):
+        view.write_pos = slots[:, j:j + 1]
+        logits = _forward(model, layout, view, token, positions[:, j:j + 1], dtype)
+        token = greedy_tokens(logits[:, -1:])
+        drafted.append(token)
+    return torch.cat(drafted, dim=1)
 
 
 class _Capture:
@@ -333,7 +348,7 @@ class _BucketedPasses:
         self.compiled_calls = 0
         self.eager_calls = 0
         self.compile_s = 0.0
-        self.shapes: set[tuple[int, int, int]] = set()
+        self.shapes: set[tuple[str, int, int, int]] = set()  # (kind, batch, width, key bucket)
         self._entries: set[tuple] = set()  # `_entry` of every call run: their graphs exist
         self.unguarded_calls = 0
         self.cuda_graph_captures = 0  # CUDA graphs captured by this caller's calls (on CUDA)
@@ -384,7 +399,7 @@ class _BucketedPasses:
 
             layer.lazy_initialization = allocate
 
-    def _begin(self, cache, t: int, w: int, counts: list[int]) -> tuple[torch.Tensor, _BucketView] | None:
+    def _begin(self, cache, t: int, w: int, counts: list[int], kind: str = "pass") -> tuple[torch.Tensor, _BucketView] | None:
         """Set up a pass of `t` tokens padded to `w` over `cache`: its write positions, `slots: [B, w]`
         (each row's valid length onwards), and the bucketed view. None when it must run eagerly: wider
         than MAX_WIDTH, or the cache's buffers not yet allocated (its first pass, the prefill)."""
@@ -399,7 +414,7 @@ class _BucketedPasses:
         view.rows = row_index(b, w, self.device)
         view.write_pos = cache.clamp_slots(slots)  # padding past the end goes to the scratch position
         view.kv_len = min(bucket(cache.max_row_len + w, MIN_KV), cache.layers[0].keys.shape[2])
-        self.shapes.add((b, w, view.kv_len))
+        self.shapes.add((kind, b, w, view.kv_len))
         return slots, view
 
     def _run(self, fn, model: torch.nn.Module, *args):
@@ -476,6 +491,30 @@ class CompiledForward(_BucketedPasses):
         if self.device.type == "cuda":  # a CUDA graph's output is overwritten by its next replay
             logits = logits.clone()
         return logits[:, keep] if keep is not None else logits
+
+    @torch.inference_mode()
+    def chain(self, first: torch.Tensor, n: int) -> torch.Tensor | None:
+        """n greedy single-token passes in one compiled call (`_chain`), the first feeding `first: [B]`,
+        each next one the argmax of the last: a draft's chain of k - 1 passes costs one call's host
+        time and, on a GPU, one CUDA-graph replay instead of n. Returns the n tokens drafted `[B, n]`,
+        or None when it must run pass by pass (a model whose hidden states a drafter keeps, n past
+        MAX_WIDTH, the cache not yet allocated). One graph per (batch, n, key bucket)."""
+        owner, cache = self.model, self.model.cache
+        b = first.shape[0]
+        if getattr(owner, "_hidden_source", None) is not None or n > MAX_WIDTH:
+            return None
+        begun = self._begin(cache, n, n, [n] * b, kind="chain")
+        if begun is None:
+            return None
+        slots, view = begun
+        view.rows = row_index(b, 1, self.device)
+        last = owner.context_length - 1 if owner.context_length is not None else None
+        positions = to_device([[n_ + i if last is None else min(n_ + i, last) for i in range(n)]
+                               for n_ in cache.lengths], self.device)
+        drafted = self._run(_chain, owner.model, owner.model, owner.layout, view, first[:, None], positions,
+                            view.write_pos, owner.dtype)
+        cache.advance([n] * b)
+        return drafted.clone() if self.device.type == "cuda" else drafted
 
     def _tree_mask(self, block_mask: torch.Tensor, positions: torch.Tensor, view: _BucketView):
         """The additive masks `[B, 1, W, kv_len]` of a tree pass padded to W slots: the key-bucket mask

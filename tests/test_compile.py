@@ -58,6 +58,11 @@ def test_compiled_greedy_equals_eager(target, unrelated_draft, k, batch):
     assert report["target"]["compiled_calls"] == compiled.stats.steps  # every step compiled, the prefill eager
     assert report["target"]["eager_calls"] == 1
     assert compiled.reports["compile"] == report
+    if k > 1:  # the draft's k - 1 greedy passes ran as one compiled call a step, after its catch-up pass
+        draft = report["draft"]
+        # per step a catch-up pass (the first step's is the draft's prefill, eager) and the chain
+        assert draft["compiled_calls"] + draft["eager_calls"] == 2 * compiled.stats.steps
+        assert {kind for kind, *_ in compiled_engine.draft.compiled.shapes} == {"pass", "chain"}
 
 
 def test_compiled_speculative_equals_compiled_plain_without_fixed_width(target):
@@ -170,8 +175,8 @@ def test_tree_passes_of_every_size_share_one_width(target):
     second = decoder.generate(prompts, max_new_tokens=30)  # drafts from the first's outputs: other trees
     report = engine.compile_report()["target"]
     assert len(set(sizes) - {0}) >= 3  # trees of several sizes were scored
-    assert {w for _, w, _ in engine.target.compiled.shapes} <= {1, 12}  # 1: steps with no tree
-    key_buckets = {kv for _, _, kv in engine.target.compiled.shapes}
+    assert {w for _, _, w, _ in engine.target.compiled.shapes} <= {1, 12}  # 1: steps with no tree
+    key_buckets = {kv for _, _, _, kv in engine.target.compiled.shapes}
     assert key_buckets == {MIN_KV} and report["graphs"] <= 2
     third = decoder.generate(prompts, max_new_tokens=30)
     assert engine.compile_report()["target"]["graphs"] == report["graphs"]

@@ -7,6 +7,9 @@ k tokens with k-1 single-token passes. After verification it rolls back to the a
 A step with k = 0 (a schedule chose plain decoding) leaves the draft alone; it catches up on the
 missed tokens, in one ragged pass, the next time it drafts.
 
+Under compile=on a greedy draft with a constant k runs its k - 1 passes as one compiled call
+(`CompiledForward.chain`: one graph per key bucket, one CUDA-graph replay a step on a GPU).
+
 A confidence schedule stops a row once its draft is unsure. Asking whether every row has stopped is
 a read of the device, so only where reads are free (a CPU; `early_exit`) does the loop stop early;
 elsewhere it runs its k passes, each row's length stays on the device (`Proposal.device_lengths`) and
@@ -55,6 +58,14 @@ class DraftModelProposer:
         if confidence:
             lengths = torch.zeros(state.batch_size, dtype=torch.long, device=logits.device)
             drafting = torch.ones(state.batch_size, dtype=torch.bool, device=logits.device)
+        elif state.sampling.greedy and k > 1 and getattr(state.schedule, "name", None) == "constant" \
+                and self.draft.compiled is not None:
+            # compile=on, greedy, a k that never changes: the k - 1 passes in one compiled call
+            first = greedy_tokens(logits)
+            rest = self.draft.compiled.chain(first, k - 1)
+            if rest is not None:
+                self.fed = k - 1
+                return Proposal(torch.cat([first[:, None], rest], dim=1), [k] * state.batch_size)
         for i in range(k):
             q = None if state.sampling.greedy else probabilities(logits, state.sampling)
             t = greedy_tokens(logits) if q is None else sample(q, state.generator)
