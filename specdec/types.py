@@ -38,7 +38,8 @@ class Proposal:
     probs:   [B, k, V] draft probabilities q, or None for a deterministic proposer (q is then a
              one-hot at the proposed token, which keeps speculative sampling lossless).
     device_lengths: [B] the lengths on the device, for a proposer whose host does not know them
-             without a synchronisation (n-gram lookup on a GPU): `lengths` then holds only an upper
+             without a synchronisation (off a CPU: n-gram lookup, a draft under a confidence
+             schedule): `lengths` then holds only an upper
              bound (k per row, which sets the scoring width), verifiers read these, and the step's
              one read replaces `lengths` with them before anything else looks (`settle`).
     """
