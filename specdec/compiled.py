@@ -322,6 +322,14 @@ def _pad(x: torch.Tensor, w: int) -> torch.Tensor:
     return torch.cat([x, x[:, -1:].expand(x.shape[0], w - x.shape[1], *x.shape[2:])], dim=1)
 
 
+def _slot_positions(cache, w: int, context_length: int | None, device: torch.device) -> torch.Tensor:
+    """`[B, w]` the positions of each row's next w cache slots (its valid length onwards), clamped to
+    the context (padding may run past it; its logits are dropped). Worked out on the host, which
+    knows the lengths: one copy to the device, no kernels to launch."""
+    last = context_length - 1 if context_length is not None else None
+    return to_device([[n + i if last is None else min(n + i, last) for i in range(w)] for n in cache.lengths], device)
+
+
 def _pad_positions(positions: torch.Tensor, w: int) -> torch.Tensor:
     """`positions: [B, T]` padded to `[B, w]` with the positions after each row's last one (where the
     padding's copies of the last token sit)."""
@@ -465,14 +473,12 @@ class CompiledForward(_BucketedPasses):
         slots, view = begun
         # Padding: copies of the last token, at the positions after it.
         tokens = _pad(tokens, w)
-        # Padding may run past the context: its positions are clamped, its logits dropped.
-        last = owner.context_length - 1 if owner.context_length is not None else None
-        if positions is None:  # the slots' positions, worked out on the host (no kernels to launch)
-            positions = to_device([[n + i if last is None else min(n + i, last) for i in range(w)]
-                                   for n in cache.lengths], self.device)
-        else:
+        if positions is None:
+            positions = _slot_positions(cache, w, owner.context_length, self.device)
+        else:  # padding may run past the context: its positions are clamped, its logits dropped
             positions = _pad_positions(positions, w)
-            positions = positions if last is None else positions.clamp(max=last)
+            if owner.context_length is not None:
+                positions = positions.clamp(max=owner.context_length - 1)
         mask = None if block_mask is None else self._tree_mask(block_mask, positions, view)
         source = getattr(owner, "_hidden_source", None)
         capture = _capture(source) if source is not None else None
@@ -506,11 +512,9 @@ class CompiledForward(_BucketedPasses):
         begun = self._begin(cache, n, n, [n] * b, kind="chain")
         if begun is None:
             return None
-        slots, view = begun
-        view.rows = row_index(b, 1, self.device)
-        last = owner.context_length - 1 if owner.context_length is not None else None
-        positions = to_device([[n_ + i if last is None else min(n_ + i, last) for i in range(n)]
-                               for n_ in cache.lengths], self.device)
+        _, view = begun
+        view.rows = row_index(b, 1, self.device)  # each pass of the chain writes one slot per row
+        positions = _slot_positions(cache, n, owner.context_length, self.device)
         drafted = self._run(_chain, owner.model, owner.model, owner.layout, view, first[:, None], positions,
                             view.write_pos, owner.dtype)
         cache.advance([n] * b)
