@@ -314,7 +314,16 @@ class Engine:
                     m.compiled = CompiledForward(m)
         # Other compiled passes that run in this engine's generations (a proposer's own drafter), by name.
         self.compiled_modules: dict[str, object] = {}
+        # Models of a proposer's own that run in this engine's generations (`add_model`); weak, so a
+        # dropped proposer's model goes with it.
+        self._proposer_models: weakref.WeakSet[CachedModel] = weakref.WeakSet()
         self._busy = threading.Lock()
+
+    def add_model(self, model: CachedModel) -> None:
+        """A model a proposer runs in this engine's generations beside target and draft (layer
+        skipping's view of the target's first layers): held like them for each generation (its
+        attention implementation swapped once, not around every pass)."""
+        self._proposer_models.add(model)
 
     def compile_report(self) -> dict | None:
         """Per model (and per proposer module compiled with them): graphs compiled so far, passes run
@@ -358,7 +367,8 @@ class Engine:
         try:
             self.check_models()
             with contextlib.ExitStack() as held:  # the attention swap held for the generation, not per pass
-                for model in {id(m.model): m.model for m in (self.target, self.draft) if m is not None}.values():
+                models = (self.target, self.draft, *self._proposer_models)
+                for model in {id(m.model): m.model for m in models if m is not None}.values():
                     held.enter_context(grouped_attention(model))
                 yield
         finally:

@@ -22,6 +22,7 @@ from specdec.models import tiny_random_model
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.eagle import EagleDrafter, EagleProposer
 from specdec.proposers.heads import save_checkpoint
+from specdec.proposers.layer_skip import LayerSkipProposer
 from specdec.proposers.medusa import MedusaProposer
 from specdec.proposers.suffix import SuffixTreeProposer
 from specdec.schedules import HeuristicSchedule
@@ -63,6 +64,28 @@ def test_compiled_greedy_equals_eager(target, unrelated_draft, k, batch):
         # per step a catch-up pass (the first step's is the draft's prefill, eager) and the chain
         assert draft["compiled_calls"] + draft["eager_calls"] == 2 * compiled.stats.steps
         assert {kind for kind, *_ in compiled_engine.draft.compiled.shapes} == {"pass", "chain"}
+
+
+@pytest.mark.parametrize("batch", ["single", "ragged"])
+def test_compiled_layer_skip_drafts_compiled_and_equals_eager(target, batch):
+    """Layer skipping drafts with a view of the target's first layers, a model of its own: under
+    compile=on its passes compile too (the greedy chain included) and are reported, and the tokens
+    are the eager path's."""
+    prompts = RAGGED_PROMPTS[:1] if batch == "single" else RAGGED_PROMPTS
+
+    def run(compile):
+        engine = _engine(target, None, compile)
+        decoder = SpeculativeDecoder(engine, LayerSkipProposer(engine, exit_layer=1), num_speculative_tokens=4)
+        return engine, decoder.generate(prompts, max_new_tokens=24)
+
+    _, eager = run("off")
+    engine, compiled = run("on")
+    assert compiled.output_ids == eager.output_ids
+    draft = engine.compile_report()["draft(layers 0..0)"]
+    # per step a catch-up pass (the first step's is the view's prefill, eager) and the chain
+    assert draft["compiled_calls"] == 2 * compiled.stats.steps - 1
+    assert draft["eager_calls"] == 1
+    assert {kind for kind, *_ in engine.compiled_modules["draft(layers 0..0)"].shapes} == {"pass", "chain"}
 
 
 def test_compiled_speculative_equals_compiled_plain_without_fixed_width(target):

@@ -135,3 +135,20 @@ def test_a_generation_holds_the_swap_and_gives_it_back(target):
     assert target.config._attn_implementation == "sdpa"
     out = SpeculativeDecoder(engine).generate(RAGGED_PROMPTS[:1], max_new_tokens=4)  # the engine is free again
     assert len(out.output_ids[0]) == 4 and target.config._attn_implementation == "sdpa"
+
+
+def test_a_generation_holds_the_swap_of_a_proposers_own_model(target):
+    """Layer skipping drafts with a view of the target's first layers, whose config is its own: the
+    generation holds its swap too, and gives it back."""
+    from specdec.decoding import SpeculativeDecoder
+    from specdec.engine import Engine
+    from specdec.proposers.layer_skip import LayerSkipProposer
+
+    engine = Engine(target, dtype="float32")
+    proposer = LayerSkipProposer(engine, exit_layer=1)
+    view = proposer.draft.model
+    seen = []
+    SpeculativeDecoder(engine, proposer, num_speculative_tokens=2).generate(
+        RAGGED_PROMPTS[:1], max_new_tokens=6, on_tokens=lambda row, ids: seen.append(view.config._attn_implementation))
+    assert seen and set(seen) == {GROUPED_SDPA}
+    assert view.config._attn_implementation == "sdpa"

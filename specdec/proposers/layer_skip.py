@@ -5,7 +5,9 @@ by the target's final norm and lm_head.
 No weights are copied and no second model is loaded: `early_exit_view` builds a shallow module tree
 whose decoder list holds the target's first layers, so every parameter is the target's own tensor
 (after `Engine` has moved the target, so the view shares the device and dtype). The view has its own
-KV cache (`CachedModel`), of `exit_layer` layers; the drafting loop is `DraftModelProposer`'s.
+KV cache (`CachedModel`), of `exit_layer` layers; the drafting loop is `DraftModelProposer`'s, and
+under compile=on the view's passes compile like a draft model's (a graph of its own: it has fewer
+layers than the target; the greedy chain included).
 
 Not done here: LayerSkip's reuse of the draft's KV entries and exit hidden state when verifying (the
 target recomputes the first layers), and models trained for early exit. A target not trained for it
@@ -18,6 +20,7 @@ import copy
 
 import torch
 
+from specdec.compiled import CompiledForward
 from specdec.engine import CachedModel, Engine
 from specdec.proposers.draft_model import DraftModelProposer
 
@@ -69,3 +72,7 @@ class LayerSkipProposer(DraftModelProposer):
     def __init__(self, engine: Engine, exit_layer: int = 4):
         self.exit_layer = exit_layer
         self.draft = CachedModel(early_exit_view(engine.target.model, exit_layer), f"draft(layers 0..{exit_layer - 1})")
+        engine.add_model(self.draft)
+        if engine.target.compiled is not None:  # compile=on: the draft's passes compile too, with the target's backend
+            self.draft.compiled = CompiledForward(self.draft, backend=engine.target.compiled.backend)
+            engine.compiled_modules[self.draft.name] = self.draft.compiled
