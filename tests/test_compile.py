@@ -324,13 +324,14 @@ def test_cpu_compile_study_runs_every_method_in_both_modes(tmp_path):
     script = _study_script()
     out = tmp_path / "r.json"
     result = script.main(["--model", "tiny_random", "--heads-path", str(ASSETS / "tiny_random_eagle.safetensors"),
+                          "--medusa-path", str(ASSETS / "tiny_random_medusa.safetensors"), "--exit-layer", "1",
                           "--backend", "eager", "--dtype", "float32", "--prompts", "2", "--max-new-tokens", "6",
                           "--out", str(out)])
-    pairs = {f"{m}/{mode}" for m in ("autoregressive", "ngram", "eagle") for mode in ("off", "on")}
+    pairs = {f"{m}/{mode}" for m in script.METHODS for mode in ("off", "on")}
     assert [set(r["order"]) for r in result["rows"]] == [pairs, pairs]
     assert result["rows"][0]["order"][0] != result["rows"][1]["order"][0]  # rotated
     summary = result["summary"]
-    for method in ("ngram", "eagle"):
+    for method in script.METHODS[1:]:
         assert {"speedup_off_cpu", "speedup_on_cpu", "speedup_off_wall", "speedup_on_wall"} <= set(summary[method])
     assert "speedup_on_cpu" not in summary["autoregressive"]
     # a step's CPU time over a plain step's (6 tokens a call): for two prompts the median is the mean
@@ -340,8 +341,10 @@ def test_cpu_compile_study_runs_every_method_in_both_modes(tmp_path):
     assert all(summary[m]["compiled_over_eager_cpu"]["median"] > 0 for m in summary)
     # float32: compiled and eager decode the same tokens
     assert all(summary[m]["same_tokens_on_off"] == 2 for m in summary)
-    assert result["graphs_compiled_while_timed"] == {"autoregressive": 0, "ngram": 0, "eagle": 0}
+    assert result["graphs_compiled_while_timed"] == dict.fromkeys(script.METHODS, 0)
     assert result["compile_report"]["eagle"]["target"]["compiled_calls"] > 0
+    assert result["compile_report"]["medusa"]["target"]["compiled_calls"] > 0
+    assert result["compile_report"]["layer_skip"]["draft(layers 0..0)"]["compiled_calls"] > 0
     assert json.loads(out.read_text())["summary"]["eagle"]["keeps_speedup"].keys() == {"wall", "cpu", "decode"}
     assert all(cell["decode"] > 0 for r in result["rows"] for key, cell in r.items() if "/" in key)
 

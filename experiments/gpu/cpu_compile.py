@@ -1,13 +1,17 @@
 """compile=off against compile=on on this CPU, every method against its own baseline in the same mode.
 
 Does `compile=on` keep each speculative method's speedup over plain decoding? One run measures
-every (method, compile) pair on the same prompts: plain decoding, n-gram drafting (k = 4) and the
-EAGLE-style drafter (the shipped checkpoint for the embedded target, `conf/method/eagle.yaml`'s
-default tree: budget 4, topk 4, width 4, depth 2, k = 2), each under `compile=off` and `compile=on`.
+every (method, compile) pair on the same prompts, each method as `conf/method/<name>.yaml` sets it
+up for the embedded target: plain decoding; n-gram drafting (k = 4); the EAGLE-style drafter (the
+shipped checkpoint, tree budget 4, topk 4, width 4, depth 2, k = 2); the shipped Medusa heads
+(default tree, k = 4); layer skipping (the first 8 of 30 layers, k = 3); suffix decoding (k = 8)
+and its trees (budget 8, k = 8), both without their cross-request index (each compiled decoder
+decodes a prompt untimed right before its timed run: an index would hand it its own output). Each
+under `compile=off` and `compile=on`.
 
 - Engines: one per (method kind, compile mode), all sharing the model object (same device and
-  dtype). EAGLE gets engines of its own because its target keeps hidden states in every pass, which
-  plain decoding and n-gram must not pay for.
+  dtype). EAGLE and Medusa get engines of their own because their target keeps hidden states in
+  every pass, which the other methods must not pay for.
 - Exact greedy is off for every decoder: `compile=on` cannot apply it (its widths and key lengths
   are bucketed), and on the eager path it would pad plain decoding to 8-wide passes over the whole
   cache buffer, so `compile=on` would be credited with removing exact greedy's cost. Outputs are
@@ -47,18 +51,26 @@ from specdec import Engine, ModelSpec, SpeculativeDecoder, load_model
 from specdec.compiled import CompiledForward
 from specdec.data import build_turn_input, load_prompts
 from specdec.proposers.eagle import EagleProposer
+from specdec.proposers.layer_skip import LayerSkipProposer
+from specdec.proposers.medusa import MedusaProposer
 from specdec.proposers.ngram import NgramProposer
+from specdec.proposers.suffix import SuffixProposer, SuffixTreeProposer
 
-METHODS = ("autoregressive", "ngram", "eagle")
+METHODS = ("autoregressive", "ngram", "eagle", "medusa", "layer_skip", "suffix", "suffix_tree")
 MODES = ("off", "on")
 BASELINE = "autoregressive"
 # wall: tokens / wall time; cpu: tokens / the process's CPU time; decode: the tokens after the first
 # over the wall time after it (prefill excluded: it runs eagerly in both modes, so on long prompts it
 # dilutes what compiling changes)
 CLOCKS = ("wall", "cpu", "decode")
-# conf/method/eagle.yaml and conf/method/ngram.yaml
+# conf/method/<name>.yaml's proposer arguments and k; suffix decoding without its cross-request index
+# (max_cached_requests=0), because every compiled decoder decodes each prompt once untimed, right before
+# its timed run, and an index would hand it its own earlier output
 EAGLE_TREE = dict(budget=4, topk=4, width=4, depth=2)
-EAGLE_K, NGRAM_K = 2, 4
+NO_INDEX = dict(max_cached_requests=0)
+K = {"autoregressive": 1, "ngram": 4, "eagle": 2, "medusa": 4, "layer_skip": 3, "suffix": 8, "suffix_tree": 8}
+# methods whose target keeps hidden states for a drafter get engines of their own
+ENGINE_KIND = {"eagle": "eagle", "medusa": "medusa"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -72,6 +84,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "category in turn; first turns)")
     ap.add_argument("--model", default="embedded", help="embedded (SmolLM2), or tiny_random for the tests")
     ap.add_argument("--heads-path", default="embedded", help="the EAGLE drafter's checkpoint")
+    ap.add_argument("--medusa-path", default="embedded", help="the Medusa heads' checkpoint")
+    ap.add_argument("--exit-layer", type=int, default=8, help="layer skipping's draft depth (conf/method/layer_skip.yaml)")
     ap.add_argument("--backend", default="inductor", help="torch.compile backend (eager: the tests' quick capture)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
@@ -86,7 +100,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def build_decoders(model, tok, args) -> dict[tuple[str, str], SpeculativeDecoder]:
-    """One decoder per (method, compile mode); plain decoding and n-gram share an engine per mode."""
+    """One decoder per (method, compile mode); methods whose target keeps no hidden states share an
+    engine per mode."""
     engines: dict[tuple[str, str], Engine] = {}
 
     def engine(kind: str, mode: str) -> Engine:
@@ -99,16 +114,27 @@ def build_decoders(model, tok, args) -> dict[tuple[str, str], SpeculativeDecoder
             engines[kind, mode] = e
         return engines[kind, mode]
 
+    def proposer(method: str, e: Engine):
+        if method == "autoregressive":
+            return None
+        if method == "eagle":
+            return EagleProposer(e, args.heads_path, **EAGLE_TREE)
+        if method == "medusa":
+            return MedusaProposer(e, args.medusa_path)
+        if method == "layer_skip":
+            return LayerSkipProposer(e, exit_layer=args.exit_layer)
+        if method == "suffix":
+            return SuffixProposer(e, **NO_INDEX)
+        if method == "suffix_tree":
+            return SuffixTreeProposer(e, **NO_INDEX)
+        return NgramProposer(e)
+
     decoders = {}
     for method in args.methods.split(","):
         for mode in MODES:
-            if method == "eagle":
-                e = engine("eagle", mode)
-                proposer, k = EagleProposer(e, args.heads_path, **EAGLE_TREE), EAGLE_K
-            else:
-                e = engine("chain", mode)
-                proposer, k = (NgramProposer(e), NGRAM_K) if method == "ngram" else (None, 1)
-            d = SpeculativeDecoder(e, proposer, num_speculative_tokens=k, tokenizer=tok, eos_token_id=[])
+            e = engine(ENGINE_KIND.get(method, "shared"), mode)
+            d = SpeculativeDecoder(e, proposer(method, e), num_speculative_tokens=K[method], tokenizer=tok,
+                                   eos_token_id=[])
             d.exact_greedy = False
             decoders[method, mode] = d
     return decoders
@@ -175,6 +201,11 @@ def summarize(rows: list[dict], methods: list[str], new_tokens: int) -> dict:
     return out
 
 
+def graphs(decoder: SpeculativeDecoder) -> int:
+    """Graphs compiled so far by the decoder's engine: target, draft and the proposers' own models."""
+    return sum(r["graphs"] for r in decoder.engine.compile_report().values())
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -199,7 +230,7 @@ def main(argv: list[str] | None = None) -> dict:
             decoders[method, "on"].generate([ids], max_new_tokens=args.max_new_tokens)
         result["warmup_s"] += time.perf_counter() - t
         print(f"warm-up of prompt {i} ({len(ids)} tokens): {time.perf_counter() - t:.0f} s", flush=True)
-        warm = {m: decoders[m, "on"].engine.compile_report()["target"]["graphs"] for m in methods}
+        warm = {m: graphs(decoders[m, "on"]) for m in methods}
         order = pairs[i % len(pairs):] + pairs[: i % len(pairs)]
         row = {"prompt_tokens": len(ids), "order": [f"{m}/{mode}" for m, mode in order]}
         for method, mode in order:
@@ -210,8 +241,7 @@ def main(argv: list[str] | None = None) -> dict:
                                        "tau": st.mean_accepted_length, "steps": st.steps, "tokens": g.output_ids[0]}
         for m in methods:  # the warm-up should have compiled every graph
             result["graphs_compiled_while_timed"][m] = (result["graphs_compiled_while_timed"].get(m, 0)
-                                                        + decoders[m, "on"].engine.compile_report()["target"]["graphs"]
-                                                        - warm[m])
+                                                        + graphs(decoders[m, "on"]) - warm[m])
         rows.append(row)
         print(f"prompt {i} ({len(ids)} tokens), {time.perf_counter() - start:.0f} s: " + ", ".join(
             f"{k} {row[k]['cpu']:.2f}" for k in row if "/" in k) + " tok/s (CPU time)", flush=True)
