@@ -17,6 +17,9 @@ compiles every graph the timed runs need, and medians of the repeats are reporte
 - speculative decoding with forced acceptance (draft i accepted with probability a given drafts
   1..i-1 were: `verifier=forced`, not lossless, marked so), k = 4, eager and compiled, against
   compiled plain decoding;
+- on CUDA, compile=on with specdec's own CUDA graphs (`cuda_graphs="explicit"`, a replay a call
+  without dynamo) beside inductor's (`trees`): plain decoding at the first batch size, the one-token
+  pass and c, forced acceptance (`--explicit-graphs`);
 - the speedup the measured costs predict (Leviathan et al., with the measured verification cost);
 - host synchronisations per decoding step: specdec's counter (eager decoders) and, on a GPU,
   CUDA's own detector (`torch.cuda.set_sync_debug_mode`, every decoder).
@@ -144,11 +147,12 @@ def hf_rate(model, prompt: torch.Tensor, new_tokens: int, **kwargs) -> float:
     return (new_tokens - 1) / max(run(new_tokens) - run(1), 1e-9)
 
 
-def make_engine(target, draft, device, dtype, compiled: bool, backend: str) -> Engine:
-    engine = Engine(target, draft, device=device, dtype=dtype, compile="on" if compiled else "off")
+def make_engine(target, draft, device, dtype, compiled: bool, backend: str, cuda_graphs: str = "trees") -> Engine:
+    engine = Engine(target, draft, device=device, dtype=dtype, compile="on" if compiled else "off",
+                    cuda_graphs=cuda_graphs)
     if compiled and backend != "inductor":  # the tests' quick graphs (dynamo's eager backend)
         for m in (engine.target, engine.draft):
-            m.compiled = CompiledForward(m, backend=backend)
+            m.compiled = CompiledForward(m, backend=backend, cuda_graphs=cuda_graphs)
     return engine
 
 
@@ -202,6 +206,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--acceptance", type=float, default=0.8, help="forced acceptance per position")
     ap.add_argument("--skip-hf", action="store_true", help="leave out transformers' generate()")
     ap.add_argument("--compile-backend", default="inductor", help=argparse.SUPPRESS)
+    ap.add_argument("--explicit-graphs", choices=("auto", "on", "off"), default="auto",
+                    help="also run compile=on with specdec's own CUDA graphs (cuda_graphs=explicit) beside "
+                         "inductor's: plain decoding at the first batch size, c, forced acceptance; auto: on CUDA")
     ap.add_argument("--bandwidth", type=float, default=None, help="peak memory bandwidth, GB/s")
     ap.add_argument("--budget-s", type=float, default=450,
                     help="seconds after which no further stage starts (the stages run most important first)")
@@ -218,6 +225,10 @@ def main(argv: list[str] | None = None) -> dict:
     draft = build("draft" if shape == "1b" else "tiny", device, dtype)
     engines = {"eager": make_engine(target, draft, device, dtype, False, args.compile_backend),
                "compiled": make_engine(target, draft, device, dtype, True, args.compile_backend)}
+    # compile=on with specdec's own CUDA graphs: where host time per call counts most (batch 1)
+    explicit = args.explicit_graphs == "on" or (args.explicit_graphs == "auto" and device.type == "cuda")
+    others = {"compiled explicit": make_engine(target, draft, device, dtype, True, args.compile_backend,
+                                               "explicit")} if explicit else {}
     vocab = target.config.vocab_size
     gen = torch.Generator().manual_seed(0)
     context_ids = torch.randint(0, vocab, (1, args.context), generator=gen).to(device)
@@ -244,6 +255,7 @@ def main(argv: list[str] | None = None) -> dict:
     def save() -> None:
         """The JSON as it stands: written after every stage, so that a run cut short keeps what it measured."""
         result["compile_report"] = engines["compiled"].compile_report()
+        result["compile_report_explicit"] = others["compiled explicit"].compile_report() if others else None
         result["seconds"] = time.perf_counter() - began
         if args.out:
             with open(args.out, "w") as f:
@@ -265,7 +277,7 @@ def main(argv: list[str] | None = None) -> dict:
         """Plain decoding, eager and compiled, at batch size b; at batch 1 also the compiled serial loop
         (what overlapping the steps is worth) and transformers' generate()."""
         prompts = [prompt] * b
-        decoders = {n: plain(e) for n, e in engines.items()}
+        decoders = {n: plain(e) for n, e in (engines | (others if b == batch_sizes[0] else {})).items()}
         variants = {f"specdec {n}": (lambda d=d, p=prompts: decode_rate(d, p, args.new_tokens))
                     for n, d in decoders.items()}
         if b == 1:
@@ -295,7 +307,13 @@ def main(argv: list[str] | None = None) -> dict:
             costs[n] = {t: time_forward(engine.target, context_ids[:, :t], args.context, args.repeats)
                         for t in range(1, args.k_max + 2)}
             draft_cost[n] = time_forward(engine.draft, context_ids[:, :1], args.context, args.repeats)
-        c = {n: draft_token_cost(draft_cost[n], 1, costs[n][1]) for n in engines}
+        for n, engine in others.items():  # one token only: c and the one-token pass
+            for model in (engine.target, engine.draft):
+                model.reset(1, args.context + args.k_max + args.new_tokens + 16)
+                model.forward(context_ids)
+            costs[n] = {1: time_forward(engine.target, context_ids[:, :1], args.context, args.repeats)}
+            draft_cost[n] = time_forward(engine.draft, context_ids[:, :1], args.context, args.repeats)
+        c = {n: draft_token_cost(draft_cost[n], 1, costs[n][1]) for n in costs}
         result.update({
             "target_forward_ms": {t: v * 1e3 for t, v in costs["eager"].items()},
             "verify_ratio": {t: v / costs["eager"][1] for t, v in costs["eager"].items()},
@@ -303,6 +321,8 @@ def main(argv: list[str] | None = None) -> dict:
             "compiled_verify_ratio": {t: v / costs["compiled"][1] for t, v in costs["compiled"].items()},
             "draft_token_ms": draft_cost["eager"] * 1e3, "c": c["eager"],
             "compiled_draft_token_ms": draft_cost["compiled"] * 1e3, "compiled_c": c["compiled"],
+            "explicit": {"target_forward_ms": costs[n][1] * 1e3, "draft_token_ms": draft_cost[n] * 1e3, "c": c[n]}
+            if (n := "compiled explicit") in costs else None,
             # specdec.metrics' cost model in units of one target step: E tokens per step of k draft
             # tokens at c each plus one scoring pass of k+1 tokens (Leviathan et al., measured costs)
             "predicted_speedup": {
@@ -318,7 +338,7 @@ def main(argv: list[str] | None = None) -> dict:
             return
         base = plain(engines["compiled"])
         variants = {"plain compiled": lambda: decode_rate(base, [prompt], args.new_tokens)}
-        for n, engine in engines.items():
+        for n, engine in (engines | others).items():
             d = forced(engine, args.k, args.acceptance)
             variants[f"forced {n}"] = lambda d=d: decode_rate(d, [prompt], args.new_tokens)
         for run in variants.values():
@@ -333,10 +353,11 @@ def main(argv: list[str] | None = None) -> dict:
     def host_syncs() -> None:
         """Host synchronisations per step, after every timed run."""
         syncs = {f"plain {n}": syncs_per_step(plain(e), prompt, args.new_tokens, n == "eager")
-                 for n, e in engines.items()}
+                 for n, e in (engines | others).items()}
         if result["forced"] is not None:
             syncs.update({f"forced {n}": syncs_per_step(forced(e, args.k, args.acceptance), prompt,
-                                                        args.new_tokens, n == "eager") for n, e in engines.items()})
+                                                        args.new_tokens, n == "eager")
+                          for n, e in (engines | others).items()})
         result["host_syncs_per_step"] = syncs
 
     # Most important first: the headline (plain decoding at batch 1 against transformers), then what
@@ -365,6 +386,10 @@ def print_tables(result: dict, args) -> None:
             print(f"| {t} | {e[t]:.2f} | {e[t] / e[1]:.2f} | {k[t]:.2f} | {k[t] / k[1]:.2f} |")
         print(f"\ndraft token: eager {result['draft_token_ms']:.2f} ms (c = {result['c']:.3f}), "
               f"compiled {result['compiled_draft_token_ms']:.2f} ms (c = {result['compiled_c']:.3f})")
+        if result["explicit"] is not None:
+            x = result["explicit"]
+            print(f"explicit CUDA graphs: target one-token pass {x['target_forward_ms']:.2f} ms, draft token "
+                  f"{x['draft_token_ms']:.2f} ms (c = {x['c']:.3f})")
     lim = f"{limit:.0f} tokens/s ({result['bandwidth_gbs']:.0f} GB/s)" if limit else "unknown (pass --bandwidth)"
     print(f"bandwidth limit at batch 1: {lim}")
     if result["plain_tokens_per_s"]:

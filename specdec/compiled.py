@@ -61,6 +61,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from specdec.attention import grouped_attention
 from specdec.cache import row_index
+from specdec.cuda_graphs import CUDA_GRAPH_MODES, CapturedCall, CudaGraph
 from specdec.sampling import greedy_tokens
 from specdec.syncs import to_device
 
@@ -155,14 +156,15 @@ class _BucketView(Cache):
 
 def _forward(model: torch.nn.Module, layout, view: _BucketView, tokens: torch.Tensor, positions: torch.Tensor,
              dtype: torch.dtype, mask: torch.Tensor | dict[str, torch.Tensor] | None = None,
-             hidden: bool = False) -> torch.Tensor:
+             capture: _Capture | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The compiled region: masks from `positions: [B, W]` over the bucketed keys (unless `mask`, the
     additive `[B, 1, W, kv_len]` masks of a tree pass, is given), then the model. Returns logits
-    [B, W, V]. `hidden` only keys the graph: a pass whose decoder output the hook captures is traced
-    with the hook active, and must not reuse a graph traced without it."""
+    [B, W, V], and with `capture` (its hook active) the decoder's output `[B, W, H]` too: an output
+    of the graph, not a side effect, so that a replayed CUDA graph hands it back as well."""
     if mask is None:
         mask = layout.masks(positions, view.kv_len, dtype)
-    return layout.call(model, tokens, positions, view, mask, None)
+    logits = layout.call(model, tokens, positions, view, mask, None)
+    return logits if capture is None else (logits, capture.take())
 
 
 def _chain(model: torch.nn.Module, layout, view: _BucketView, token: torch.Tensor, positions: torch.Tensor,
@@ -197,11 +199,11 @@ class _Capture:
             self.value = out[0]
 
     def take(self) -> torch.Tensor:
-        """The captured output of the pass just run (raises if the graph did not capture one)."""
+        """The captured output of the pass being run (raises if the hook did not capture one)."""
         value, self.value = self.value, None
         if value is None:
-            raise RuntimeError("a compiled pass that keeps hidden states captured none: its graph was traced "
-                               "without the decoder's hook")
+            raise RuntimeError("a compiled pass that keeps hidden states captured none: the decoder's hook did "
+                               "not run")
         return value
 
 
@@ -228,16 +230,18 @@ def freezes(device: torch.device, backend: str) -> bool:
 _COMPILED: dict[tuple, object] = {}
 
 
-def _compiled(fn, device: torch.device, backend: str):
-    """One compiled `fn` per device type and backend (dynamo keeps one cache per code object;
-    graphs for the target and the draft, and for each shape, are entries of it)."""
-    key = (fn, device.type, backend)
+def _compiled(fn, device: torch.device, backend: str, cuda_graphs: str = "trees"):
+    """One compiled `fn` per device type, backend and CUDA-graph mode (dynamo keeps one cache per
+    code object; graphs for the target and the draft, and for each shape, are entries of it). On
+    CUDA, `trees` compiles with inductor's CUDA-graph trees; `explicit` without them (specdec
+    captures its own, `specdec.cuda_graphs`)."""
+    key = (fn, device.type, backend, cuda_graphs)
     if key not in _COMPILED:
         config = torch._dynamo.config
         name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # before 2.7
         setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
-        mode = "reduce-overhead" if device.type == "cuda" and backend == "inductor" else None
-        _COMPILED[key] = torch.compile(fn, backend=backend, mode=mode, dynamic=False)
+        trees = device.type == "cuda" and backend == "inductor" and cuda_graphs == "trees"
+        _COMPILED[key] = torch.compile(fn, backend=backend, mode="reduce-overhead" if trees else None, dynamic=False)
     return _COMPILED[key]
 
 
@@ -260,6 +264,8 @@ def _entry(fn, args: tuple) -> tuple:
         if isinstance(x, _BucketView):
             return x.kv_len, tuple((id(layer.keys), id(layer.values), tuple(layer.keys.shape))
                                    for layer in x.cache.layers)
+        if isinstance(x, dict):  # a tree pass's masks, one per kind of layer
+            return tuple((k, part(v)) for k, v in x.items())
         if x is None or isinstance(x, (bool, int, float, str, torch.dtype)):
             return x
         return id(x)
@@ -344,11 +350,24 @@ class _BucketedPasses:
     backend: torch.compile's backend; `inductor` (generated kernels, CUDA graphs on a GPU) is what
              `compile=on` runs. `eager` captures the same graphs at the same shapes without
              generating code: the tests use it to check the shapes and the recompilations quickly.
+    cuda_graphs: on CUDA, whose CUDA graphs: `trees` (inductor's, `mode="reduce-overhead"`) or
+             `explicit` (inductor's kernels captured by specdec, one graph per call shape, replayed
+             without dynamo: `specdec.cuda_graphs`). Elsewhere nothing is captured.
     """
 
-    def __init__(self, device: torch.device, backend: str = "inductor"):
+    def __init__(self, device: torch.device, backend: str = "inductor", cuda_graphs: str = "trees",
+                 graph_class=None):
+        if cuda_graphs not in CUDA_GRAPH_MODES:
+            raise ValueError(f"cuda_graphs={cuda_graphs!r} is not one of: {', '.join(CUDA_GRAPH_MODES)}")
         self.backend = backend
         self.device = device
+        self.cuda_graphs = cuda_graphs
+        # What captures an explicit graph (`CudaGraph` on CUDA; the tests give a stand-in on a CPU),
+        # and the graphs captured, by the call's `_entry`.
+        if graph_class is None and cuda_graphs == "explicit" and device.type == "cuda":
+            graph_class = CudaGraph
+        self.graph_class = graph_class
+        self._captured: dict[tuple, CapturedCall] = {}
         self._view: _BucketView | None = None
         self._pool: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self._pooled_cache = None
@@ -363,6 +382,10 @@ class _BucketedPasses:
         self.cuda_graph_skips = 0  # graphs its calls compiled that run without CUDA graphs
         if device.type == "cuda":
             count_cuda_graph_captures()
+
+    def options(self) -> dict:
+        """How this caller compiles, for the compiled callers a proposer adds beside it."""
+        return {"backend": self.backend, "cuda_graphs": self.cuda_graphs, "graph_class": self.graph_class}
 
     def report(self) -> dict:
         """Graphs compiled (recompilations included), passes run compiled / eagerly (of which
@@ -400,6 +423,7 @@ class _BucketedPasses:
                         torch._dynamo.mark_static_address(k)
                         torch._dynamo.mark_static_address(v)
                     self._pool[key] = (k, v)
+                    self._captured.clear()  # graphs that recorded the old buffers' addresses
                 layer.keys, layer.values = self._pool[key]
                 layer.keys.zero_()
                 layer.values.zero_()
@@ -426,16 +450,30 @@ class _BucketedPasses:
         return slots, view
 
     def _run(self, fn, model: torch.nn.Module, *args):
-        """`fn(*args)` compiled; `model` is the transformers model whose config names the attention."""
+        """`fn(*args)` compiled; `model` is the transformers model whose config names the attention.
+        With explicit CUDA graphs, a call of a shape captured before is a replay of its graph."""
         before, start = _graphs_compiled(), time.perf_counter()
         captures, skips = _GRAPH_CAPTURES[0], _cuda_graph_skips()
-        if self.device.type == "cuda":
+        if self.device.type == "cuda" and self.graph_class is None:
             torch.compiler.cudagraph_mark_step_begin()
         entry = _entry(fn, args)
         known = SKIP_KNOWN_GUARDS and entry in self._entries and _CAN_SKIP_GUARDS
-        # Freezing is read only while compiling: a known entry, which runs a graph that exists, skips the patch.
-        with _unguarded(known), _freezing(freezes(self.device, self.backend) and not known), grouped_attention(model):
-            out = _compiled(fn, self.device, self.backend)(*args)
+        compiled = _compiled(fn, self.device, self.backend, self.cuda_graphs)
+
+        def call(*args):
+            # Freezing is read only while compiling: a known entry, which runs a graph that exists, skips the patch.
+            with _unguarded(known), _freezing(freezes(self.device, self.backend) and not known), \
+                    grouped_attention(model):
+                return compiled(*args)
+
+        if self.graph_class is None:
+            out = call(*args)
+        else:  # the tensors the graph reads from the cache view, set per pass, are inputs too
+            view = next(a for a in args if isinstance(a, _BucketView))
+            extra = {"rows": view.rows, "write_pos": view.write_pos}
+            if entry not in self._captured:
+                self._captured[entry] = CapturedCall(call, args, extra, view, self.graph_class(self.device))
+            out = self._captured[entry](args, extra)
         self._entries.add(entry)
         self.unguarded_calls += known
         self.cuda_graph_captures += _GRAPH_CAPTURES[0] - captures
@@ -452,8 +490,8 @@ class CompiledForward(_BucketedPasses):
     """The compiled path of one `CachedModel` (`engine.py` calls `forward` first and runs its eager
     path when it returns None)."""
 
-    def __init__(self, model, backend: str = "inductor"):
-        super().__init__(model.device, backend)
+    def __init__(self, model, backend: str = "inductor", cuda_graphs: str = "trees", graph_class=None):
+        super().__init__(model.device, backend, cuda_graphs, graph_class)
         self.model = model
         # The widest token-tree pass of the generation (node budget + 1), set by the decoder: every
         # tree pass is padded to its bucket, so trees of any size share one graph per key bucket.
@@ -485,13 +523,15 @@ class CompiledForward(_BucketedPasses):
         if capture is not None:
             capture.active = True
         try:
-            logits = self._run(_forward, owner.model, owner.model, owner.layout, view, tokens, positions, owner.dtype,
-                               mask, capture is not None)
+            out = self._run(_forward, owner.model, owner.model, owner.layout, view, tokens, positions, owner.dtype,
+                            mask, capture)
         finally:
             if capture is not None:
                 capture.active = False
+        logits = out
         if capture is not None:  # every written position's, padding to scratch, as the keys were written
-            cache.store_hidden(capture.take())
+            logits, hidden = out
+            cache.store_hidden(hidden)
         cache.advance(counts)
         logits = logits[:, :t]
         if self.device.type == "cuda":  # a CUDA graph's output is overwritten by its next replay
@@ -547,8 +587,9 @@ class CompiledModule(_BucketedPasses):
     the transformers model whose attention implementation the module's layers share (EAGLE's drafter
     layer is built from the target's config)."""
 
-    def __init__(self, module: torch.nn.Module, model: torch.nn.Module, backend: str = "inductor"):
-        super().__init__(next(module.parameters()).device, backend)
+    def __init__(self, module: torch.nn.Module, model: torch.nn.Module, backend: str = "inductor",
+                 cuda_graphs: str = "trees", graph_class=None):
+        super().__init__(next(module.parameters()).device, backend, cuda_graphs, graph_class)
         self.module, self.model = module, model
 
     @torch.inference_mode()

@@ -21,6 +21,7 @@ import torch
 from specdec.attention import SLIDING, AttentionLayout, grouped_attention
 from specdec.cache import RowCache
 from specdec.compiled import CompiledForward, resolve_compile
+from specdec.cuda_graphs import CUDA_GRAPH_MODES
 from specdec.syncs import to_device
 
 
@@ -287,15 +288,18 @@ class Engine:
     compile: `off` (eager passes), `on` (target and draft passes of up to 16 tokens through
     `torch.compile` at bucketed static shapes, `specdec.compiled`), or `auto` (on for CUDA, off on
     a CPU, where compiling costs about 40 s a graph in every process). Greedy outputs are the same
-    either way in float32.
+    either way in float32. cuda_graphs: under compile=on on CUDA, `trees` (inductor's CUDA graphs)
+    or `explicit` (captured by specdec per call shape, replayed without dynamo: `specdec.cuda_graphs`).
     """
 
     def __init__(self, target: torch.nn.Module, draft: torch.nn.Module | None = None,
                  device: str | torch.device = "cpu", dtype: str | torch.dtype = "auto",
-                 compile: str | bool = "off"):
+                 compile: str | bool = "off", cuda_graphs: str = "trees"):
         self.device = device if isinstance(device, torch.device) else resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         self.compile = resolve_compile(compile, self.device)
+        if cuda_graphs not in CUDA_GRAPH_MODES:
+            raise ValueError(f"cuda_graphs={cuda_graphs!r} is not one of: {', '.join(CUDA_GRAPH_MODES)}")
         models = [(m, role) for m, role in ((target, "target"), (draft, "draft")) if m is not None]
         for model, role in models:
             self._refuse_converting(model, role)
@@ -311,7 +315,7 @@ class Engine:
         if self.compile:
             for m in (self.target, self.draft):
                 if m is not None:
-                    m.compiled = CompiledForward(m)
+                    m.compiled = CompiledForward(m, cuda_graphs=cuda_graphs)
         # Other compiled passes that run in this engine's generations (a proposer's own drafter), by name.
         self.compiled_modules: dict[str, object] = {}
         # Models of a proposer's own that run in this engine's generations (`add_model`); weak, so a

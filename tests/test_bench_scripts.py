@@ -17,25 +17,30 @@ def _load(name: str):
 
 
 def test_device_benchmark_runs_on_cpu_with_tiny_shapes(tmp_path):
-    """Every row of the device table is produced (compiled with dynamo's quick `eager` backend)."""
+    """Every row of the device table is produced (compiled with dynamo's quick `eager` backend; the
+    explicit CUDA-graph rows run compiled without graphs on a CPU)."""
     bench = _load("bench_gpu")
     out = bench.main(["--device", "cpu", "--tiny", "--dtype", "float32", "--context", "16", "--k-max", "2",
                       "--new-tokens", "4", "--repeats", "1", "--batch-sizes", "1,2", "--k", "2",
-                      "--compile-backend", "eager", "--out", str(tmp_path / "r.json")])
+                      "--compile-backend", "eager", "--explicit-graphs", "on", "--out", str(tmp_path / "r.json")])
     assert set(out["target_forward_ms"]) == set(out["compiled_target_forward_ms"]) == {1, 2, 3}
     assert out["verify_ratio"][1] == out["compiled_verify_ratio"][1] == 1.0
     assert out["c"] > 0 and out["compiled_c"] > 0
     assert set(out["plain_tokens_per_s"]) == {1, 2}
     assert set(out["plain_tokens_per_s"][1]) == {"specdec eager", "specdec compiled", "specdec compiled serial",
-                                                  "transformers dynamic", "transformers static"}
+                                                  "specdec compiled explicit", "transformers dynamic",
+                                                  "transformers static"}
     assert set(out["plain_tokens_per_s"][2]) == {"specdec eager", "specdec compiled"}
     assert all(r > 0 for rates in out["plain_tokens_per_s"].values() for r in rates.values())
     forced = out["forced"]
-    assert forced["lossless"] is False and set(forced["speedup_over_compiled_plain"]) == {"forced eager",
-                                                                                          "forced compiled"}
+    assert forced["lossless"] is False and set(forced["speedup_over_compiled_plain"]) == {
+        "forced eager", "forced compiled", "forced compiled explicit"}
     assert out["compile_report"]["target"]["graphs"] >= 1
+    assert out["compile_report_explicit"]["target"]["compiled_calls"] >= 1
+    assert out["explicit"]["c"] > 0
     syncs = out["host_syncs_per_step"]  # one read a step, and the prefill's: 4 tokens in 3 steps
-    assert set(syncs) == {"plain eager", "plain compiled", "forced eager", "forced compiled"}
+    assert set(syncs) == {f"{kind} {n}" for kind in ("plain", "forced")
+                          for n in ("eager", "compiled", "compiled explicit")}
     assert syncs["plain eager"] == {"counted": 4 / 3} and 1 < syncs["forced eager"]["counted"] <= 2
     saved = json.loads((tmp_path / "r.json").read_text())
     assert saved["forced"]["k"] == 2 and saved["shape"] == "tiny"
@@ -74,7 +79,7 @@ def test_device_check_runs_its_checks_on_cpu(tmp_path):
     assert check.main(["--device", "cpu", "--skip-bench", "--backend", "eager", "--out-dir", str(tmp_path)]) == 0
     saved = json.loads((tmp_path / "checks.json").read_text())
     cases = saved["compiled_equals_eager"]
-    assert len(cases) == 7 and all(case["equal"] for case in cases.values()) and "host_syncs" not in saved
+    assert len(cases) == 10 and all(case["equal"] for case in cases.values()) and "host_syncs" not in saved
     assert cases["eagle k=4 ragged"]["compile"]["eagle drafter"]["compiled_calls"] > 0
 
 

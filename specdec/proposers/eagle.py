@@ -117,7 +117,7 @@ class EagleProposer:
         # compile=on: the drafter's passes compile at the target's buckets, with its backend
         self.compiled = None
         if target.compiled is not None:
-            self.compiled = CompiledModule(self.drafter, target.model, backend=target.compiled.backend)
+            self.compiled = CompiledModule(self.drafter, target.model, **target.compiled.options())
             engine.compiled_modules["eagle drafter"] = self.compiled
 
     def reset(self, state) -> None:

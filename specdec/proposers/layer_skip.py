@@ -73,6 +73,6 @@ class LayerSkipProposer(DraftModelProposer):
         self.exit_layer = exit_layer
         self.draft = CachedModel(early_exit_view(engine.target.model, exit_layer), f"draft(layers 0..{exit_layer - 1})")
         engine.add_model(self.draft)
-        if engine.target.compiled is not None:  # compile=on: the draft's passes compile too, with the target's backend
-            self.draft.compiled = CompiledForward(self.draft, backend=engine.target.compiled.backend)
+        if engine.target.compiled is not None:  # compile=on: the draft's passes compile too, as the target's do
+            self.draft.compiled = CompiledForward(self.draft, **engine.target.compiled.options())
             engine.compiled_modules[self.draft.name] = self.draft.compiled

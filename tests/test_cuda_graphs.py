@@ -1,0 +1,186 @@
+"""compile=on with explicit CUDA graphs (`specdec.cuda_graphs`): every compiled call of a new shape is
+captured once and replayed after, its changing inputs copied into the graph's own buffers.
+
+A CPU cannot capture CUDA graphs, so these tests capture with a stand-in (`ReplayedGraph`) that does
+what a replay does to memory: it runs the captured call again over the buffers it was captured with
+and writes its results into the tensors the capture returned. An input that the caller forgot to
+copy into the graph's buffers is then read stale, exactly as a real replay would read it, and the
+tokens differ from the eager path's. The same checks on a GPU, with real graphs, are at the end
+(skipped without CUDA; run by scripts/device_check.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdec.compiled import CompiledForward
+from specdec.cuda_graphs import CapturedCall, _tensors
+from specdec.decoding import SpeculativeDecoder
+from specdec.engine import Engine
+from specdec.models import tiny_random_model
+from specdec.proposers.draft_model import DraftModelProposer
+from specdec.proposers.eagle import EagleProposer
+from specdec.proposers.layer_skip import LayerSkipProposer
+from tests.conftest import RAGGED_PROMPTS
+
+ASSETS = Path(__file__).resolve().parent / "assets"
+
+
+class ReplayedGraph:
+    """A CUDA graph's memory behaviour on a CPU: `capture(fn)` runs `fn` once and returns its outputs;
+    `replay()` runs it again over the same buffers and copies the results into those outputs."""
+
+    captures = 0
+    replays = 0
+
+    def __init__(self, device):
+        self.fn = self.out = None
+
+    def capture(self, fn):
+        type(self).captures += 1
+        self.fn = fn
+        self.out = fn()
+        return self.out
+
+    def replay(self):
+        type(self).replays += 1
+        for mine, new in zip(_tensors(self.out), _tensors(self.fn())):
+            mine.copy_(new)
+
+
+def _engine(target, draft, compile: str, graph_class=ReplayedGraph) -> Engine:
+    engine = Engine(target, draft, dtype="float32", compile=compile)
+    if engine.compile:
+        for model in (engine.target, engine.draft):
+            if model is not None:
+                model.compiled = CompiledForward(model, backend="eager", cuda_graphs="explicit",
+                                                 graph_class=graph_class)
+    return engine
+
+
+def _decoder(engine, method: str, k: int = 4) -> SpeculativeDecoder:
+    proposer = {
+        "plain": lambda: None,
+        "draft": lambda: DraftModelProposer(engine),
+        "layer_skip": lambda: LayerSkipProposer(engine, exit_layer=1),
+        "eagle": lambda: EagleProposer(engine, str(ASSETS / "tiny_random_eagle.safetensors"), budget=10, topk=3,
+                                       width=3, depth=4),
+    }[method]()
+    return SpeculativeDecoder(engine, proposer, num_speculative_tokens=k)
+
+
+def test_captured_call_copies_every_input_and_replays():
+    """Tensors in the arguments (nested too) and the holder's tensors are copied into the graph's
+    buffers; the outputs are the captured tensors, overwritten by each replay."""
+    class Holder:
+        y = torch.tensor([10.0])
+
+    holder = Holder()
+
+    def fn(x, pair):
+        return x * 2 + pair["a"] + holder.y
+
+    args = (torch.tensor([1.0]), {"a": torch.tensor([100.0])})
+    call = CapturedCall(fn, args, {"y": holder.y}, holder, ReplayedGraph("cpu"))
+    first = call(args, {"y": torch.tensor([10.0])})
+    assert first.tolist() == [112.0]
+    second = call((torch.tensor([3.0]), {"a": torch.tensor([200.0])}), {"y": torch.tensor([20.0])})
+    assert second is first and second.tolist() == [226.0]
+    with pytest.raises(RuntimeError, match="other inputs"):
+        call((torch.tensor([3.0]),), {"y": torch.tensor([20.0])})
+
+
+@pytest.mark.parametrize("method", ["plain", "draft", "layer_skip", "eagle"])
+@pytest.mark.parametrize("batch", ["single", "ragged"])
+def test_explicit_graphs_greedy_equals_eager(target, unrelated_draft, method, batch):
+    """Plain decoding, a draft model (its catch-up passes and greedy chain), layer skipping (a model
+    of the proposer's own) and EAGLE trees (hidden states kept, the drafter's own passes): the
+    eager path's tokens, every compiled call after the first of its shape a replay, and a second
+    generation captures nothing new."""
+    prompts = RAGGED_PROMPTS[:1] if batch == "single" else RAGGED_PROMPTS
+    draft = unrelated_draft if method == "draft" else None
+    eager = _decoder(_engine(target, draft, "off"), method).generate(prompts, max_new_tokens=24)
+    engine = _engine(target, draft, "on")
+    decoder = _decoder(engine, method)
+    before = ReplayedGraph.captures, ReplayedGraph.replays
+    compiled = decoder.generate(prompts, max_new_tokens=24)
+    assert compiled.output_ids == eager.output_ids
+    assert [r.accepted for r in compiled.stats.rows] == [r.accepted for r in eager.stats.rows]
+    report = engine.compile_report()
+    captured = sum(len(c._captured) for c in _callers(engine, decoder))
+    calls = sum(r["compiled_calls"] for r in report.values())
+    assert ReplayedGraph.captures - before[0] == captured <= sum(r["shapes"] for r in report.values())
+    assert ReplayedGraph.replays - before[1] == calls > captured
+    again = decoder.generate(prompts, max_new_tokens=24)
+    assert again.output_ids == eager.output_ids
+    assert ReplayedGraph.captures - before[0] == captured
+
+
+def _callers(engine, decoder):
+    callers = [m.compiled for m in (engine.target, engine.draft) if m is not None]
+    proposer = decoder.proposer
+    if isinstance(proposer, LayerSkipProposer):
+        callers.append(proposer.draft.compiled)
+    if isinstance(proposer, EagleProposer):
+        callers.append(proposer.compiled)
+    return callers
+
+
+def test_proposers_compile_as_the_target_does(target):
+    """A proposer's own compiled passes (EAGLE's drafter, layer skipping's view) take the target's
+    backend and CUDA-graph mode."""
+    engine = _engine(target, None, "on")
+    for proposer in (LayerSkipProposer(engine, exit_layer=1),
+                     EagleProposer(engine, str(ASSETS / "tiny_random_eagle.safetensors"))):
+        compiled = proposer.draft.compiled if isinstance(proposer, LayerSkipProposer) else proposer.compiled
+        assert compiled.options() == engine.target.compiled.options()
+        assert compiled.options()["cuda_graphs"] == "explicit"
+
+
+def test_a_pool_that_grows_drops_its_graphs():
+    """Graphs record the cache buffers' addresses: when a longer generation needs longer pooled
+    buffers, the graphs captured on the old ones are dropped and captured again."""
+    target = tiny_random_model(seed=0, eos_token_id=None, max_position_embeddings=4096)
+    engine = _engine(target, None, "on")
+    decoder = _decoder(engine, "plain")
+    decoder.generate(RAGGED_PROMPTS[:1], max_new_tokens=8)
+    compiled = engine.target.compiled
+    old = {id(k) for k, _ in compiled._pool.values()}
+    assert compiled._captured
+    long_prompt = list(range(1, 200)) * 6  # past the smallest pooled length (MIN_BUFFER)
+    out = decoder.generate([long_prompt], max_new_tokens=4)
+    assert {id(k) for k, _ in compiled._pool.values()} != old
+    eager = _decoder(_engine(target, None, "off"), "plain").generate([long_prompt], max_new_tokens=4)
+    assert out.output_ids == eager.output_ids
+    assert all(entry[3][1][0][0] in {id(k) for k, _ in compiled._pool.values()} for entry in compiled._captured)
+
+
+def test_cuda_graph_modes_are_checked(target):
+    with pytest.raises(ValueError, match="cuda_graphs='static' is not one of: trees, explicit"):
+        Engine(target, dtype="float32", cuda_graphs="static")
+    with pytest.raises(ValueError, match="cuda_graphs"):
+        CompiledForward(Engine(target, dtype="float32").target, cuda_graphs="static")
+
+
+def test_explicit_graphs_capture_nothing_on_a_cpu(target):
+    """Without a stand-in, a CPU runs the compiled calls as they are."""
+    engine = Engine(target, dtype="float32", compile="on", cuda_graphs="explicit")
+    assert engine.target.compiled.graph_class is None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("method", ["plain", "draft", "eagle"])
+def test_explicit_cuda_graphs_greedy_equal_eager(target, unrelated_draft, method):
+    """Real CUDA graphs over inductor's kernels: the eager path's tokens on a ragged batch."""
+    draft = unrelated_draft if method == "draft" else None
+    outs = []
+    for compile in ("off", "on"):
+        engine = Engine(target, draft, device="cuda", dtype="float32", compile=compile, cuda_graphs="explicit")
+        outs.append(_decoder(engine, method).generate(RAGGED_PROMPTS, max_new_tokens=24))
+        if compile == "on":
+            assert engine.compile_report()["target"]["cuda_graph_captures"] > 0
+    assert outs[1].output_ids == outs[0].output_ids
