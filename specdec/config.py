@@ -24,6 +24,7 @@ DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 COMPILE_MODES = ("off", "on", "auto")  # specdec.compiled.COMPILE_MODES, without importing torch here
 OVERLAP_MODES = ("auto", "on", "off")  # specdec.decoding.OVERLAP_MODES' names
+CUDA_GRAPH_MODES = ("trees", "explicit")  # specdec.cuda_graphs.CUDA_GRAPH_MODES
 
 
 class ConfigError(ValueError):
@@ -141,6 +142,7 @@ class Config:
     dtype: str = "auto"  # auto (bfloat16 on a GPU or a CPU with bfloat16 units) | float32 | bfloat16 | float16
     compile: str = "auto"  # off | on | auto (on for CUDA, off on a CPU): torch.compile at static shapes
     overlap: str = "auto"  # off | on | auto (on for CUDA): plain decoding queues a step before reading the last
+    cuda_graphs: str = "trees"  # compile=on on CUDA: trees (inductor's CUDA graphs) | explicit (specdec's own)
     seed: int = 0
     threads: int | None = 1  # torch CPU threads per job; null keeps torch's default (all cores)
     warmup: bool = True  # one short untimed generation per method before measuring
@@ -263,6 +265,8 @@ def validate(cfg: DictConfig) -> None:
         _fail("compile", f"must be one of {', '.join(COMPILE_MODES)}, got {cfg.compile!r}")
     if cfg.overlap not in OVERLAP_MODES:
         _fail("overlap", f"must be one of {', '.join(OVERLAP_MODES)}, got {cfg.overlap!r}")
+    if cfg.cuda_graphs not in CUDA_GRAPH_MODES:
+        _fail("cuda_graphs", f"must be one of {', '.join(CUDA_GRAPH_MODES)}, got {cfg.cuda_graphs!r}")
     if cfg.threads is not None and cfg.threads < 1:
         _fail("threads", f"must be >= 1 or null, got {cfg.threads}")
     _check_part("logger.kind", "logger/kind", cfg.logger.kind, offered={k: cfg.logger[k] for k in TRACKER_SETTINGS})

@@ -137,7 +137,7 @@ def build(cfg: DictConfig) -> Setup:
             draft, draft_tokenizer = load_model(draft_spec)
             check_tokenizers_compatible(tokenizer, draft_tokenizer, target, draft)
             models["draft"] = describe_model(draft_spec, draft)
-    engine = Engine(target, draft, device=cfg.device, dtype=cfg.dtype, compile=cfg.compile)
+    engine = Engine(target, draft, device=cfg.device, dtype=cfg.dtype, compile=cfg.compile, cuda_graphs=cfg.cuda_graphs)
     for described in models.values():
         described["dtype"] = str(engine.dtype).removeprefix("torch.")
     log.info("target %s, draft %s on %s (%s)", models["target"]["label"],
@@ -345,6 +345,9 @@ def run_info(cfg: DictConfig, setup: Setup | None = None) -> dict:
         info["cache_reuse"] = "across_turns" if setup.cache_reuse else "none"
         info["exact_greedy"] = bool(cfg.exact_greedy)
         info["overlap"] = "on" if setup.baseline.overlaps() else "off"  # what plain decoding ran with
+        info["compile"] = "on" if setup.engine.compile else "off"
+        if setup.engine.compile and setup.engine.device.type == "cuda":
+            info["cuda_graphs"] = cfg.cuda_graphs
         exact = setup.baseline.exact_greedy and cfg.generation.temperature == 0
         info["score_width"] = setup.baseline.score_width if exact else 1
         if not setup.cache_reuse:

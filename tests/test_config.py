@@ -153,6 +153,7 @@ TINY = ["~experiment", "target=tiny_random", "draft=tiny_random", "logger=none"]
         __import__("torch").cuda.is_available(), reason="CUDA is available here")),
     ("dtype=float8", "dtype"),
     ("overlap=sometimes", "overlap"),
+    ("cuda_graphs=static", "cuda_graphs"),
     ("data=spec_bench data.path=/no/such/question.jsonl", "data.path"),
     ("data=hf", "data.path"),
     ("data.categories=[poetry]", "data.categories"),

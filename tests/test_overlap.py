@@ -147,6 +147,7 @@ def test_an_experiment_sets_overlap_and_records_it(tmp_path):
             cfg = compose("config", overrides=[*FAST, "method=ngram", f"overlap={mode}"])
         result = experiment.run(cfg, tmp_path / mode)
         assert result.summary["overlap"] == mode
+        assert result.summary["compile"] == "off" and "cuda_graphs" not in result.summary  # CUDA, compile=on only
         outputs[mode] = [r.output_token_ids for r in result.rows if r.method == "autoregressive"]
     assert outputs["on"] == outputs["off"] and outputs["on"]
 
