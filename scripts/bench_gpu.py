@@ -18,8 +18,9 @@ compiles every graph the timed runs need, and medians of the repeats are reporte
   1..i-1 were: `verifier=forced`, not lossless, marked so), k = 4, eager and compiled, against
   compiled plain decoding;
 - on CUDA, compile=on with specdec's own CUDA graphs (`cuda_graphs="explicit"`, a replay a call
-  without dynamo) beside inductor's (`trees`): plain decoding at the first batch size, the one-token
-  pass and c, forced acceptance (`--explicit-graphs`);
+  without dynamo) against inductor's (`trees`), interleaved: plain decoding at the first batch size,
+  forced acceptance, the one-token pass and c (`--explicit-graphs`; a stage of its own, after the
+  batch sizes, so that it never delays the other rows);
 - the speedup the measured costs predict (Leviathan et al., with the measured verification cost);
 - host synchronisations per decoding step: specdec's counter (eager decoders) and, on a GPU,
   CUDA's own detector (`torch.cuda.set_sync_debug_mode`, every decoder).
@@ -277,7 +278,7 @@ def main(argv: list[str] | None = None) -> dict:
         """Plain decoding, eager and compiled, at batch size b; at batch 1 also the compiled serial loop
         (what overlapping the steps is worth) and transformers' generate()."""
         prompts = [prompt] * b
-        decoders = {n: plain(e) for n, e in (engines | (others if b == batch_sizes[0] else {})).items()}
+        decoders = {n: plain(e) for n, e in engines.items()}
         variants = {f"specdec {n}": (lambda d=d, p=prompts: decode_rate(d, p, args.new_tokens))
                     for n, d in decoders.items()}
         if b == 1:
@@ -307,13 +308,7 @@ def main(argv: list[str] | None = None) -> dict:
             costs[n] = {t: time_forward(engine.target, context_ids[:, :t], args.context, args.repeats)
                         for t in range(1, args.k_max + 2)}
             draft_cost[n] = time_forward(engine.draft, context_ids[:, :1], args.context, args.repeats)
-        for n, engine in others.items():  # one token only: c and the one-token pass
-            for model in (engine.target, engine.draft):
-                model.reset(1, args.context + args.k_max + args.new_tokens + 16)
-                model.forward(context_ids)
-            costs[n] = {1: time_forward(engine.target, context_ids[:, :1], args.context, args.repeats)}
-            draft_cost[n] = time_forward(engine.draft, context_ids[:, :1], args.context, args.repeats)
-        c = {n: draft_token_cost(draft_cost[n], 1, costs[n][1]) for n in costs}
+        c = {n: draft_token_cost(draft_cost[n], 1, costs[n][1]) for n in engines}
         result.update({
             "target_forward_ms": {t: v * 1e3 for t, v in costs["eager"].items()},
             "verify_ratio": {t: v / costs["eager"][1] for t, v in costs["eager"].items()},
@@ -321,8 +316,6 @@ def main(argv: list[str] | None = None) -> dict:
             "compiled_verify_ratio": {t: v / costs["compiled"][1] for t, v in costs["compiled"].items()},
             "draft_token_ms": draft_cost["eager"] * 1e3, "c": c["eager"],
             "compiled_draft_token_ms": draft_cost["compiled"] * 1e3, "compiled_c": c["compiled"],
-            "explicit": {"target_forward_ms": costs[n][1] * 1e3, "draft_token_ms": draft_cost[n] * 1e3, "c": c[n]}
-            if (n := "compiled explicit") in costs else None,
             # specdec.metrics' cost model in units of one target step: E tokens per step of k draft
             # tokens at c each plus one scoring pass of k+1 tokens (Leviathan et al., measured costs)
             "predicted_speedup": {
@@ -338,7 +331,7 @@ def main(argv: list[str] | None = None) -> dict:
             return
         base = plain(engines["compiled"])
         variants = {"plain compiled": lambda: decode_rate(base, [prompt], args.new_tokens)}
-        for n, engine in (engines | others).items():
+        for n, engine in engines.items():
             d = forced(engine, args.k, args.acceptance)
             variants[f"forced {n}"] = lambda d=d: decode_rate(d, [prompt], args.new_tokens)
         for run in variants.values():
@@ -349,6 +342,31 @@ def main(argv: list[str] | None = None) -> dict:
             "tokens_per_s": {v: med(x) for v, x in runs.items()}, "runs": runs,
             "speedup_over_compiled_plain": {v: med(x) / med(runs["plain compiled"])
                                             for v, x in runs.items() if v != "plain compiled"}}
+
+    def explicit_graphs() -> None:
+        """compile=on with specdec's own CUDA graphs against inductor's, interleaved, at the first batch
+        size: plain decoding and forced acceptance; then the one-token passes and c."""
+        engine, b = others["compiled explicit"], batch_sizes[0]
+        decoders = {"plain trees": plain(engines["compiled"]), "plain explicit": plain(engine)}
+        if forced(engine, args.k, args.acceptance) is not None:
+            decoders |= {"forced trees": forced(engines["compiled"], args.k, args.acceptance),
+                         "forced explicit": forced(engine, args.k, args.acceptance)}
+        variants = {v: (lambda d=d: decode_rate(d, [prompt] * b, args.new_tokens)) for v, d in decoders.items()}
+        for run in variants.values():
+            run()
+        runs = interleaved(variants, args.repeats)
+        rates = {v: med(x) for v, x in runs.items()}
+        for model in (engine.target, engine.draft):
+            model.reset(1, args.context + args.k_max + args.new_tokens + 16)
+            model.forward(context_ids)
+        target_s = time_forward(engine.target, context_ids[:, :1], args.context, args.repeats)
+        draft_s = time_forward(engine.draft, context_ids[:, :1], args.context, args.repeats)
+        result["explicit_graphs"] = {
+            "batch": b, "tokens_per_s": rates, "runs": runs,
+            "explicit_over_trees": {kind: rates[f"{kind} explicit"] / rates[f"{kind} trees"]
+                                    for kind in ("plain", "forced") if f"{kind} trees" in rates},
+            "target_forward_ms": target_s * 1e3, "draft_token_ms": draft_s * 1e3,
+            "c": draft_token_cost(draft_s, 1, target_s)}
 
     def host_syncs() -> None:
         """Host synchronisations per step, after every timed run."""
@@ -367,6 +385,8 @@ def main(argv: list[str] | None = None) -> dict:
     stage("forced acceptance", forced_acceptance)
     for b in batch_sizes[1:]:
         stage(f"plain decoding, batch {b}", lambda b=b: plain_decoding(b))
+    if others:
+        stage("explicit CUDA graphs", explicit_graphs)
     stage("host synchronisations", host_syncs)
     save()
     print_tables(result, args)
@@ -386,10 +406,6 @@ def print_tables(result: dict, args) -> None:
             print(f"| {t} | {e[t]:.2f} | {e[t] / e[1]:.2f} | {k[t]:.2f} | {k[t] / k[1]:.2f} |")
         print(f"\ndraft token: eager {result['draft_token_ms']:.2f} ms (c = {result['c']:.3f}), "
               f"compiled {result['compiled_draft_token_ms']:.2f} ms (c = {result['compiled_c']:.3f})")
-        if result["explicit"] is not None:
-            x = result["explicit"]
-            print(f"explicit CUDA graphs: target one-token pass {x['target_forward_ms']:.2f} ms, draft token "
-                  f"{x['draft_token_ms']:.2f} ms (c = {x['c']:.3f})")
     lim = f"{limit:.0f} tokens/s ({result['bandwidth_gbs']:.0f} GB/s)" if limit else "unknown (pass --bandwidth)"
     print(f"bandwidth limit at batch 1: {lim}")
     if result["plain_tokens_per_s"]:
@@ -407,6 +423,13 @@ def print_tables(result: dict, args) -> None:
             print(f"| {v} | {r:.1f} tokens/s | {r / rates['plain compiled']:.2f}x |")
     elif "forced_note" in result:
         print(f"\nforced acceptance: {result['forced_note']}")
+    if "explicit_graphs" in result:
+        x = result["explicit_graphs"]
+        print(f"\nCUDA graphs, inductor's (trees) against specdec's (explicit), batch {x['batch']}:")
+        for v, r in x["tokens_per_s"].items():
+            print(f"| {v} | {r:.1f} tokens/s |")
+        print(f"explicit / trees: {x['explicit_over_trees']}; explicit: target one-token pass "
+              f"{x['target_forward_ms']:.2f} ms, draft token {x['draft_token_ms']:.2f} ms (c = {x['c']:.3f})")
     if "host_syncs_per_step" in result:
         print("\nhost synchronisations per step (specdec's count; CUDA's detector):")
         for v, x in result["host_syncs_per_step"].items():

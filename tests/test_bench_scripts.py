@@ -28,23 +28,25 @@ def test_device_benchmark_runs_on_cpu_with_tiny_shapes(tmp_path):
     assert out["c"] > 0 and out["compiled_c"] > 0
     assert set(out["plain_tokens_per_s"]) == {1, 2}
     assert set(out["plain_tokens_per_s"][1]) == {"specdec eager", "specdec compiled", "specdec compiled serial",
-                                                  "specdec compiled explicit", "transformers dynamic",
-                                                  "transformers static"}
+                                                  "transformers dynamic", "transformers static"}
     assert set(out["plain_tokens_per_s"][2]) == {"specdec eager", "specdec compiled"}
     assert all(r > 0 for rates in out["plain_tokens_per_s"].values() for r in rates.values())
     forced = out["forced"]
-    assert forced["lossless"] is False and set(forced["speedup_over_compiled_plain"]) == {
-        "forced eager", "forced compiled", "forced compiled explicit"}
+    assert forced["lossless"] is False and set(forced["speedup_over_compiled_plain"]) == {"forced eager",
+                                                                                          "forced compiled"}
     assert out["compile_report"]["target"]["graphs"] >= 1
     assert out["compile_report_explicit"]["target"]["compiled_calls"] >= 1
-    assert out["explicit"]["c"] > 0
+    explicit = out["explicit_graphs"]
+    assert set(explicit["tokens_per_s"]) == {f"{kind} {mode}" for kind in ("plain", "forced")
+                                             for mode in ("trees", "explicit")}
+    assert set(explicit["explicit_over_trees"]) == {"plain", "forced"} and explicit["c"] > 0
     syncs = out["host_syncs_per_step"]  # one read a step, and the prefill's: 4 tokens in 3 steps
     assert set(syncs) == {f"{kind} {n}" for kind in ("plain", "forced")
                           for n in ("eager", "compiled", "compiled explicit")}
     assert syncs["plain eager"] == {"counted": 4 / 3} and 1 < syncs["forced eager"]["counted"] <= 2
     saved = json.loads((tmp_path / "r.json").read_text())
     assert saved["forced"]["k"] == 2 and saved["shape"] == "tiny"
-    assert saved["skipped"] == [] and len(saved["stages_s"]) == 5
+    assert saved["skipped"] == [] and len(saved["stages_s"]) == 6
 
 
 def test_device_benchmark_keeps_to_its_time_budget(tmp_path, capsys):
