@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -204,6 +205,35 @@ def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
     return out.reshape(b, h, t, -1).transpose(1, 2).contiguous(), None
 
 
+_HOLDERS: dict[int, int] = {}  # id(config) -> contexts holding its swap now
+_HOLDERS_LOCK = threading.Lock()
+
+
+class _Swap:
+    """Holds `config`'s swap to GROUPED_SDPA: the first holder swaps, the last one to leave swaps back.
+    Counted, under a lock, because engines in other threads may share the model: a generation that
+    ends must not swap back under another one still running (its passes would change implementation
+    midway, and under dynamo compile again)."""
+
+    def __init__(self, config):
+        self.config = config
+
+    def __enter__(self):
+        with _HOLDERS_LOCK:
+            key = id(self.config)
+            if key not in _HOLDERS:
+                self.config._attn_implementation = GROUPED_SDPA
+            _HOLDERS[key] = _HOLDERS.get(key, 0) + 1
+
+    def __exit__(self, *exc):
+        with _HOLDERS_LOCK:
+            key = id(self.config)
+            _HOLDERS[key] -= 1
+            if _HOLDERS[key] == 0:
+                del _HOLDERS[key]
+                self.config._attn_implementation = "sdpa"
+
+
 def grouped_attention(model: torch.nn.Module):
     """A context in which `model` (and modules built from its config, such as EAGLE's drafter layer)
     runs its SDPA layers through `grouped_sdpa`, with the masks transformers builds for SDPA. Models
@@ -211,21 +241,13 @@ def grouped_attention(model: torch.nn.Module):
     is read from the config at call time (and, under dynamo, while tracing, and guarded), so the
     swap is around a call, never inside a compiled region. Setting a config attribute costs about
     25 us in transformers 5 (validation), so `Engine.exclusive` holds the swap for a whole
-    generation and the per-pass contexts inside it do nothing; passes outside a generation swap
-    around themselves."""
+    generation and the per-pass contexts inside it only count; passes outside a generation swap
+    around themselves. Holders are counted (`_Swap`): the config goes back to SDPA when the last
+    one leaves, whichever thread it is in."""
     config = model.config
-    if getattr(config, "_attn_implementation", None) != "sdpa":  # not SDPA, or already swapped (held)
+    if getattr(config, "_attn_implementation", None) not in ("sdpa", GROUPED_SDPA):  # not SDPA: keep it
         return contextlib.nullcontext()
     if GROUPED_SDPA not in AttentionInterface._global_mapping:
         AttentionInterface.register(GROUPED_SDPA, grouped_sdpa)
         ALL_MASK_ATTENTION_FUNCTIONS.register(GROUPED_SDPA, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
-
-    @contextlib.contextmanager
-    def swap():
-        config._attn_implementation = GROUPED_SDPA
-        try:
-            yield
-        finally:
-            config._attn_implementation = "sdpa"
-
-    return swap()
+    return _Swap(config)

@@ -152,3 +152,20 @@ def test_a_generation_holds_the_swap_of_a_proposers_own_model(target):
         RAGGED_PROMPTS[:1], max_new_tokens=6, on_tokens=lambda row, ids: seen.append(view.config._attn_implementation))
     assert seen and set(seen) == {GROUPED_SDPA}
     assert view.config._attn_implementation == "sdpa"
+
+
+def test_engines_sharing_a_model_keep_the_swap_until_the_last_leaves(target):
+    """Two engines on one model, as two threads would run them: the first generation to end must not
+    swap the config back under the other, still running; the last one to leave does."""
+    from specdec.engine import Engine
+
+    first, second = Engine(target, dtype="float32").exclusive(), Engine(target, dtype="float32").exclusive()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert target.config._attn_implementation == GROUPED_SDPA
+    with grouped_attention(target):  # a pass of the engine still running
+        assert target.config._attn_implementation == GROUPED_SDPA
+    assert target.config._attn_implementation == GROUPED_SDPA
+    second.__exit__(None, None, None)
+    assert target.config._attn_implementation == "sdpa"
