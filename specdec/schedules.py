@@ -38,6 +38,10 @@ class ConstantSchedule:
     # True: `trim` reads what each row offered (`proposal.lengths`) before the step's read, so a
     # proposer must give exact lengths on the host (n-gram lookup then reads them on a GPU).
     reads_offers = False
+    # True: k is the same from step to step, so a greedy draft under compile=on runs its passes as one
+    # compiled chain (`CompiledForward.chain`): one graph per k, which a k that changes every step
+    # would multiply (the tokens are the same either way). A subclass whose k varies sets False.
+    fixed_k = True
 
     def __init__(self, num_speculative_tokens: int = 4):
         if num_speculative_tokens < 1:
@@ -78,6 +82,7 @@ class HeuristicSchedule(ConstantSchedule):
     transformers' (`num_assistant_tokens_schedule="heuristic"`: +2 / -1)."""
 
     name = "heuristic"
+    fixed_k = False
 
     def __init__(self, num_speculative_tokens: int = 8, start: int | None = None, grow: int = 2, shrink: int = 1):
         super().__init__(num_speculative_tokens)
@@ -109,6 +114,7 @@ class ConfidenceSchedule(ConstantSchedule):
     probabilities (n-gram) ignore it and draft k_max."""
 
     name = "confidence"
+    fixed_k = False
     uses_confidence = True
 
     def __init__(self, num_speculative_tokens: int = 8, threshold: float = 0.4):
@@ -145,6 +151,7 @@ class CostAwareSchedule(ConstantSchedule):
     """
 
     name = "cost_aware"
+    fixed_k = False
     source = "proposer"
     reads_offers = True
 

@@ -218,6 +218,7 @@ class Schedule(Protocol):
     k_max: int
     uses_confidence: bool
     reads_offers: bool  # whether `trim` reads `proposal.lengths` before the step's read (exact lengths needed)
+    fixed_k: bool  # whether `next_k` is always `k_max` (a greedy draft may then chain its passes)
 
     def reset(self) -> None:
         """A new generation starts."""

@@ -58,7 +58,7 @@ class DraftModelProposer:
         if confidence:
             lengths = torch.zeros(state.batch_size, dtype=torch.long, device=logits.device)
             drafting = torch.ones(state.batch_size, dtype=torch.bool, device=logits.device)
-        elif state.sampling.greedy and k > 1 and getattr(state.schedule, "name", None) == "constant" \
+        elif state.sampling.greedy and k > 1 and getattr(state.schedule, "fixed_k", False) \
                 and self.draft.compiled is not None:
             # compile=on, greedy, a k that never changes: the k - 1 passes in one compiled call
             first = greedy_tokens(logits)
