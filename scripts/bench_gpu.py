@@ -23,7 +23,10 @@ compiles every graph the timed runs need, and medians of the repeats are reporte
   batch sizes, so that it never delays the other rows);
 - the speedup the measured costs predict (Leviathan et al., with the measured verification cost);
 - host synchronisations per decoding step: specdec's counter (eager decoders) and, on a GPU,
-  CUDA's own detector (`torch.cuda.set_sync_debug_mode`, every decoder).
+  CUDA's own detector (`torch.cuda.set_sync_debug_mode`, every decoder);
+- a profile per decoder at batch 1 (torch.profiler, 32 tokens): per token the wall time, the
+  device's busy time and share, kernels, kernel launches and CUDA-graph launches, and the
+  operators that take the most device time: what stands in the way of a goal it misses.
 
 The stages run most important first (plain decoding at the first batch size, scoring costs and c,
 forced acceptance, the other batch sizes, host synchronisations); the JSON is written after each,
@@ -133,6 +136,56 @@ def decode_rate(decoder: SpeculativeDecoder, prompts: list[list[int]], new_token
     """Tokens per second of the decoding phase (prefill excluded), all rows together."""
     s = decoder.generate(prompts, max_new_tokens=new_tokens).stats
     return tokens_per_s(s.new_tokens - len(prompts), s.wall_s - s.ttft_s)
+
+
+# CUDA runtime and driver calls that start device work: each is a launch the host pays for
+LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
+GRAPH_CALLS = ("cudaGraphLaunch", "cuGraphLaunch")
+
+
+def _busy_us(intervals: list[tuple[float, float]]) -> float:
+    """Microseconds covered by the union of (start, end) intervals (kernels on several streams may overlap)."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def profile_run(decoder: SpeculativeDecoder, prompts: list[list[int]], new_tokens: int, top: int = 12) -> dict:
+    """One generation under torch.profiler, after a warm-up: what stands between a decoder and the
+    bandwidth limit. Per generated token: wall time, the device's busy time (the union of its kernels'
+    intervals) and its share of the wall time, kernel launches and CUDA-graph launches; the `top`
+    operators by their own device time (on a CPU, by their own host time)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = decoder.engine.device.type == "cuda"
+    decoder.generate(prompts, max_new_tokens=new_tokens)
+    synchronize(decoder.engine.device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    t = time.perf_counter()
+    with profile(activities=activities) as prof:
+        stats = decoder.generate(prompts, max_new_tokens=new_tokens).stats
+        synchronize(decoder.engine.device)
+    wall_us = (time.perf_counter() - t) * 1e6
+    events = prof.events()
+    kernels = [(e.time_range.start, e.time_range.end) for e in events if e.device_type == DeviceType.CUDA]
+    busy = _busy_us(kernels)
+    n = stats.new_tokens
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    ops = sorted((a for a in prof.key_averages() if a.key not in LAUNCH_CALLS + GRAPH_CALLS),
+                 key=lambda a: getattr(a, key), reverse=True)[:top]
+    return {
+        "tokens": n, "wall_ms_per_token": wall_us / 1e3 / n,
+        "device_busy_ms_per_token": busy / 1e3 / n, "device_busy_share": busy / wall_us,
+        "kernels_per_token": len(kernels) / n,
+        "launches_per_token": sum(e.name in LAUNCH_CALLS for e in events) / n,
+        "graph_launches_per_token": sum(e.name in GRAPH_CALLS for e in events) / n,
+        "top": [{"name": a.key, "calls": a.count, "self_ms": getattr(a, key) / 1e3} for a in ops],
+        "ranked_by": "device time" if cuda else "host time (no device)",
+    }
 
 
 def hf_rate(model, prompt: torch.Tensor, new_tokens: int, **kwargs) -> float:
@@ -368,6 +421,19 @@ def main(argv: list[str] | None = None) -> dict:
             "target_forward_ms": target_s * 1e3, "draft_token_ms": draft_s * 1e3,
             "c": draft_token_cost(draft_s, 1, target_s)}
 
+    def profiles() -> None:
+        """torch.profiler over one generation per decoder at batch 1 (a shorter one: the trace grows
+        with every launch): where a goal is missed, what is in the way."""
+        n = min(args.new_tokens, 32)
+        decoders = {"plain eager": plain(engines["eager"]), "plain compiled": plain(engines["compiled"])}
+        if forced(engines["compiled"], args.k, args.acceptance) is not None:
+            decoders["forced compiled"] = forced(engines["compiled"], args.k, args.acceptance)
+        for name, engine in others.items():
+            decoders[f"plain {name}"] = plain(engine)
+            if forced(engine, args.k, args.acceptance) is not None:
+                decoders[f"forced {name}"] = forced(engine, args.k, args.acceptance)
+        result["profiles"] = {v: profile_run(d, [prompt], n) for v, d in decoders.items()}
+
     def host_syncs() -> None:
         """Host synchronisations per step, after every timed run."""
         syncs = {f"plain {n}": syncs_per_step(plain(e), prompt, args.new_tokens, n == "eager")
@@ -388,6 +454,7 @@ def main(argv: list[str] | None = None) -> dict:
     if others:
         stage("explicit CUDA graphs", explicit_graphs)
     stage("host synchronisations", host_syncs)
+    stage("profiles", profiles)
     save()
     print_tables(result, args)
     return result
@@ -430,6 +497,14 @@ def print_tables(result: dict, args) -> None:
             print(f"| {v} | {r:.1f} tokens/s |")
         print(f"explicit / trees: {x['explicit_over_trees']}; explicit: target one-token pass "
               f"{x['target_forward_ms']:.2f} ms, draft token {x['draft_token_ms']:.2f} ms (c = {x['c']:.3f})")
+    if "profiles" in result:
+        print("\nprofiles, batch 1, per token (torch.profiler):\n| decoder | wall ms | device busy ms | busy share | "
+              "kernels | launches | graph launches | top operator |\n|---|---:|---:|---:|---:|---:|---:|---|")
+        for v, x in result["profiles"].items():
+            first = x["top"][0]["name"][:40] if x["top"] else "-"
+            print(f"| {v} | {x['wall_ms_per_token']:.3f} | {x['device_busy_ms_per_token']:.3f} | "
+                  f"{x['device_busy_share']:.0%} | {x['kernels_per_token']:.1f} | {x['launches_per_token']:.1f} | "
+                  f"{x['graph_launches_per_token']:.2f} | {first} |")
     if "host_syncs_per_step" in result:
         print("\nhost synchronisations per step (specdec's count; CUDA's detector):")
         for v, x in result["host_syncs_per_step"].items():

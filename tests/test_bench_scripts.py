@@ -46,7 +46,13 @@ def test_device_benchmark_runs_on_cpu_with_tiny_shapes(tmp_path):
     assert syncs["plain eager"] == {"counted": 4 / 3} and 1 < syncs["forced eager"]["counted"] <= 2
     saved = json.loads((tmp_path / "r.json").read_text())
     assert saved["forced"]["k"] == 2 and saved["shape"] == "tiny"
-    assert saved["skipped"] == [] and len(saved["stages_s"]) == 6
+    assert saved["skipped"] == [] and len(saved["stages_s"]) == 7
+    profiles = saved["profiles"]  # on a CPU: no device time, operators ranked by host time
+    assert set(profiles) == {"plain eager", "plain compiled", "forced compiled", "plain compiled explicit",
+                             "forced compiled explicit"}
+    for p in profiles.values():
+        assert p["tokens"] == 4 and p["wall_ms_per_token"] > 0 and p["device_busy_share"] == 0
+        assert p["top"] and p["top"][0]["self_ms"] >= p["top"][-1]["self_ms"] > 0
 
 
 def test_device_benchmark_keeps_to_its_time_budget(tmp_path, capsys):
@@ -57,10 +63,16 @@ def test_device_benchmark_keeps_to_its_time_budget(tmp_path, capsys):
                       "--new-tokens", "4", "--repeats", "1", "--batch-sizes", "1,2", "--skip-hf",
                       "--compile-backend", "eager", "--budget-s", "0", "--out", str(tmp_path / "r.json")])
     assert out["skipped"] == ["plain decoding, batch 1", "scoring costs", "forced acceptance",
-                              "plain decoding, batch 2", "host synchronisations"]
+                              "plain decoding, batch 2", "host synchronisations", "profiles"]
     assert out["plain_tokens_per_s"] == {} and "target_forward_ms" not in out
     assert json.loads((tmp_path / "r.json").read_text())["skipped"] == out["skipped"]
     assert "skipped for time (--budget-s 0)" in capsys.readouterr().out
+
+
+def test_busy_time_is_the_union_of_kernel_intervals():
+    bench = _load("bench_gpu")
+    assert bench._busy_us([(0, 10), (5, 12), (20, 25), (21, 22)]) == 17
+    assert bench._busy_us([]) == 0
 
 
 @pytest.mark.parametrize("script", ["bench_gpu", "device_check"])
