@@ -7,7 +7,7 @@ shapes change every step (the key length grows by the tokens accepted, the width
 
 So a compiled pass runs at *bucketed* shapes:
 
-- width: the T tokens of a pass are padded to the next of `WIDTHS` (1, 2, 4, 6, 8, 12, 16) with copies
+- width: the T tokens of a pass are padded to the next of `WIDTHS` (1, 2, 4, 6, 8, 10, 12, 16) with copies
   of the last token. The padding is written after every row's real tokens, is never made valid
   (`advance` counts only the real ones) and its logits are dropped, exactly like the padding of a
   ragged pass. Wider passes (prefill, long catch-ups) run eagerly: they happen once per turn.
@@ -23,9 +23,9 @@ A change of k or of the batch's raggedness therefore reuses graphs; a new batch 
 key bucket compiles one more. `CompiledForward.report()` counts the graphs compiled, the passes
 run compiled and eagerly, and the seconds spent in the passes that compiled.
 
-Token-tree passes (EAGLE, Medusa, suffix trees) run compiled too, at one width per node budget:
-`tree_width` (the budget + 1, which the decoder sets) rounded up, so that a tree of another size
-this step reuses the graph. Their attention mask is built outside the graph, as the eager path
+Token-tree passes (EAGLE, Medusa, suffix trees) run compiled too, at two widths per node budget:
+`SMALL_TREE` (4) for trees of up to 4 tokens, else `tree_width` (the budget + 1, which the decoder
+sets) rounded up, so that a tree of another size this step reuses a graph. Their attention mask is built outside the graph, as the eager path
 builds it (the key-bucket mask from the nodes' positions, the tree's block `[B, N+1, N+1]` overlaid
 on the block's columns; padding slots see only themselves), and is an input of the graph, whose
 shape is fixed by the buckets. Passes that keep the target's hidden states for a drafter return
@@ -66,10 +66,16 @@ from specdec.sampling import greedy_tokens
 from specdec.syncs import to_device
 
 COMPILE_MODES = ("off", "on", "auto")
-# The widths a pass is padded to. Powers of two, and 6 and 12 between: on this CPU (SmolLM2, bfloat16,
-# compiled) a pass of 5 or 6 tokens padded to 8 cost 1.17x a one-token pass, at 6 1.07x (4: 0.92x),
-# and n-gram's k = 4 and EAGLE's default 4-node tree score 5 tokens (experiments/gpu/README.md).
-WIDTHS = (1, 2, 4, 6, 8, 12, 16)
+# The widths a pass is padded to. Powers of two, and 6, 10 and 12 between: on this CPU (SmolLM2,
+# bfloat16, compiled) a pass of 5 or 6 tokens padded to 8 cost 1.17x a one-token pass, at 6 1.07x (4:
+# 0.92x); n-gram's k = 4 and EAGLE's default 4-node tree score 5 tokens, Medusa's default tree and
+# suffix decoding's k = 8 and 8-node trees 9 or 10 (experiments/gpu/README.md).
+WIDTHS = (1, 2, 4, 6, 8, 10, 12, 16)
+# Token trees of at most this many tokens (root included) run at this width, the rest at the node
+# budget's: two graphs per key bucket for trees of every size. A small tree padded to the budget's
+# width (suffix trees are often one to three nodes) cost a 10-12-wide pass; 4 wide costs no more
+# than one token on this CPU (above).
+SMALL_TREE = 4
 MAX_WIDTH = WIDTHS[-1]  # passes wider than this run eagerly (prefill): compiling every prompt length never pays
 MIN_KV = 64  # the smallest key bucket
 # Pooled cache buffers hold at least this many positions: a longer buffer for a longer prompt would
@@ -494,7 +500,8 @@ class CompiledForward(_BucketedPasses):
         super().__init__(model.device, backend, cuda_graphs, graph_class)
         self.model = model
         # The widest token-tree pass of the generation (node budget + 1), set by the decoder: every
-        # tree pass is padded to its bucket, so trees of any size share one graph per key bucket.
+        # tree pass wider than SMALL_TREE is padded to its bucket, so trees of any size share two
+        # graphs per key bucket.
         self.tree_width = 0
 
     @torch.inference_mode()
@@ -503,7 +510,10 @@ class CompiledForward(_BucketedPasses):
         """`CachedModel.forward`'s contract, compiled; None when this pass runs eagerly instead."""
         owner, cache = self.model, self.model.cache
         b, t = tokens.shape
-        w = width_bucket(max(t, self.tree_width) if block_mask is not None else t)
+        if block_mask is None:
+            w = width_bucket(t)
+        else:  # a tree: small ones at SMALL_TREE, the rest at the budget's width
+            w = SMALL_TREE if t <= SMALL_TREE else width_bucket(max(t, self.tree_width))
         counts = list(advance) if advance is not None else [t] * b
         begun = self._begin(cache, t, w, counts)
         if begun is None:
