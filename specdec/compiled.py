@@ -173,6 +173,19 @@ def _forward(model: torch.nn.Module, layout, view: _BucketView, tokens: torch.Te
     return logits if capture is None else (logits, capture.take())
 
 
+def _catch_up_chain(model: torch.nn.Module, layout, view: _BucketView, tokens: torch.Tensor, positions: torch.Tensor,
+                    last: torch.Tensor, rows: torch.Tensor, chain_positions: torch.Tensor,
+                    chain_slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The compiled region of a draft's whole greedy step: its catch-up pass over `tokens: [B, W]` at
+    `positions: [B, W]` (the view set up for it), the greedy token after each row's last real token
+    (`last: [B]`, its index), then the chain of n single-token passes from there (`rows: [B, 1]` the
+    view's rows for them, `chain_positions, chain_slots: [B, n]`). Returns `[B, n + 1]` the drafts."""
+    logits = _forward(model, layout, view, tokens, positions, dtype)
+    first = greedy_tokens(logits.gather(1, last[:, None, None].expand(-1, 1, logits.shape[-1])))  # [B, 1]
+    view.rows = rows
+    return torch.cat([first, _chain(model, layout, view, first, chain_positions, chain_slots, dtype)], dim=1)
+
+
 def _chain(model: torch.nn.Module, layout, view: _BucketView, token: torch.Tensor, positions: torch.Tensor,
            slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The compiled region of a greedy draft chain: n single-token passes in one graph, each feeding
@@ -437,10 +450,12 @@ class _BucketedPasses:
 
             layer.lazy_initialization = allocate
 
-    def _begin(self, cache, t: int, w: int, counts: list[int], kind: str = "pass") -> tuple[torch.Tensor, _BucketView] | None:
+    def _begin(self, cache, t: int, w: int, counts: list[int], kind: str = "pass",
+               more: int = 0) -> tuple[torch.Tensor, _BucketView] | None:
         """Set up a pass of `t` tokens padded to `w` over `cache`: its write positions, `slots: [B, w]`
-        (each row's valid length onwards), and the bucketed view. None when it must run eagerly: wider
-        than MAX_WIDTH, or the cache's buffers not yet allocated (its first pass, the prefill)."""
+        (each row's valid length onwards), and the bucketed view (its keys cover `more` positions
+        past the pass, for passes that follow it in the same call). None when it must run eagerly:
+        wider than MAX_WIDTH, or the cache's buffers not yet allocated (its first pass, the prefill)."""
         self._pool_buffers(cache)
         if w > MAX_WIDTH or not all(layer.is_initialized for layer in cache.layers):
             self.eager_calls += 1
@@ -451,7 +466,7 @@ class _BucketedPasses:
         self._view = view
         view.rows = row_index(b, w, self.device)
         view.write_pos = cache.clamp_slots(slots)  # padding past the end goes to the scratch position
-        view.kv_len = min(bucket(cache.max_row_len + w, MIN_KV), cache.layers[0].keys.shape[2])
+        view.kv_len = min(bucket(cache.max_row_len + w + more, MIN_KV), cache.layers[0].keys.shape[2])
         self.shapes.add((kind, b, w, view.kv_len))
         return slots, view
 
@@ -567,6 +582,32 @@ class CompiledForward(_BucketedPasses):
         positions = _slot_positions(cache, n, owner.context_length, self.device)
         drafted = self._run(_chain, owner.model, owner.model, owner.layout, view, first[:, None], positions,
                             view.write_pos, owner.dtype)
+        cache.advance([n] * b)
+        return drafted.clone() if self.device.type == "cuda" else drafted
+
+    @torch.inference_mode()
+    def catch_up_chain(self, chunk: torch.Tensor, counts: list[int], n: int) -> torch.Tensor | None:
+        """A greedy draft's step in one compiled call: the catch-up pass over `chunk: [B, T]` (row b's
+        first `counts[b]` tokens are real), the greedy token after each row's last one, then `chain`'s
+        n passes from it. Returns the n + 1 drafts `[B, n + 1]`, or None (nothing run) when the catch-up
+        must run eagerly (the prefill, wider than MAX_WIDTH), the chain pass by pass, or a row lacks room
+        for it. One graph per (batch, catch-up width, n, key bucket)."""
+        owner, cache = self.model, self.model.cache
+        b, t = chunk.shape
+        w = width_bucket(t)
+        after = [length + c for length, c in zip(cache.lengths, counts)]
+        if (getattr(owner, "_hidden_source", None) is not None or n > MAX_WIDTH or w > MAX_WIDTH
+                or max(after) + n > cache.max_len or not all(layer.is_initialized for layer in cache.layers)):
+            return None
+        slots, view = self._begin(cache, t, w, counts, kind=f"catch-up and chain of {n}", more=n)
+        positions = _slot_positions(cache, w, owner.context_length, self.device)
+        last = owner.context_length - 1 if owner.context_length is not None else None
+        chain = [[a + j for j in range(n)] for a in after]
+        chain_positions = to_device([[p if last is None else min(p, last) for p in row] for row in chain], self.device)
+        drafted = self._run(_catch_up_chain, owner.model, owner.model, owner.layout, view, _pad(chunk, w), positions,
+                            to_device([c - 1 for c in counts], self.device), row_index(b, 1, self.device),
+                            chain_positions, to_device(chain, self.device), owner.dtype)
+        cache.advance(counts)
         cache.advance([n] * b)
         return drafted.clone() if self.device.type == "cuda" else drafted
 

@@ -237,19 +237,34 @@ class CachedModel:
         with the verification)."""
         self.cache.compact([r + 1 for r in roots], [[r + 1 + i for i in p if i >= 0] for r, p in zip(roots, path)])
 
-    def catch_up(self, tokens: torch.Tensor, upto: list[int]) -> torch.Tensor:
-        """Feed each row's tokens it has not seen, `tokens[b, len_b : upto[b]]`, in one ragged pass.
-
-        tokens: [B, L] the decoding buffer. Returns the logits after each row's last fed token, [B, V].
-        This is prefill (from an empty cache), multi-turn continuation, and a draft's catch-up.
-        """
+    def _unseen(self, tokens: torch.Tensor, upto: list[int]) -> tuple[list[int], torch.Tensor]:
+        """Per row, how many tokens it has not fed (`upto[b]` less its cache length), and those tokens,
+        `[B, max count]` (a shorter row's padded with the tokens after it, to be dropped)."""
         counts = [u - n for u, n in zip(upto, self.cache.lengths)]
         if min(counts) < 1:
             raise ValueError(f"{self.name}: catch_up needs at least one new token per row, got {counts}")
         t = max(counts)
         end = tokens.shape[1] - 1
         idx = to_device([[min(n + i, end) for i in range(t)] for n in self.cache.lengths], tokens.device)
-        chunk = tokens.gather(1, idx)
+        return counts, tokens.gather(1, idx)
+
+    def catch_up_chain(self, tokens: torch.Tensor, upto: list[int], n: int) -> torch.Tensor | None:
+        """`catch_up` and n greedy single-token passes after it, in one compiled call (compile=on):
+        `[B, n + 1]`, the greedy token after each row's last fed token and the n drafted after it. None,
+        having fed nothing, where that cannot run compiled (eagerly, or the prefill: the caller runs
+        `catch_up` and the passes itself)."""
+        if self.compiled is None:
+            return None
+        counts, chunk = self._unseen(tokens, upto)
+        return self.compiled.catch_up_chain(chunk, counts, n)
+
+    def catch_up(self, tokens: torch.Tensor, upto: list[int]) -> torch.Tensor:
+        """Feed each row's tokens it has not seen, `tokens[b, len_b : upto[b]]`, in one ragged pass.
+
+        tokens: [B, L] the decoding buffer. Returns the logits after each row's last fed token, [B, V].
+        This is prefill (from an empty cache), multi-turn continuation, and a draft's catch-up.
+        """
+        counts, chunk = self._unseen(tokens, upto)
         # The positions whose logits are wanted, and where each row's lands among them, worked out
         # on the host from the counts it already has (on the device it would be a synchronisation).
         keep = sorted({c - 1 for c in counts})

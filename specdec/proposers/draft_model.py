@@ -7,8 +7,10 @@ k tokens with k-1 single-token passes. After verification it rolls back to the a
 A step with k = 0 (a schedule chose plain decoding) leaves the draft alone; it catches up on the
 missed tokens, in one ragged pass, the next time it drafts.
 
-Under compile=on a greedy draft with a constant k runs its k - 1 passes as one compiled call
-(`CompiledForward.chain`: one graph per key bucket, one CUDA-graph replay a step on a GPU).
+Under compile=on a greedy draft with a fixed k runs its whole step, the catch-up pass and the k - 1
+passes after it, as one compiled call (`CompiledForward.catch_up_chain`: one graph per catch-up
+width and key bucket, one CUDA-graph replay a step on a GPU); after an eager catch-up (the draft's
+prefill), the k - 1 passes as one (`CompiledForward.chain`).
 
 A confidence schedule stops a row once its draft is unsure. Asking whether every row has stopped is
 a read of the device, so only where reads are free (a CPU; `early_exit`) does the loop stop early;
@@ -48,19 +50,24 @@ class DraftModelProposer:
         self.fed = None
         if k == 0:
             return Proposal.empty(state.batch_size, state.tokens.device)
-        logits = self.draft.catch_up(state.tokens, state.seq_lens)  # [B, V]
-        self.fed = 0
-        tokens, probs = [], []
         # Only a confidence schedule stops rows early (and needs per-row lengths on the device);
         # reading `drafting` back is a host sync, so the other schedules run the k passes without one.
         confidence = state.schedule.uses_confidence
+        chained = state.sampling.greedy and k > 1 and getattr(state.schedule, "fixed_k", False) \
+            and not confidence and self.draft.compiled is not None
+        if chained:  # compile=on, greedy, a k that stays: catch-up and k - 1 passes in one compiled call
+            drafted = self.draft.catch_up_chain(state.tokens, state.seq_lens, k - 1)
+            if drafted is not None:
+                self.fed = k - 1
+                return Proposal(drafted, [k] * state.batch_size)
+        logits = self.draft.catch_up(state.tokens, state.seq_lens)  # [B, V]
+        self.fed = 0
+        tokens, probs = [], []
         early_exit = self.early_exit if self.early_exit is not None else reads_are_free(state.tokens.device)
         if confidence:
             lengths = torch.zeros(state.batch_size, dtype=torch.long, device=logits.device)
             drafting = torch.ones(state.batch_size, dtype=torch.bool, device=logits.device)
-        elif state.sampling.greedy and k > 1 and getattr(state.schedule, "fixed_k", False) \
-                and self.draft.compiled is not None:
-            # compile=on, greedy, a k that never changes: the k - 1 passes in one compiled call
+        elif chained:  # the catch-up ran eagerly (the draft's prefill): the k - 1 passes in one call
             first = greedy_tokens(logits)
             rest = self.draft.compiled.chain(first, k - 1)
             if rest is not None:
