@@ -300,3 +300,11 @@ def test_the_command_line_reports_a_bad_config_in_one_line_without_a_traceback(t
     assert proc.returncode == 1
     assert "Error: method.num_speculative_tokens: k must be >= 1, got -1" in proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_config_names_the_cuda_graph_modes_of_the_engine():
+    """specdec.config checks cuda_graphs= without importing torch: its list is specdec.cuda_graphs'."""
+    from specdec import config
+    from specdec.cuda_graphs import CUDA_GRAPH_MODES
+
+    assert config.CUDA_GRAPH_MODES == CUDA_GRAPH_MODES

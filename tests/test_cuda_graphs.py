@@ -184,11 +184,3 @@ def test_explicit_cuda_graphs_greedy_equal_eager(target, unrelated_draft, method
         if compile == "on":
             assert engine.compile_report()["target"]["cuda_graph_captures"] > 0
     assert outs[1].output_ids == outs[0].output_ids
-
-
-def test_config_names_the_same_modes():
-    """specdec.config checks cuda_graphs= without importing torch: its list is this module's."""
-    from specdec import config
-    from specdec.cuda_graphs import CUDA_GRAPH_MODES
-
-    assert config.CUDA_GRAPH_MODES == CUDA_GRAPH_MODES
