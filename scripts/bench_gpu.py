@@ -122,8 +122,11 @@ def measure_bandwidth(device: torch.device, gib: float = 1.0, repeats: int = 5) 
 
 
 def interleaved(variants: dict, repeats: int) -> dict[str, list[float]]:
-    """Run every variant (a callable returning a number) `repeats` times, the order rotating each
-    repeat; returns each variant's numbers."""
+    """Run every variant (a callable returning a number) once untimed (the warm-up, which compiles
+    every graph the timed runs reach), then `repeats` times, the order rotating each repeat; returns
+    each variant's numbers."""
+    for run in variants.values():
+        run()
     names = list(variants)
     out = {n: [] for n in names}
     for r in range(repeats):
@@ -327,6 +330,13 @@ def main(argv: list[str] | None = None) -> dict:
         save()
         log(title)
 
+    def prefill(engine: Engine) -> None:
+        """Both models' caches hold the context, one row, before `time_forward` (the prefill runs
+        eagerly: wider than a compiled pass)."""
+        for model in (engine.target, engine.draft):
+            model.reset(1, args.context + args.k_max + args.new_tokens + 16)
+            model.forward(context_ids)
+
     def plain_decoding(b: int) -> None:
         """Plain decoding, eager and compiled, at batch size b; at batch 1 also the compiled serial loop
         (what overlapping the steps is worth) and transformers' generate()."""
@@ -342,8 +352,6 @@ def main(argv: list[str] | None = None) -> dict:
             variants["transformers dynamic"] = lambda hf=hf: hf_rate(hf, context_ids, args.new_tokens)
             variants["transformers static"] = lambda hf=hf: hf_rate(hf, context_ids, args.new_tokens,
                                                                     cache_implementation="static")
-        for run in variants.values():  # warm-up: compiles every graph the timed runs reach
-            run()
         runs = interleaved(variants, args.repeats)
         result["plain_runs"][b] = runs
         rates = result["plain_tokens_per_s"][b] = {v: med(x) for v, x in runs.items()}
@@ -355,9 +363,7 @@ def main(argv: list[str] | None = None) -> dict:
         """The target's pass over T = 1 .. k_max+1 tokens and the draft's token cost, eager and compiled."""
         costs, draft_cost = {}, {}
         for n, engine in engines.items():
-            for model in (engine.target, engine.draft):
-                model.reset(1, args.context + args.k_max + args.new_tokens + 16)
-                model.forward(context_ids)  # the prefill (eager: wider than a compiled pass)
+            prefill(engine)
             costs[n] = {t: time_forward(engine.target, context_ids[:, :t], args.context, args.repeats)
                         for t in range(1, args.k_max + 2)}
             draft_cost[n] = time_forward(engine.draft, context_ids[:, :1], args.context, args.repeats)
@@ -387,8 +393,6 @@ def main(argv: list[str] | None = None) -> dict:
         for n, engine in engines.items():
             d = forced(engine, args.k, args.acceptance)
             variants[f"forced {n}"] = lambda d=d: decode_rate(d, [prompt], args.new_tokens)
-        for run in variants.values():
-            run()
         runs = interleaved(variants, args.repeats)
         result["forced"] = {
             "k": args.k, "acceptance": args.acceptance, "lossless": False,
@@ -405,13 +409,9 @@ def main(argv: list[str] | None = None) -> dict:
             decoders |= {"forced trees": forced(engines["compiled"], args.k, args.acceptance),
                          "forced explicit": forced(engine, args.k, args.acceptance)}
         variants = {v: (lambda d=d: decode_rate(d, [prompt] * b, args.new_tokens)) for v, d in decoders.items()}
-        for run in variants.values():
-            run()
         runs = interleaved(variants, args.repeats)
         rates = {v: med(x) for v, x in runs.items()}
-        for model in (engine.target, engine.draft):
-            model.reset(1, args.context + args.k_max + args.new_tokens + 16)
-            model.forward(context_ids)
+        prefill(engine)
         target_s = time_forward(engine.target, context_ids[:, :1], args.context, args.repeats)
         draft_s = time_forward(engine.draft, context_ids[:, :1], args.context, args.repeats)
         result["explicit_graphs"] = {

@@ -61,7 +61,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from specdec.attention import grouped_attention
 from specdec.cache import row_index
-from specdec.cuda_graphs import CUDA_GRAPH_MODES, CapturedCall, CudaGraph
+from specdec.cuda_graphs import CapturedCall, CudaGraph, check_cuda_graphs
 from specdec.sampling import greedy_tokens
 from specdec.syncs import to_device
 
@@ -348,12 +348,12 @@ def _pad(x: torch.Tensor, w: int) -> torch.Tensor:
     return torch.cat([x, x[:, -1:].expand(x.shape[0], w - x.shape[1], *x.shape[2:])], dim=1)
 
 
-def _slot_positions(cache, w: int, context_length: int | None, device: torch.device) -> torch.Tensor:
-    """`[B, w]` the positions of each row's next w cache slots (its valid length onwards), clamped to
-    the context (padding may run past it; its logits are dropped). Worked out on the host, which
-    knows the lengths: one copy to the device, no kernels to launch."""
+def _slot_positions(lengths: list[int], w: int, context_length: int | None, device: torch.device) -> torch.Tensor:
+    """`[B, w]` the positions of each row's next w cache slots (from its length in `lengths` onwards),
+    clamped to the context (padding may run past it; its logits are dropped). Worked out on the host,
+    which knows the lengths: one copy to the device, no kernels to launch."""
     last = context_length - 1 if context_length is not None else None
-    return to_device([[n + i if last is None else min(n + i, last) for i in range(w)] for n in cache.lengths], device)
+    return to_device([[n + i if last is None else min(n + i, last) for i in range(w)] for n in lengths], device)
 
 
 def _pad_positions(positions: torch.Tensor, w: int) -> torch.Tensor:
@@ -377,8 +377,7 @@ class _BucketedPasses:
 
     def __init__(self, device: torch.device, backend: str = "inductor", cuda_graphs: str = "trees",
                  graph_class=None):
-        if cuda_graphs not in CUDA_GRAPH_MODES:
-            raise ValueError(f"cuda_graphs={cuda_graphs!r} is not one of: {', '.join(CUDA_GRAPH_MODES)}")
+        check_cuda_graphs(cuda_graphs)
         self.backend = backend
         self.device = device
         self.cuda_graphs = cuda_graphs
@@ -451,14 +450,19 @@ class _BucketedPasses:
 
             layer.lazy_initialization = allocate
 
+    def _compilable(self, cache, w: int) -> bool:
+        """Whether a pass `w` wide over `cache` can run compiled: at most MAX_WIDTH, and the cache's
+        (pooled) buffers allocated, which its first pass, the prefill, does eagerly."""
+        self._pool_buffers(cache)
+        return w <= MAX_WIDTH and all(layer.is_initialized for layer in cache.layers)
+
     def _begin(self, cache, t: int, w: int, counts: list[int], kind: str = "pass",
                more: int = 0) -> tuple[torch.Tensor, _BucketView] | None:
         """Set up a pass of `t` tokens padded to `w` over `cache`: its write positions, `slots: [B, w]`
         (each row's valid length onwards), and the bucketed view (its keys cover `more` positions
         past the pass, for passes that follow it in the same call). None when it must run eagerly:
         wider than MAX_WIDTH, or the cache's buffers not yet allocated (its first pass, the prefill)."""
-        self._pool_buffers(cache)
-        if w > MAX_WIDTH or not all(layer.is_initialized for layer in cache.layers):
+        if not self._compilable(cache, w):
             self.eager_calls += 1
             return None
         slots = cache.begin_write(w, counts)  # checks each row's capacity for its real tokens
@@ -538,7 +542,7 @@ class CompiledForward(_BucketedPasses):
         # Padding: copies of the last token, at the positions after it.
         tokens = _pad(tokens, w)
         if positions is None:
-            positions = _slot_positions(cache, w, owner.context_length, self.device)
+            positions = _slot_positions(cache.lengths, w, owner.context_length, self.device)
         else:  # padding may run past the context: its positions are clamped, its logits dropped
             positions = _pad_positions(positions, w)
             if owner.context_length is not None:
@@ -580,7 +584,7 @@ class CompiledForward(_BucketedPasses):
             return None
         _, view = begun
         view.rows = row_index(b, 1, self.device)  # each pass of the chain writes one slot per row
-        positions = _slot_positions(cache, n, owner.context_length, self.device)
+        positions = _slot_positions(cache.lengths, n, owner.context_length, self.device)
         drafted = self._run(_chain, owner.model, owner.model, owner.layout, view, first[:, None], positions,
                             view.write_pos, owner.dtype)
         cache.advance([n] * b)
@@ -597,17 +601,15 @@ class CompiledForward(_BucketedPasses):
         b, t = chunk.shape
         w = width_bucket(t)
         after = [length + c for length, c in zip(cache.lengths, counts)]
-        if (getattr(owner, "_hidden_source", None) is not None or n > MAX_WIDTH or w > MAX_WIDTH
-                or max(after) + n > cache.max_len or not all(layer.is_initialized for layer in cache.layers)):
+        if (getattr(owner, "_hidden_source", None) is not None or n > MAX_WIDTH or max(after) + n > cache.max_len
+                or not self._compilable(cache, w)):
             return None
         slots, view = self._begin(cache, t, w, counts, kind=f"catch-up and chain of {n}", more=n)
-        positions = _slot_positions(cache, w, owner.context_length, self.device)
-        last = owner.context_length - 1 if owner.context_length is not None else None
-        chain = [[a + j for j in range(n)] for a in after]
-        chain_positions = to_device([[p if last is None else min(p, last) for p in row] for row in chain], self.device)
+        positions = _slot_positions(cache.lengths, w, owner.context_length, self.device)
+        chain_slots = to_device([[a + j for j in range(n)] for a in after], self.device)  # room checked above
         drafted = self._run(_catch_up_chain, owner.model, owner.model, owner.layout, view, _pad(chunk, w), positions,
                             to_device([c - 1 for c in counts], self.device), row_index(b, 1, self.device),
-                            chain_positions, to_device(chain, self.device), owner.dtype)
+                            _slot_positions(after, n, owner.context_length, self.device), chain_slots, owner.dtype)
         cache.advance(counts)
         cache.advance([n] * b)
         return drafted.clone() if self.device.type == "cuda" else drafted

@@ -38,6 +38,12 @@ CUDA_GRAPH_MODES = ("trees", "explicit")
 _POOLS: dict[torch.device, object] = {}
 
 
+def check_cuda_graphs(mode: str) -> None:
+    """Raise unless `mode` is one of CUDA_GRAPH_MODES."""
+    if mode not in CUDA_GRAPH_MODES:
+        raise ValueError(f"cuda_graphs={mode!r} is not one of: {', '.join(CUDA_GRAPH_MODES)}")
+
+
 def _static(x):
     """A copy of `x` the graph owns: every tensor cloned, tuples, lists and dicts copied through,
     anything else (models, layouts, ints) as it is."""
@@ -96,7 +102,6 @@ class CapturedCall:
                  graph):
         self.args = _static(args)
         self.extra = _static(extra)
-        self.holder = holder
         self.graph = graph
         self._inputs = _tensors(self.args) + _tensors(self.extra)
 

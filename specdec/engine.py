@@ -21,7 +21,7 @@ import torch
 from specdec.attention import SLIDING, AttentionLayout, grouped_attention
 from specdec.cache import RowCache
 from specdec.compiled import CompiledForward, resolve_compile
-from specdec.cuda_graphs import CUDA_GRAPH_MODES
+from specdec.cuda_graphs import check_cuda_graphs
 from specdec.syncs import to_device
 
 
@@ -313,8 +313,7 @@ class Engine:
         self.device = device if isinstance(device, torch.device) else resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         self.compile = resolve_compile(compile, self.device)
-        if cuda_graphs not in CUDA_GRAPH_MODES:
-            raise ValueError(f"cuda_graphs={cuda_graphs!r} is not one of: {', '.join(CUDA_GRAPH_MODES)}")
+        check_cuda_graphs(cuda_graphs)  # before any model moves, also when nothing compiles
         models = [(m, role) for m, role in ((target, "target"), (draft, "draft")) if m is not None]
         for model, role in models:
             self._refuse_converting(model, role)
