@@ -8,8 +8,8 @@ shapes change every step (the key length grows by the tokens accepted, the width
 So a compiled pass runs at *bucketed* shapes:
 
 - width: the T tokens of a pass are padded to the next of `WIDTHS` (1, 2, 4, 6, 8, 10, 12, 16) with copies
-  of the last token. The padding is written after every row's real tokens, is never made valid
-  (`advance` counts only the real ones) and its logits are dropped, exactly like the padding of a
+  of the last token (in bfloat16 on a CPU, to at least 4: `NARROWEST`). The padding is written after
+  every row's real tokens, is never made valid (`advance` counts only the real ones) and its logits are dropped, exactly like the padding of a
   ragged pass. Wider passes (prefill, long catch-ups) run eagerly: they happen once per turn.
 - key length: attention reads the preallocated cache up to the next power of two >= the longest
   row's end (at least `MIN_KV`), with every row's valid length in an explicit 4-D mask, so the
@@ -76,6 +76,12 @@ WIDTHS = (1, 2, 4, 6, 8, 10, 12, 16)
 # width (suffix trees are often one to three nodes) cost a 10-12-wide pass; 4 wide costs no more
 # than one token on this CPU (above).
 SMALL_TREE = 4
+# The narrowest width a pass runs at, by (device type, dtype): passes of fewer tokens are padded to it.
+# On this CPU, compiled (inductor's frozen weights, oneDNN), a bfloat16 pass of 1 token costs more than
+# one of 4 (SmolLM2, 100-700 cached tokens: 1 token 26-33 ms, 2: 30-35 ms, 4: 24-30 ms), so passes of 1
+# to 3 tokens run 4 wide; in float32 one token is the cheapest (45 ms, 4 tokens 72 ms) and stays 1 wide
+# (experiments/gpu/README.md, "Widths"). Anything not measured: 1.
+NARROWEST = {("cpu", torch.bfloat16): 4}
 MAX_WIDTH = WIDTHS[-1]  # passes wider than this run eagerly (prefill): compiling every prompt length never pays
 MIN_KV = 64  # the smallest key bucket
 # Pooled cache buffers hold at least this many positions: a longer buffer for a longer prompt would
@@ -106,9 +112,9 @@ def resolve_compile(compile: str | bool, device: torch.device) -> bool:
     raise ValueError(f"compile={compile!r} is not one of: {', '.join(COMPILE_MODES)}")
 
 
-def width_bucket(t: int) -> int:
-    """The smallest of WIDTHS >= t (t itself past the last: such a pass runs eagerly)."""
-    return next((w for w in WIDTHS if w >= t), t)
+def width_bucket(t: int, least: int = 1) -> int:
+    """The smallest of WIDTHS >= max(t, least) (t itself past the last: such a pass runs eagerly)."""
+    return next((w for w in WIDTHS if w >= max(t, least)), t)
 
 
 def bucket(n: int, least: int = 1) -> int:
@@ -375,11 +381,12 @@ class _BucketedPasses:
              without dynamo: `specdec.cuda_graphs`). Elsewhere nothing is captured.
     """
 
-    def __init__(self, device: torch.device, backend: str = "inductor", cuda_graphs: str = "trees",
+    def __init__(self, device: torch.device, dtype: torch.dtype, backend: str = "inductor", cuda_graphs: str = "trees",
                  graph_class=None):
         check_cuda_graphs(cuda_graphs)
         self.backend = backend
         self.device = device
+        self.narrowest = NARROWEST.get((device.type, dtype), 1)  # passes of fewer tokens are padded to it
         self.cuda_graphs = cuda_graphs
         # What captures an explicit graph (`CudaGraph` on CUDA; the tests give a stand-in on a CPU),
         # and the graphs captured, by the call's `_entry`.
@@ -450,6 +457,10 @@ class _BucketedPasses:
 
             layer.lazy_initialization = allocate
 
+    def width(self, t: int) -> int:
+        """The width a pass of `t` tokens runs at (`width_bucket`, at least `narrowest`)."""
+        return width_bucket(t, self.narrowest)
+
     def _compilable(self, cache, w: int) -> bool:
         """Whether a pass `w` wide over `cache` can run compiled: at most MAX_WIDTH, and the cache's
         (pooled) buffers allocated, which its first pass, the prefill, does eagerly."""
@@ -517,7 +528,7 @@ class CompiledForward(_BucketedPasses):
     path when it returns None)."""
 
     def __init__(self, model, backend: str = "inductor", cuda_graphs: str = "trees", graph_class=None):
-        super().__init__(model.device, backend, cuda_graphs, graph_class)
+        super().__init__(model.device, model.dtype, backend, cuda_graphs, graph_class)
         self.model = model
         # The widest token-tree pass of the generation (node budget + 1), set by the decoder: every
         # tree pass wider than SMALL_TREE is padded to its bucket, so trees of any size share two
@@ -531,9 +542,9 @@ class CompiledForward(_BucketedPasses):
         owner, cache = self.model, self.model.cache
         b, t = tokens.shape
         if block_mask is None:
-            w = width_bucket(t)
+            w = self.width(t)
         else:  # a tree: small ones at SMALL_TREE, the rest at the budget's width
-            w = SMALL_TREE if t <= SMALL_TREE else width_bucket(max(t, self.tree_width))
+            w = self.width(SMALL_TREE if t <= SMALL_TREE else max(t, self.tree_width))
         counts = list(advance) if advance is not None else [t] * b
         begun = self._begin(cache, t, w, counts)
         if begun is None:
@@ -599,7 +610,7 @@ class CompiledForward(_BucketedPasses):
         for it. One graph per (batch, catch-up width, n, key bucket)."""
         owner, cache = self.model, self.model.cache
         b, t = chunk.shape
-        w = width_bucket(t)
+        w = self.width(t)
         after = [length + c for length, c in zip(cache.lengths, counts)]
         if (getattr(owner, "_hidden_source", None) is not None or n > MAX_WIDTH or max(after) + n > cache.max_len
                 or not self._compilable(cache, w)):
@@ -643,7 +654,8 @@ class CompiledModule(_BucketedPasses):
 
     def __init__(self, module: torch.nn.Module, model: torch.nn.Module, backend: str = "inductor",
                  cuda_graphs: str = "trees", graph_class=None):
-        super().__init__(next(module.parameters()).device, backend, cuda_graphs, graph_class)
+        first = next(module.parameters())
+        super().__init__(first.device, first.dtype, backend, cuda_graphs, graph_class)
         self.module, self.model = module, model
 
     @torch.inference_mode()
@@ -655,7 +667,7 @@ class CompiledModule(_BucketedPasses):
         of which the first T are real. Returns the module's output for the T real tokens
         (`[B, T, ...]`), or None when this pass must run eagerly."""
         b, t = positions.shape
-        w = width_bucket(t)
+        w = self.width(t)
         begun = self._begin(cache, t, w, counts)
         if begun is None:
             return None

@@ -90,6 +90,23 @@ def test_compiled_layer_skip_drafts_compiled_and_equals_eager(target, batch):
         "chain", "catch-up and chain of 3"}
 
 
+@pytest.mark.parametrize("k", [0, 4])
+def test_passes_padded_to_the_narrowest_width_equal_eager(target, unrelated_draft, k):
+    """In bfloat16 on a CPU, passes of 1-3 tokens run 4 wide (`NARROWEST`). Forced in float32: no
+    token changes (plain decoding's one-token passes, the draft's catch-up and the target's
+    scoring), and no pass but the draft's chained single tokens runs narrower than 4."""
+    eager = _generate(_engine(target, unrelated_draft, "off"), k, RAGGED_PROMPTS, exact_greedy=False)
+    engine = _engine(target, unrelated_draft, "on")
+    assert engine.target.compiled.narrowest == 1  # float32: one token is the cheapest there
+    for model in (engine.target, engine.draft):
+        model.compiled.narrowest = 4
+    out = _generate(engine, k, RAGGED_PROMPTS, exact_greedy=False)
+    assert out.output_ids == eager.output_ids
+    widths = {w for m in (engine.target, engine.draft) for kind, _, w, _ in m.compiled.shapes if kind != "chain"}
+    assert min(widths) == 4
+    assert Engine(tiny_random_model(), dtype="bfloat16", compile="on").target.compiled.narrowest == 4
+
+
 def test_compiled_speculative_equals_compiled_plain_without_fixed_width(target):
     """Widths vary with k (exact greedy off): padding to a width bucket must not change any token."""
     engine = _engine(target, target, "on")
@@ -249,6 +266,7 @@ def test_buckets():
     assert [bucket(n) for n in (1, 2, 3, 5, 8, 9)] == [1, 2, 4, 8, 8, 16]
     assert bucket(10, least=64) == 64 and bucket(65, least=64) == 128
     assert [width_bucket(t) for t in range(1, 18)] == [1, 2, 4, 4, 6, 6, 8, 8, 10, 10, 12, 12, 16, 16, 16, 16, 17]
+    assert [width_bucket(t, least=4) for t in (1, 2, 3, 5)] == [4, 4, 4, 6]
 
 
 @pytest.mark.slow

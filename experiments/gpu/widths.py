@@ -1,0 +1,94 @@
+"""What one target pass of T tokens costs on this CPU, eager and compiled, relative to one token.
+
+A speculative step scores its drafts in one pass of T = k + 1 tokens (or a tree's nodes). Where a
+pass costs little more at T = 9 than at T = 1 (a memory-bound GPU), long drafts are nearly free to
+score; where it does not, every rejected draft token costs. `compile=on` also pads T to a width
+bucket (`specdec.compiled.WIDTHS`, at least `NARROWEST`), and its kernels differ from the eager ones: this measures both
+against the same eager passes, so that a method whose steps score wide passes (suffix decoding,
+k = 8) can be told what compiling does to its step.
+
+    python experiments/gpu/widths.py --out experiments/gpu/widths.json      # embedded SmolLM2, bfloat16
+    python experiments/gpu/widths.py --model tiny_random --dtype float32 --repeats 2 --contexts 20
+
+One engine per mode on the same model; per context length, a prompt is prefilled once per engine,
+then each pass of T tokens is run and rolled back. Passes alternate between the modes and rotate
+over T, after one untimed round that compiles every graph; medians of the repeats, process CPU time
+(one thread).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from specdec.engine import Engine
+from specdec.models import ModelSpec, load_model
+
+MODES = ("off", "on")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="embedded")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--widths", default="1,2,3,4,5,6,7,8,9,10")
+    ap.add_argument("--contexts", default="100,700", help="tokens in the cache before the pass")
+    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--calls", type=int, default=3, help="passes timed together per repeat")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    model, _ = load_model(ModelSpec(path=args.model))
+    engines = {mode: Engine(model, None, dtype=args.dtype, compile=mode) for mode in MODES}
+    widths = [int(t) for t in args.widths.split(",")]
+    vocab = engines["off"].target.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    result = {"model": args.model, "dtype": args.dtype, "torch": torch.__version__, "repeats": args.repeats,
+              "calls": args.calls, "contexts": {}}
+    for context in (int(c) for c in args.contexts.split(",")):
+        prompt = torch.randint(100, vocab, (1, context), generator=gen)
+        passes = torch.randint(100, vocab, (1, max(widths)), generator=gen)
+        ms = {mode: {t: [] for t in widths} for mode in MODES}
+        for engine in engines.values():
+            with engine.exclusive():
+                engine.target.reset(1, context + max(widths) + 1)
+                engine.target.forward(prompt)
+        start = time.perf_counter()
+        for repeat in range(args.repeats + 1):  # round 0: untimed, compiles every graph
+            order = widths[repeat % len(widths):] + widths[:repeat % len(widths)]
+            for t in order:
+                for mode in (MODES if repeat % 2 == 0 else MODES[::-1]):
+                    engine = engines[mode]
+                    with engine.exclusive():
+                        cpu = time.process_time()
+                        for _ in range(args.calls):
+                            engine.target.forward(passes[:, :t])
+                            engine.target.rollback([context])
+                        if repeat:
+                            ms[mode][t].append((time.process_time() - cpu) / args.calls * 1e3)
+            if repeat == 0:
+                print(f"context {context}: warm-up {time.perf_counter() - start:.0f} s", flush=True)
+        med = {mode: {t: statistics.median(v) for t, v in ms[mode].items()} for mode in MODES}
+        rows = []
+        for t in widths:
+            rows.append({"tokens": t, "width_on": engines["on"].target.compiled.width(t), "ms_off": med["off"][t], "ms_on": med["on"][t],
+                         "off_over_t1": med["off"][t] / med["off"][1], "on_over_t1": med["on"][t] / med["on"][1],
+                         "on_over_off": med["on"][t] / med["off"][t]})
+            r = rows[-1]
+            print(f"context {context:5d}  T {t:2d} (width {r['width_on']:2d})  off {r['ms_off']:6.1f} ms "
+                  f"({r['off_over_t1']:.2f}x T=1)  on {r['ms_on']:6.1f} ms ({r['on_over_t1']:.2f}x T=1)  "
+                  f"on/off {r['on_over_off']:.2f}", flush=True)
+        result["contexts"][context] = rows
+        result["compile_report"] = engines["on"].compile_report()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+if __name__ == "__main__":
+    main()
