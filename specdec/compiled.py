@@ -23,9 +23,9 @@ A change of k or of the batch's raggedness therefore reuses graphs; a new batch 
 key bucket compiles one more. `CompiledForward.report()` counts the graphs compiled, the passes
 run compiled and eagerly, and the seconds spent in the passes that compiled.
 
-Token-tree passes (EAGLE, Medusa, suffix trees) run compiled too, at two widths per node budget:
-`SMALL_TREE` (4) for trees of up to 4 tokens, else `tree_width` (the budget + 1, which the decoder
-sets) rounded up, so that a tree of another size this step reuses a graph. Their attention mask is built outside the graph, as the eager path
+Token-tree passes (EAGLE, Medusa, suffix trees) run compiled too, padded to a width bucket like
+every pass: a tree of another size this step reuses the graph of its bucket (at most one per width
+up to the node budget). Their attention mask is built outside the graph, as the eager path
 builds it (the key-bucket mask from the nodes' positions, the tree's block `[B, N+1, N+1]` overlaid
 on the block's columns; padding slots see only themselves), and is an input of the graph, whose
 shape is fixed by the buckets. Passes that keep the target's hidden states for a drafter return
@@ -71,11 +71,6 @@ COMPILE_MODES = ("off", "on", "auto")
 # 0.92x); n-gram's k = 4 and EAGLE's default 4-node tree score 5 tokens, Medusa's default tree and
 # suffix decoding's k = 8 and 8-node trees 9 or 10 (experiments/gpu/README.md).
 WIDTHS = (1, 2, 4, 6, 8, 10, 12, 16)
-# Token trees of at most this many tokens (root included) run at this width, the rest at the node
-# budget's: two graphs per key bucket for trees of every size. A small tree padded to the budget's
-# width (suffix trees are often one to three nodes) cost a 10-12-wide pass; 4 wide costs no more
-# than one token on this CPU (above).
-SMALL_TREE = 4
 # The narrowest width a pass runs at, by (device type, dtype): passes of fewer tokens are padded to it.
 # On this CPU, compiled (inductor's frozen weights, oneDNN), a bfloat16 pass of 1 token costs more than
 # one of 4 (SmolLM2, 100-700 cached tokens: 1 token 26-33 ms, 2: 30-35 ms, 4: 24-30 ms), so passes of 1
@@ -530,10 +525,6 @@ class CompiledForward(_BucketedPasses):
     def __init__(self, model, backend: str = "inductor", cuda_graphs: str = "trees", graph_class=None):
         super().__init__(model.device, model.dtype, backend, cuda_graphs, graph_class)
         self.model = model
-        # The widest token-tree pass of the generation (node budget + 1), set by the decoder: every
-        # tree pass wider than SMALL_TREE is padded to its bucket, so trees of any size share two
-        # graphs per key bucket.
-        self.tree_width = 0
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, advance: list[int] | None = None, keep: torch.Tensor | None = None,
@@ -541,10 +532,7 @@ class CompiledForward(_BucketedPasses):
         """`CachedModel.forward`'s contract, compiled; None when this pass runs eagerly instead."""
         owner, cache = self.model, self.model.cache
         b, t = tokens.shape
-        if block_mask is None:
-            w = self.width(t)
-        else:  # a tree: small ones at SMALL_TREE, the rest at the budget's width
-            w = self.width(SMALL_TREE if t <= SMALL_TREE else max(t, self.tree_width))
+        w = self.width(t)  # a token tree's size too: trees of any size share the width buckets
         counts = list(advance) if advance is not None else [t] * b
         begun = self._begin(cache, t, w, counts)
         if begun is None:

@@ -196,8 +196,6 @@ class SpeculativeDecoder:
         sampling, device, target = state.sampling, self.engine.device, self.engine.target
         state.attach(target)
         target.cache.fixed_kv_len = self._exact(state)
-        if target.compiled is not None:  # compile=on: tree passes past the smallest share the budget's width
-            target.compiled.tree_width = getattr(self.proposer, "num_nodes", 0) + 1
         self.proposer.reset(state)
         self.schedule.reset()
         stats = GenerationStats(rows=[RowStats() for _ in ids])
