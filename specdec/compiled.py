@@ -90,9 +90,9 @@ SKIP_KNOWN_GUARDS = True
 
 def resolve_compile(compile: str | bool, device: torch.device) -> bool:
     """`on`/`off` as given; `auto` compiles on CUDA only. On a 2-core CPU (SmolLM2, bfloat16, one
-    thread, Spec-Bench prompts) compiled plain decoding measured 1.55-1.73x eager by process CPU
-    time, and the speculative methods kept their speedups but suffix decoding's (whose compiled
-    text parts at bfloat16 near-ties and accepts less), but every process first spends about
+    thread, Spec-Bench prompts) compiled plain decoding measured 1.80-1.84x eager by process CPU
+    time, and the speculative methods kept their speedups within a few percent (Medusa's 10-token
+    tree lost 4%), but every process first spends about
     40 s per graph compiling (10-15 minutes for a Spec-Bench run's graphs; the on-disk cache saves
     little with frozen weights), so a run gains only past about 30 minutes of eager decoding
     (experiments/gpu/README.md): `auto` keeps the CPU eager.
