@@ -32,3 +32,13 @@ def test_host_time_study_runs_every_method(tmp_path):
                                          "--out", str(tmp_path / "h.json")])
     assert set(out["ms_per_step"]) == {f"{m} eager" for m in ("plain", "draft", "forced", "ngram")}
     assert all(v > 0 for v in out["ms_per_step"].values())
+
+
+def test_widths_study_reports_each_width_in_both_modes(tmp_path):
+    out = _experiment("widths").main(["--model", "tiny_random", "--dtype", "float32", "--widths", "1,3",
+                                      "--contexts", "20", "--repeats", "1", "--calls", "1",
+                                      "--out", str(tmp_path / "w.json")])
+    rows = out["contexts"][20]
+    assert [r["tokens"] for r in rows] == [1, 3] and [r["width_on"] for r in rows] == [1, 4]  # float32: 1 wide
+    assert all(r["ms_off"] > 0 and r["ms_on"] > 0 for r in rows) and rows[0]["on_over_t1"] == 1.0
+    assert (tmp_path / "w.json").exists()
