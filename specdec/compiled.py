@@ -7,10 +7,10 @@ shapes change every step (the key length grows by the tokens accepted, the width
 
 So a compiled pass runs at *bucketed* shapes:
 
-- width: the T tokens of a pass are padded to the next of `WIDTHS` (1, 2, 4, 6, 8, 10, 12, 16) with copies
-  of the last token (in bfloat16 on a CPU, to at least 4: `NARROWEST`). The padding is written after
-  every row's real tokens, is never made valid (`advance` counts only the real ones) and its logits are dropped, exactly like the padding of a
-  ragged pass. Wider passes (prefill, long catch-ups) run eagerly: they happen once per turn.
+- width: the T tokens of a pass are padded to the next of `WIDTHS` (1, 2, 4, 6, 8, 10, 12, 16) with
+  copies of the last token (in bfloat16 on a CPU, to at least 4: `NARROWEST`). The padding is written
+  after every row's real tokens, is never made valid (`advance` counts only the real ones) and its
+  logits are dropped, exactly like the padding of a ragged pass. Wider passes (prefill, long catch-ups) run eagerly: they happen once per turn.
 - key length: attention reads the preallocated cache up to the next power of two >= the longest
   row's end (at least `MIN_KV`), with every row's valid length in an explicit 4-D mask, so the
   key length changes about log2(context) times a generation instead of every step.
@@ -376,8 +376,8 @@ class _BucketedPasses:
              without dynamo: `specdec.cuda_graphs`). Elsewhere nothing is captured.
     """
 
-    def __init__(self, device: torch.device, dtype: torch.dtype, backend: str = "inductor", cuda_graphs: str = "trees",
-                 graph_class=None):
+    def __init__(self, device: torch.device, dtype: torch.dtype, backend: str = "inductor",
+                 cuda_graphs: str = "trees", graph_class=None):
         check_cuda_graphs(cuda_graphs)
         self.backend = backend
         self.device = device
@@ -532,7 +532,7 @@ class CompiledForward(_BucketedPasses):
         """`CachedModel.forward`'s contract, compiled; None when this pass runs eagerly instead."""
         owner, cache = self.model, self.model.cache
         b, t = tokens.shape
-        w = self.width(t)  # a token tree's size too: trees of any size share the width buckets
+        w = self.width(t)  # a token tree's too: trees of other sizes share their bucket's graph
         counts = list(advance) if advance is not None else [t] * b
         begun = self._begin(cache, t, w, counts)
         if begun is None:
