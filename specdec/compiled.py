@@ -35,7 +35,9 @@ scratch positions, exactly as an eager ragged pass stores its padding's.
 
 EAGLE's drafter (one decoder layer over a cache of its own) compiles the same way: `CompiledModule`
 runs any module that takes `[B, T, ...]` inputs, positions, a mask and a cache at the same width and
-key buckets over pooled buffers, its mask built outside the graph by the caller.
+key buckets over pooled buffers, its mask built outside the graph by the caller. A module without a
+cache (Medusa's heads with the output head they read) compiles whole at the shapes it is called
+with (`CompiledCall`).
 
 Two things inside every compiled pass differ from the eager path, for speed, not for results:
 
@@ -396,7 +398,7 @@ class _BucketedPasses:
         self.compiled_calls = 0
         self.eager_calls = 0
         self.compile_s = 0.0
-        self.shapes: set[tuple[str, int, int, int]] = set()  # (kind, batch, width, key bucket)
+        self.shapes: set[tuple] = set()  # (kind, batch, width, key bucket); a CompiledCall's: its inputs' shapes
         self._entries: set[tuple] = set()  # `_entry` of every call run: their graphs exist
         self.unguarded_calls = 0
         self.cuda_graph_captures = 0  # CUDA graphs captured by this caller's calls (on CUDA)
@@ -666,3 +668,28 @@ class CompiledModule(_BucketedPasses):
         cache.advance(counts)
         out = out[:, :t]
         return out.clone() if self.device.type == "cuda" else out
+
+
+class CompiledCall(_BucketedPasses):
+    """A module without a cache, compiled whole at the shapes it is called with: `module(*inputs)`,
+    one graph per distinct set of input shapes and plain values (a proposer calls it with a few).
+    Its weights are frozen on a CPU like a model's: Medusa's heads end in the target's full output
+    head (49,152 x 576 for SmolLM2), whose eager bfloat16 matmul for 1-4 rows took 6.9-7.3 ms on
+    this CPU against 3.1-3.8 ms compiled with the weight packed (experiments/gpu/README.md). Under
+    `cuda_graphs="explicit"` its kernels run compiled but uncaptured (no cache view to capture
+    over); under `trees`, inductor captures them as any compiled call."""
+
+    def __init__(self, module: torch.nn.Module, model: torch.nn.Module, backend: str = "inductor",
+                 cuda_graphs: str = "trees", graph_class=None):
+        first = next(module.parameters())
+        super().__init__(first.device, first.dtype, backend, cuda_graphs, None)
+        self.module, self.model = module, model
+
+    @torch.inference_mode()
+    def forward(self, *inputs):
+        """`module(*inputs)` compiled (tensors and plain values; every tensor's shape picks a graph)."""
+        batch = next(x.shape[0] for x in inputs if isinstance(x, torch.Tensor))
+        self.shapes.add(("call", batch, *(tuple(x.shape[1:]) if isinstance(x, torch.Tensor) else x for x in inputs)))
+        out = self._run(_call, self.model, self.module, *inputs)
+        return out.clone() if self.device.type == "cuda" else out
+

@@ -165,9 +165,9 @@ def _tree_proposer(method: str, engine: Engine, tmp_path: Path):
 @pytest.mark.parametrize("method", ["eagle", "eagle_init", "medusa", "suffix_tree"])
 @pytest.mark.parametrize("batch", ["single", "ragged"])
 def test_compiled_tree_greedy_equals_eager(target, tmp_path, method, batch):
-    """Tree passes (and, for EAGLE and Medusa, the hidden states they keep) run compiled: the same
-    tokens, the same accepted lengths step by step (a drafter fed wrong features drafts other
-    trees), the same hidden states in the cache, and no pass but the prefill eager."""
+    """Tree passes (and, for EAGLE and Medusa, the hidden states they keep, and their drafters) run
+    compiled: the same tokens, the same accepted lengths step by step (a drafter fed wrong features
+    drafts other trees), the same hidden states in the cache, and no pass but the prefill eager."""
     prompts = [[2] * 9] if batch == "single" else [[2] * 9, [3, 4], [2] * 5 + [7, 8]]
     runs = {}
     for mode in ("off", "on"):
@@ -190,6 +190,10 @@ def test_compiled_tree_greedy_equals_eager(target, tmp_path, method, batch):
         assert drafter["eager_calls"] == len(compiled_outs)
         assert drafter["compiled_calls"] >= sum(out.stats.steps for out in compiled_outs) - len(compiled_outs)
         assert drafter["graphs"] <= drafter["shapes"] <= 4  # widths 1-8 at one key bucket: no graph per step
+    if method == "medusa":  # the heads' guesses compile too: every step's, one shape, one graph
+        heads = engine.compile_report()["medusa heads"]
+        assert heads["compiled_calls"] == sum(out.stats.steps for out in compiled_outs) and heads["eager_calls"] == 0
+        assert heads["graphs"] == heads["shapes"] == 1
     if method != "suffix_tree":
         for b, n in enumerate(engine.target.lengths):
             assert n == eager_engine.target.lengths[b]
@@ -340,7 +344,7 @@ def _study_script():
 
 def test_cpu_compile_study_runs_every_method_in_both_modes(tmp_path):
     """experiments/gpu/cpu_compile.py on the tiny target (dynamo's eager backend, the tiny EAGLE
-    drafter): every (method, compile) pair is timed on every prompt in a rotating order, each method
+    drafter): every (method, compile) pair is timed on every prompt, twice, in a rotating order, each method
     gets a speedup over plain decoding per mode and a compiled/eager ratio, and the warm-up compiled
     every graph the timed runs needed. No timing is asserted."""
     script = _study_script()
@@ -348,10 +352,11 @@ def test_cpu_compile_study_runs_every_method_in_both_modes(tmp_path):
     result = script.main(["--model", "tiny_random", "--heads-path", str(ASSETS / "tiny_random_eagle.safetensors"),
                           "--medusa-path", str(ASSETS / "tiny_random_medusa.safetensors"), "--exit-layer", "1",
                           "--backend", "eager", "--dtype", "float32", "--prompts", "2", "--max-new-tokens", "6",
-                          "--out", str(out)])
+                          "--repeats", "2", "--out", str(out)])
     pairs = {f"{m}/{mode}" for m in script.METHODS for mode in ("off", "on")}
-    assert [set(r["order"]) for r in result["rows"]] == [pairs, pairs]
-    assert result["rows"][0]["order"][0] != result["rows"][1]["order"][0]  # rotated
+    assert [[set(order) for order in r["order"]] for r in result["rows"]] == [[pairs, pairs], [pairs, pairs]]
+    firsts = [order[0] for r in result["rows"] for order in r["order"]]
+    assert firsts[0] != firsts[1] and firsts[0] != firsts[2]  # rotated from repeat to repeat and prompt to prompt
     summary = result["summary"]
     for method in script.METHODS[1:]:
         assert {"speedup_off_cpu", "speedup_on_cpu", "speedup_off_wall", "speedup_on_wall"} <= set(summary[method])
@@ -366,6 +371,7 @@ def test_cpu_compile_study_runs_every_method_in_both_modes(tmp_path):
     assert result["graphs_compiled_while_timed"] == dict.fromkeys(script.METHODS, 0)
     assert result["compile_report"]["eagle"]["target"]["compiled_calls"] > 0
     assert result["compile_report"]["medusa"]["target"]["compiled_calls"] > 0
+    assert result["compile_report"]["medusa"]["medusa heads"]["compiled_calls"] > 0
     assert result["compile_report"]["layer_skip"]["draft(layers 0..0)"]["compiled_calls"] > 0
     assert json.loads(out.read_text())["summary"]["eagle"]["keeps_speedup"].keys() == {"wall", "cpu", "decode"}
     assert all(cell["decode"] > 0 for r in result["rows"] for key, cell in r.items() if "/" in key)

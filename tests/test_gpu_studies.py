@@ -42,3 +42,12 @@ def test_widths_study_reports_each_width_in_both_modes(tmp_path):
     assert [r["tokens"] for r in rows] == [1, 3] and [r["width_on"] for r in rows] == [1, 4]  # float32: 1 wide
     assert all(r["ms_off"] > 0 and r["ms_on"] > 0 for r in rows) and rows[0]["on_over_t1"] == 1.0
     assert (tmp_path / "w.json").exists()
+
+
+def test_output_heads_study_reports_every_shape_in_both_modes(tmp_path):
+    out = _experiment("output_heads").main(["--vocab", "64,32", "--hidden", "16", "--rows", "1,3",
+                                            "--dtype", "float32", "--repeats", "2", "--backend", "eager",
+                                            "--out", str(tmp_path / "h.json")])
+    assert set(out["ms"]) == {f"{v}x16, {r} rows" for v in (64, 32) for r in (1, 3)}
+    assert all(cell["eager"] >= 0 and cell["compiled"] >= 0 for cell in out["ms"].values())
+    assert (tmp_path / "h.json").exists()

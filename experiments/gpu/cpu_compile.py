@@ -22,8 +22,9 @@ under `compile=off` and `compile=on`.
   reports any graph compiled while timed). So the results file, written after every prompt, holds
   complete prompts even when a run is cut short.
 - Timed: per prompt, the pairs run one after another, the order rotated by one from prompt to
-  prompt. Per pair and prompt, tokens/s by wall time and by the process's CPU time (what
-  `GenerationStats.cpu_s` records, which other work on the machine disturbs far less).
+  prompt (and, with `--repeats`, from repeat to repeat). Per pair and prompt, tokens/s by wall time
+  and by the process's CPU time (what `GenerationStats.cpu_s` records, which other work on the
+  machine disturbs far less), the median of the repeats.
 - Reported per method: medians over prompts of its speedup over plain decoding in the same compile
   mode (off and on), of its compiled/eager ratio, and of its tokens/s; whether its speedup under
   `on` is at least its speedup under `off`; and the CPU time of one of its steps over one plain
@@ -77,6 +78,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=6)
     ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=1, help="timed runs of every pair per prompt (medians)")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from {', '.join(METHODS)}")
@@ -85,6 +87,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--model", default="embedded", help="embedded (SmolLM2), or tiny_random for the tests")
     ap.add_argument("--heads-path", default="embedded", help="the EAGLE drafter's checkpoint")
     ap.add_argument("--medusa-path", default="embedded", help="the Medusa heads' checkpoint")
+    ap.add_argument("--medusa-tree", type=json.loads, default=None,
+                    help="Medusa's tree as JSON rank paths, e.g. '[[0],[1],[0,0]]' (default: its DEFAULT_TREE)")
     ap.add_argument("--exit-layer", type=int, default=8, help="layer skipping's draft depth (conf/method/layer_skip.yaml)")
     ap.add_argument("--backend", default="inductor", help="torch.compile backend (eager: the tests' quick capture)")
     ap.add_argument("--out", default=None)
@@ -94,8 +98,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown or BASELINE not in methods:
         ap.error(f"--methods {args.methods}: needs {BASELINE} (every method's baseline) and only "
                  f"{', '.join(METHODS)}; unknown: {', '.join(unknown) or 'none'}")
-    if args.prompts < 1 or args.max_new_tokens < 2:
-        ap.error("--prompts must be >= 1 and --max-new-tokens >= 2 (the decode clock times the tokens after the first)")
+    if args.prompts < 1 or args.max_new_tokens < 2 or args.repeats < 1:
+        ap.error("--prompts and --repeats must be >= 1 and --max-new-tokens >= 2 (the decode clock times the "
+                 "tokens after the first)")
     return args
 
 
@@ -120,7 +125,7 @@ def build_decoders(model, tok, args) -> dict[tuple[str, str], SpeculativeDecoder
         if method == "eagle":
             return EagleProposer(e, args.heads_path, **EAGLE_TREE)
         if method == "medusa":
-            return MedusaProposer(e, args.medusa_path)
+            return MedusaProposer(e, args.medusa_path, tree=args.medusa_tree)
         if method == "layer_skip":
             return LayerSkipProposer(e, exit_layer=args.exit_layer)
         if method == "suffix":
@@ -231,14 +236,21 @@ def main(argv: list[str] | None = None) -> dict:
         result["warmup_s"] += time.perf_counter() - t
         print(f"warm-up of prompt {i} ({len(ids)} tokens): {time.perf_counter() - t:.0f} s", flush=True)
         warm = {m: graphs(decoders[m, "on"]) for m in methods}
-        order = pairs[i % len(pairs):] + pairs[: i % len(pairs)]
-        row = {"prompt_tokens": len(ids), "order": [f"{m}/{mode}" for m, mode in order]}
-        for method, mode in order:
-            g = decoders[method, mode].generate([ids], max_new_tokens=args.max_new_tokens)
-            st = g.stats
-            row[f"{method}/{mode}"] = {"wall": st.new_tokens / st.wall_s, "cpu": st.new_tokens / st.cpu_s,
-                                       "decode": (st.new_tokens - 1) / (st.wall_s - st.ttft_s),
-                                       "tau": st.mean_accepted_length, "steps": st.steps, "tokens": g.output_ids[0]}
+        row = {"prompt_tokens": len(ids), "order": []}
+        runs: dict[str, list[dict]] = {}
+        for r in range(args.repeats):  # each repeat in another order: rotated by one per prompt and repeat
+            shift = (i + r) % len(pairs)
+            order = pairs[shift:] + pairs[:shift]
+            row["order"].append([f"{m}/{mode}" for m, mode in order])
+            for method, mode in order:
+                g = decoders[method, mode].generate([ids], max_new_tokens=args.max_new_tokens)
+                st = g.stats
+                runs.setdefault(f"{method}/{mode}", []).append(
+                    {"wall": st.new_tokens / st.wall_s, "cpu": st.new_tokens / st.cpu_s,
+                     "decode": (st.new_tokens - 1) / (st.wall_s - st.ttft_s),
+                     "tau": st.mean_accepted_length, "steps": st.steps, "tokens": g.output_ids[0]})
+        for key, cells in runs.items():  # the same tokens every repeat (greedy): the clocks' medians
+            row[key] = cells[0] | {clock: statistics.median(c[clock] for c in cells) for clock in CLOCKS}
         for m in methods:  # the warm-up should have compiled every graph
             result["graphs_compiled_while_timed"][m] = (result["graphs_compiled_while_timed"].get(m, 0)
                                                         + graphs(decoders[m, "on"]) - warm[m])

@@ -13,6 +13,10 @@ h comes from the target's scoring pass itself: the engine keeps the final hidden
 cache beside the keys and values (`CachedModel.keep_hidden_states`), compacted with them after a
 tree step, so h is simply the last valid entry.
 
+Under `compile=on` the heads, the output head and the top-k run as one compiled call
+(`specdec.compiled.CompiledCall`): the output head is the target's whole vocabulary, and its
+matmul for a few rows cost about twice as much eagerly as compiled on a CPU.
+
 Greedy verification makes the output the target's greedy output; at temperature > 0 the nodes are
 deterministic, a one-hot q, and recursive rejection sampling keeps the target's distribution.
 """
@@ -22,6 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from specdec.compiled import CompiledCall
 from specdec.engine import Engine
 from specdec.proposers.base import Proposal
 from specdec.proposers.heads import OutputHead, load_checkpoint
@@ -46,9 +51,27 @@ class MedusaHeads(torch.nn.Module):
     def num_heads(self) -> int:
         return len(self.blocks)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [..., H] final hidden states of the target -> [..., K, H], one per head."""
-        return torch.stack([hidden + F.silu(block(hidden)) for block in self.blocks], dim=-2)
+    def forward(self, hidden: torch.Tensor, depth: int | None = None) -> torch.Tensor:
+        """hidden: [..., H] final hidden states of the target -> [..., D, H], one per head of the
+        first `depth` (default: all K)."""
+        return torch.stack([hidden + F.silu(block(hidden)) for block in self.blocks[:depth]], dim=-2)
+
+
+class MedusaGuesses(torch.nn.Module):
+    """The heads and the output head as one module, so that `compile=on` compiles a step's guesses
+    as one call with every weight frozen. `weight`: the output head's `[V', H]` rows, a buffer that
+    shares the target's tensor (no copy)."""
+
+    def __init__(self, heads: MedusaHeads, head: OutputHead):
+        super().__init__()
+        self.heads = heads
+        self.register_buffer("weight", head.weight, persistent=False)
+
+    def forward(self, hidden: torch.Tensor, depth: int, ranks: int) -> torch.Tensor:
+        """hidden: [B, H] -> the indices (into the head's vocabulary) of the `ranks` likeliest
+        tokens of each of the first `depth` heads, [B, depth, ranks]."""
+        logits = F.linear(self.heads(hidden, depth), self.weight)  # [B, depth, V']
+        return logits.topk(ranks, dim=-1).indices
 
 
 class MedusaProposer:
@@ -74,6 +97,11 @@ class MedusaProposer:
         self.num_nodes = self.shape.num_nodes
         self.target = target
         target.keep_hidden_states()
+        self.guesses = MedusaGuesses(self.heads, self.head)
+        self.compiled = None  # compile=on: the guesses compile with the target's backend
+        if target.compiled is not None:
+            self.compiled = CompiledCall(self.guesses, target.model, **target.compiled.options())
+            engine.compiled_modules["medusa heads"] = self.compiled
 
     def reset(self, state) -> None:
         pass
@@ -92,8 +120,8 @@ class MedusaProposer:
         shape = self._shape(k)
         last = to_device(self.target.lengths, device) - 1  # the entry that produced the last token
         hidden = self.target.cache.hidden[torch.arange(b, device=device), last]  # [B, H]
-        logits = self.head.logits(self.heads(hidden)[:, : shape.max_depth])  # [B, D, V']
-        top = logits.topk(max(shape.ranks) + 1, dim=-1).indices  # [B, D, R]
+        guesses = self.compiled.forward if self.compiled is not None else self.guesses
+        top = guesses(hidden, shape.max_depth, max(shape.ranks) + 1)  # [B, D, R]
         depth = to_device(shape.depths, device) - 1
         rank = to_device(shape.ranks, device)
         tokens = self.head.token_ids(top[:, depth, rank])  # [B, N]
