@@ -674,8 +674,8 @@ class CompiledCall(_BucketedPasses):
     """A module without a cache, compiled whole at the shapes it is called with: `module(*inputs)`,
     one graph per distinct set of input shapes and plain values (a proposer calls it with a few).
     Its weights are frozen on a CPU like a model's: Medusa's heads end in the target's full output
-    head (49,152 x 576 for SmolLM2), whose eager bfloat16 matmul for 1-4 rows took 6.9-7.3 ms on
-    this CPU against 3.1-3.8 ms compiled with the weight packed (experiments/gpu/README.md). Under
+    head (49,152 x 576 for SmolLM2), whose eager bfloat16 matmul for 1-4 rows took 6.5-7.1 ms on
+    this CPU against 3.5-4.7 ms compiled with the weight packed (experiments/gpu/README.md). Under
     `cuda_graphs="explicit"` its kernels run compiled but uncaptured (no cache view to capture
     over); under `trees`, inductor captures them as any compiled call."""
 
@@ -692,4 +692,3 @@ class CompiledCall(_BucketedPasses):
         self.shapes.add(("call", batch, *(tuple(x.shape[1:]) if isinstance(x, torch.Tensor) else x for x in inputs)))
         out = self._run(_call, self.model, self.module, *inputs)
         return out.clone() if self.device.type == "cuda" else out
-

@@ -15,7 +15,7 @@ tree step, so h is simply the last valid entry.
 
 Under `compile=on` the heads, the output head and the top-k run as one compiled call
 (`specdec.compiled.CompiledCall`): the output head is the target's whole vocabulary, and its
-matmul for a few rows cost about twice as much eagerly as compiled on a CPU.
+matmul for a few rows cost 1.4-2x as much eagerly as compiled on a CPU.
 
 Greedy verification makes the output the target's greedy output; at temperature > 0 the nodes are
 deterministic, a one-hot q, and recursive rejection sampling keeps the target's distribution.
