@@ -70,7 +70,7 @@ from specdec.syncs import to_device
 COMPILE_MODES = ("off", "on", "auto")
 # The widths a pass is padded to. Powers of two, and 6, 10 and 12 between: on this CPU (SmolLM2,
 # bfloat16, compiled) a pass of 5 or 6 tokens padded to 8 cost 1.17x a one-token pass, at 6 1.07x (4:
-# 0.92x); n-gram's k = 4 and EAGLE's default 4-node tree score 5 tokens, Medusa's default tree and
+# 0.92x); n-gram's k = 4 and EAGLE's default 4-node tree score 5 tokens, Medusa's default tree 4,
 # suffix decoding's k = 8 and 8-node trees 9 or 10 (experiments/gpu/README.md).
 WIDTHS = (1, 2, 4, 6, 8, 10, 12, 16)
 # The narrowest width a pass runs at, by (device type, dtype): passes of fewer tokens are padded to it.
@@ -93,8 +93,8 @@ SKIP_KNOWN_GUARDS = True
 def resolve_compile(compile: str | bool, device: torch.device) -> bool:
     """`on`/`off` as given; `auto` compiles on CUDA only. On a 2-core CPU (SmolLM2, bfloat16, one
     thread, Spec-Bench prompts) compiled plain decoding measured 1.80-1.84x eager by process CPU
-    time, and the speculative methods kept their speedups within a few percent (Medusa's 10-token
-    tree lost 4%), but every process first spends about
+    time, and the speculative methods kept their speedups within a few percent (Medusa's earlier
+    10-token tree lost 4%; its 4-token default gains, 1.05x -> 1.10x), but every process first spends about
     40 s per graph compiling (10-15 minutes for a Spec-Bench run's graphs; the on-disk cache saves
     little with frozen weights), so a run gains only past about 30 minutes of eager decoding
     (experiments/gpu/README.md): `auto` keeps the CPU eager.

@@ -9,7 +9,7 @@ set -euo pipefail -f   # -f: no globbing of the bracketed overrides
 RUNS=${RUNS:-experiments/trees/runs}
 LIMIT=${LIMIT:-1}           # prompts per category in the main runs (10: Spec-Bench's 60 prompts; 1 fits a busy 2-core CPU)
 SWEEP_LIMIT=${SWEEP_LIMIT:-1}  # prompts per category in the float32 check and the tree shapes
-ONLY=${ONLY:-"greedy t07 greedy_float32 shapes depth"}
+ONLY=${ONLY:-"greedy t07 greedy_float32 shapes depth medusa_trees medusa_trees_float32"}
 COMMON="experiment=spec_bench_greedy generation.max_new_tokens=128 logger=none plots=false threads=1"
 run() {
     local name=$1 limit=$2; shift 2
@@ -42,6 +42,14 @@ run shapes "$SWEEP_LIMIT" $EAGLE_B12_D5 \
 run depth "$SWEEP_LIMIT" $EAGLE_B12_D5 $(variant eagle_d3 eagle proposer.budget=12 proposer.depth=3 num_speculative_tokens=3) \
     $(variant eagle_d3_b6 eagle proposer.depth=3 proposer.budget=6 num_speculative_tokens=3) \
     $(variant eagle_d2_b4 eagle proposer.depth=2 proposer.budget=4 num_speculative_tokens=2)
+
+# Medusa's tree shapes in one interleaved run per dtype: the 9-node default of the earlier sections, the
+# 3-node tree (the default since this run) and 5 nodes; bfloat16 and float32 (dtype=auto on a CPU
+# without bfloat16 units)
+MEDUSA_TREES="method=medusa method.tree=[[0],[1],[2],[0,0],[0,1],[1,0],[0,0,0],[0,0,1],[0,0,0,0]] \
+    $(variant medusa_3 medusa 'tree=[[0],[1],[0,0]]') $(variant medusa_5 medusa 'tree=[[0],[1],[2],[0,0],[0,1]]')"
+run medusa_trees "$SWEEP_LIMIT" $MEDUSA_TREES dtype=bfloat16
+run medusa_trees_float32 "$SWEEP_LIMIT" $MEDUSA_TREES dtype=float32
 
 python -m specdec.compare "$RUNS" \
     --columns run,method,args,temperature,dtype,lossless,speedup,tau,alpha,predicted,measured/predicted,c,verify_cost,tok/s,base_tok/s,=baseline
