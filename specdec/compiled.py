@@ -8,7 +8,7 @@ shapes change every step (the key length grows by the tokens accepted, the width
 So a compiled pass runs at *bucketed* shapes:
 
 - width: the T tokens of a pass are padded to the next of `WIDTHS` (1, 2, 4, 6, 8, 10, 12, 16) with
-  copies of the last token (in bfloat16 on a CPU, to at least 4: `NARROWEST`). The padding is written
+  copies of the last token (in bfloat16 on a CPU with bfloat16 units, to at least 4: `narrowest_width`). The padding is written
   after every row's real tokens, is never made valid (`advance` counts only the real ones) and its
   logits are dropped, exactly like the padding of a ragged pass. Wider passes (prefill, long catch-ups) run eagerly: they happen once per turn.
 - key length: attention reads the preallocated cache up to the next power of two >= the longest
@@ -73,11 +73,13 @@ COMPILE_MODES = ("off", "on", "auto")
 # 0.92x); n-gram's k = 4 and EAGLE's default 4-node tree score 5 tokens, Medusa's default tree 4,
 # suffix decoding's k = 8 and 8-node trees 9 or 10 (experiments/gpu/README.md).
 WIDTHS = (1, 2, 4, 6, 8, 10, 12, 16)
-# The narrowest width a pass runs at, by (device type, dtype): passes of fewer tokens are padded to it.
-# On this CPU, compiled (inductor's frozen weights, oneDNN), a bfloat16 pass of 1 token costs more than
-# one of 4 (SmolLM2, 100-700 cached tokens: 1 token 26-33 ms, 2: 30-35 ms, 4: 24-30 ms), so passes of 1
-# to 3 tokens run 4 wide; in float32 one token is the cheapest (45 ms, 4 tokens 72 ms) and stays 1 wide
-# (experiments/gpu/README.md, "Widths"). Anything not measured: 1.
+# The narrowest width a pass runs at, by (device type, dtype), where the CPU has bfloat16 units
+# (`narrowest_width`): passes of fewer tokens are padded to it. On an AVX-512-BF16 CPU, compiled
+# (inductor's frozen weights, oneDNN), a bfloat16 pass of 1 token costs more than one of 4 (SmolLM2,
+# 100-700 cached tokens: 1 token 26-33 ms, 2: 30-35 ms, 4: 24-30 ms), so passes of 1 to 3 tokens run
+# 4 wide; in float32 one token is the cheapest (45 ms, 4 tokens 72 ms). On an AVX2 CPU, where
+# bfloat16 is emulated, one token is the cheapest in bfloat16 too (39 ms, 4 tokens 131 ms: padded to
+# 4, plain decoding ran 3.5x slower). (experiments/gpu/README.md, "Widths".) Anything else: 1.
 NARROWEST = {("cpu", torch.bfloat16): 4}
 MAX_WIDTH = WIDTHS[-1]  # passes wider than this run eagerly (prefill): compiling every prompt length never pays
 MIN_KV = 64  # the smallest key bucket
@@ -107,6 +109,14 @@ def resolve_compile(compile: str | bool, device: torch.device) -> bool:
     if compile == "auto":
         return device.type == "cuda"
     raise ValueError(f"compile={compile!r} is not one of: {', '.join(COMPILE_MODES)}")
+
+
+def narrowest_width(device: torch.device, dtype: torch.dtype) -> int:
+    """`NARROWEST` for (device, dtype); on a CPU only where it has bfloat16 matrix units (the check
+    `dtype=auto` uses), else 1."""
+    if device.type == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return 1
+    return NARROWEST.get((device.type, dtype), 1)
 
 
 def width_bucket(t: int, least: int = 1) -> int:
@@ -383,7 +393,7 @@ class _BucketedPasses:
         check_cuda_graphs(cuda_graphs)
         self.backend = backend
         self.device = device
-        self.narrowest = NARROWEST.get((device.type, dtype), 1)  # passes of fewer tokens are padded to it
+        self.narrowest = narrowest_width(device, dtype)  # passes of fewer tokens are padded to it
         self.cuda_graphs = cuda_graphs
         # What captures an explicit graph (`CudaGraph` on CUDA; the tests give a stand-in on a CPU),
         # and the graphs captured, by the call's `_entry`.

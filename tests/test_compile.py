@@ -15,7 +15,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec.compiled import MIN_KV, CompiledForward, bucket, freezes, resolve_compile, width_bucket
+from specdec.compiled import (
+    MIN_KV,
+    CompiledForward,
+    bucket,
+    freezes,
+    narrowest_width,
+    resolve_compile,
+    width_bucket,
+)
 from specdec.decoding import SpeculativeDecoder
 from specdec.engine import Engine
 from specdec.models import tiny_random_model
@@ -104,7 +112,17 @@ def test_passes_padded_to_the_narrowest_width_equal_eager(target, unrelated_draf
     assert out.output_ids == eager.output_ids
     widths = {w for m in (engine.target, engine.draft) for kind, _, w, _ in m.compiled.shapes if kind != "chain"}
     assert min(widths) == 4
-    assert Engine(tiny_random_model(), dtype="bfloat16", compile="on").target.compiled.narrowest == 4
+
+
+def test_narrowest_width_only_where_the_cpu_has_bfloat16_units(monkeypatch):
+    """Padding one-token passes to 4 pays only with bfloat16 matrix units; where bfloat16 is
+    emulated (AVX2) a 4-wide pass costs 3.4x a 1-wide one, and float32 is never padded."""
+    cpu = torch.device("cpu")
+    for units, expected in ((True, 4), (False, 1)):
+        monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda units=units: units)
+        assert narrowest_width(cpu, torch.bfloat16) == expected
+        assert narrowest_width(cpu, torch.float32) == 1
+        assert Engine(tiny_random_model(), dtype="bfloat16", compile="on").target.compiled.narrowest == expected
 
 
 def test_compiled_speculative_equals_compiled_plain_without_fixed_width(target):

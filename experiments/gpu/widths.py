@@ -9,6 +9,7 @@ k = 8) can be told what compiling does to its step.
 
     python experiments/gpu/widths.py --out experiments/gpu/widths.json      # embedded SmolLM2, bfloat16
     python experiments/gpu/widths.py --model tiny_random --dtype float32 --repeats 2 --contexts 20
+    python experiments/gpu/widths.py --widths 1,2,4 --narrowest 1   # compiled passes at their own width
 
 One engine per mode on the same model; per context length, a prompt is prefilled once per engine,
 then each pass of T tokens is run and rolled back. Passes alternate between the modes and rotate
@@ -39,6 +40,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--contexts", default="100,700", help="tokens in the cache before the pass")
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--calls", type=int, default=3, help="passes timed together per repeat")
+    ap.add_argument("--narrowest", type=int, default=None,
+                    help="pad compiled passes to at least this width (default: the engine's rule, "
+                         "specdec.compiled.narrowest_width)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     widths = [int(t) for t in args.widths.split(",")]
@@ -47,10 +51,12 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(1)
     model, _ = load_model(ModelSpec(path=args.model))
     engines = {mode: Engine(model, None, dtype=args.dtype, compile=mode) for mode in MODES}
+    if args.narrowest is not None:
+        engines["on"].target.compiled.narrowest = args.narrowest
     vocab = engines["off"].target.vocab_size
     gen = torch.Generator().manual_seed(0)
     result = {"model": args.model, "dtype": args.dtype, "torch": torch.__version__, "repeats": args.repeats,
-              "calls": args.calls, "contexts": {}}
+              "calls": args.calls, "narrowest": engines["on"].target.compiled.narrowest, "contexts": {}}
     for context in (int(c) for c in args.contexts.split(",")):
         prompt = torch.randint(100, vocab, (1, context), generator=gen)
         passes = torch.randint(100, vocab, (1, max(widths)), generator=gen)
