@@ -8,8 +8,8 @@ shapes change every step (the key length grows by the tokens accepted, the width
 So a compiled pass runs at *bucketed* shapes:
 
 - width: the T tokens of a pass are padded to the next of `WIDTHS` (1, 2, 4, 6, 8, 10, 12, 16) with
-  copies of the last token (in bfloat16 on a CPU with bfloat16 units, to at least 4: `narrowest_width`). The padding is written
-  after every row's real tokens, is never made valid (`advance` counts only the real ones) and its
+  copies of the last token (in bfloat16 on a CPU with bfloat16 units, to at least 4:
+  `narrowest_width`). The padding is written after every row's real tokens, is never made valid (`advance` counts only the real ones) and its
   logits are dropped, exactly like the padding of a ragged pass. Wider passes (prefill, long catch-ups) run eagerly: they happen once per turn.
 - key length: attention reads the preallocated cache up to the next power of two >= the longest
   row's end (at least `MIN_KV`), with every row's valid length in an explicit 4-D mask, so the
