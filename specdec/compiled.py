@@ -9,8 +9,8 @@ So a compiled pass runs at *bucketed* shapes:
 
 - width: the T tokens of a pass are padded to the next of `WIDTHS` (1, 2, 4, 6, 8, 10, 12, 16) with
   copies of the last token (in bfloat16 on a CPU with bfloat16 units, to at least 4:
-  `narrowest_width`). The padding is written after every row's real tokens, is never made valid (`advance` counts only the real ones) and its
-  logits are dropped, exactly like the padding of a ragged pass. Wider passes (prefill, long catch-ups) run eagerly: they happen once per turn.
+  `narrowest_width`). The padding is written after every row's real tokens, is never made valid
+  (`advance` counts only the real ones) and its logits are dropped, exactly like the padding of a ragged pass. Wider passes (prefill, long catch-ups) run eagerly: they happen once per turn.
 - key length: attention reads the preallocated cache up to the next power of two >= the longest
   row's end (at least `MIN_KV`), with every row's valid length in an explicit 4-D mask, so the
   key length changes about log2(context) times a generation instead of every step.
@@ -111,10 +111,15 @@ def resolve_compile(compile: str | bool, device: torch.device) -> bool:
     raise ValueError(f"compile={compile!r} is not one of: {', '.join(COMPILE_MODES)}")
 
 
+def cpu_has_bfloat16_units() -> bool:
+    """Whether this CPU runs bfloat16 matrix products natively (AVX512-BF16 or AMX), as oneDNN
+    reports it; elsewhere (AVX2) bfloat16 is emulated. `dtype=auto` and `narrowest_width` ask it."""
+    return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
 def narrowest_width(device: torch.device, dtype: torch.dtype) -> int:
-    """`NARROWEST` for (device, dtype); on a CPU only where it has bfloat16 matrix units (the check
-    `dtype=auto` uses), else 1."""
-    if device.type == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    """`NARROWEST` for (device, dtype); on a CPU only where it has bfloat16 units, else 1."""
+    if device.type == "cpu" and not cpu_has_bfloat16_units():
         return 1
     return NARROWEST.get((device.type, dtype), 1)
 

@@ -20,7 +20,7 @@ import torch
 
 from specdec.attention import SLIDING, AttentionLayout, grouped_attention
 from specdec.cache import RowCache
-from specdec.compiled import CompiledForward, resolve_compile
+from specdec.compiled import CompiledForward, cpu_has_bfloat16_units, resolve_compile
 from specdec.cuda_graphs import check_cuda_graphs
 from specdec.syncs import to_device
 
@@ -46,7 +46,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     if dtype == "auto":
         if device.type == "cuda":
             return torch.bfloat16
-        return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
+        return torch.bfloat16 if cpu_has_bfloat16_units() else torch.float32
     if dtype not in _DTYPES:
         raise ValueError(f"dtype={dtype!r} is not one of: auto, {', '.join(_DTYPES)}")
     return _DTYPES[dtype]
