@@ -1,6 +1,6 @@
-"""The device machine's one command: the GPU checks a CPU cannot run, then the device benchmark.
+"""The one command for a GPU machine: the GPU checks a CPU cannot run, then the device benchmark.
 
-    python scripts/device_check.py --out-dir "$OUT"              # on a GPU: checks (a few minutes), then bench_gpu
+    python scripts/device_check.py --out-dir <dir>               # on a GPU: checks (a few minutes), then bench_gpu
     python scripts/device_check.py --device cpu --skip-bench      # the same checks' plumbing, anywhere
 
 A GPU box may lack pytest, hydra, wandb, gguf and datasets: this needs torch and transformers only.

@@ -24,7 +24,8 @@ def test_device_benchmark_runs_on_cpu_with_tiny_shapes(tmp_path):
                       "--new-tokens", "4", "--repeats", "1", "--batch-sizes", "1,2", "--k", "2",
                       "--compile-backend", "eager", "--explicit-graphs", "on", "--out", str(tmp_path / "r.json")])
     assert set(out["target_forward_ms"]) == set(out["compiled_target_forward_ms"]) == {1, 2, 3}
-    assert out["verify_ratio"][1] == out["compiled_verify_ratio"][1] == 1.0
+    assert set(out["verify_ratio"]) == set(out["compiled_verify_ratio"]) == {1, 2, 3}
+    assert all(r > 0 for r in [*out["verify_ratio"].values(), *out["compiled_verify_ratio"].values()])
     assert out["c"] > 0 and out["compiled_c"] > 0
     assert set(out["plain_tokens_per_s"]) == {1, 2}
     assert set(out["plain_tokens_per_s"][1]) == {"specdec eager", "specdec compiled", "specdec compiled serial",
@@ -87,7 +88,7 @@ def test_device_scripts_import_no_experiment_stack(script):
 
 
 def test_device_check_runs_its_checks_on_cpu(tmp_path):
-    """The device machine's one command, its plumbing on the CPU (dynamo's quick backend; the host-sync
+    """The GPU machine's one command, its plumbing on the CPU (dynamo's quick backend; the host-sync
     check needs CUDA): every compiled case gives the eager tokens, and the results are written."""
     check = _load("device_check")
     assert check.main(["--device", "cpu", "--skip-bench", "--backend", "eager", "--out-dir", str(tmp_path)]) == 0

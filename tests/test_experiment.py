@@ -142,6 +142,7 @@ def test_multi_turn_continues_the_cache_and_equals_a_fresh_prefill(tmp_path):
     cfg = _cfg(*FAST, "data.categories=[conversation]", "generation.max_new_tokens=6")
     result = experiment.run(cfg, tmp_path)
     setup = experiment.build(cfg)
+    assert len(result.rows) == 2  # one conversation, decoded by the method and by the baseline
     for row in result.rows:
         first, second = row.turn_outputs
         assert row.turns == 2 and first.reused_cache_tokens == 0

@@ -5,6 +5,7 @@ data is regenerated with a warning instead of being unpickled."""
 import os
 from pathlib import Path
 
+import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
@@ -47,5 +48,7 @@ def test_a_crafted_cache_file_is_not_unpickled(tmp_path, monkeypatch, caplog):
     assert not marker.exists(), "loading the cache ran code from the file"
     assert "not plain data" in caplog.text and str(cached) in caplog.text
     assert [(e.tokens.tolist(), e.start) for e in again] == [(e.tokens.tolist(), e.start) for e in first]
-    reread = script.cached_continuations(cfg, writer, prompts, eos=None)  # the regenerated file loads
+    # The regenerated file loads: generating again would fail here.
+    monkeypatch.setattr(script, "generate_continuations", lambda *a, **k: pytest.fail("regenerated"))
+    reread = script.cached_continuations(cfg, writer, prompts, eos=None)
     assert [e.tokens.tolist() for e in reread] == [e.tokens.tolist() for e in first]
