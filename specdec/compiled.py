@@ -515,10 +515,11 @@ class _BucketedPasses:
                     grouped_attention(model):
                 return compiled(*args)
 
-        if self.graph_class is None:
+        # A call without a cache view (a `CompiledCall`'s) runs compiled but uncaptured, whatever the mode.
+        view = next((a for a in args if isinstance(a, _BucketView)), None)
+        if self.graph_class is None or view is None:
             out = call(*args)
         else:  # the tensors the graph reads from the cache view, set per pass, are inputs too
-            view = next(a for a in args if isinstance(a, _BucketView))
             extra = {"rows": view.rows, "write_pos": view.write_pos}
             if entry not in self._captured:
                 self._captured[entry] = CapturedCall(call, args, extra, view, self.graph_class(self.device))
@@ -697,7 +698,7 @@ class CompiledCall(_BucketedPasses):
     def __init__(self, module: torch.nn.Module, model: torch.nn.Module, backend: str = "inductor",
                  cuda_graphs: str = "trees", graph_class=None):
         first = next(module.parameters())
-        super().__init__(first.device, first.dtype, backend, cuda_graphs, None)
+        super().__init__(first.device, first.dtype, backend, cuda_graphs, graph_class)
         self.module, self.model = module, model
 
     @torch.inference_mode()

@@ -98,6 +98,21 @@ def test_device_check_runs_its_checks_on_cpu(tmp_path):
     assert cases["eagle k=4 ragged"]["compile"]["eagle drafter"]["compiled_calls"] > 0
 
 
+def test_device_check_counts_only_the_callers_that_ran():
+    """On a GPU, explicit graphs need a capture per caller that ran compiled; the engine's draft under
+    plain decoding never runs and must not fail the check. inductor's trees: no caller may skip."""
+    check = _load("device_check")
+    ran = {"graphs": 2, "compiled_calls": 30, "cuda_graph_captures": 2, "cuda_graph_skips": 0}
+    idle = {"graphs": 0, "compiled_calls": 0, "cuda_graph_captures": 0, "cuda_graph_skips": 0}
+    uncaptured = ran | {"cuda_graph_captures": 0}
+    assert check.graphs_ok({"target": ran, "draft": idle}, "explicit", "cuda")
+    assert not check.graphs_ok({"target": ran, "draft": uncaptured}, "explicit", "cuda")
+    assert not check.graphs_ok({"target": idle}, "explicit", "cuda")  # nothing ran compiled at all
+    assert check.graphs_ok({"target": ran | {"cuda_graph_captures": 0}, "draft": idle}, "trees", "cuda")
+    assert not check.graphs_ok({"target": ran | {"cuda_graph_skips": 1}}, "trees", "cuda")
+    assert check.graphs_ok({"target": idle}, "explicit", "cpu")  # a CPU captures nothing
+
+
 def test_predicted_speedup_is_the_cost_model_of_specdec_metrics(tmp_path):
     """The script's predictions apply specdec.metrics (no formula of its own), in target steps."""
     bench = _load("bench_gpu")

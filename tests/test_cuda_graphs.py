@@ -119,6 +119,26 @@ def test_explicit_graphs_greedy_equals_eager(target, unrelated_draft, method, ba
     assert ReplayedGraph.captures - before[0] == captured
 
 
+def test_explicit_graphs_run_medusas_heads_compiled_but_uncaptured(target):
+    """Medusa's heads are a `CompiledCall`: no cache view to capture over, so under explicit graphs
+    (the graph class is what a GPU's would be) they run compiled and uncaptured, while the target's
+    tree passes are captured and replayed; the eager path's tokens either way."""
+    from specdec.proposers.medusa import MedusaProposer
+
+    def medusa(engine):
+        return SpeculativeDecoder(engine, MedusaProposer(engine, str(ASSETS / "tiny_random_medusa.safetensors")),
+                                  num_speculative_tokens=2)
+
+    eager = medusa(_engine(target, None, "off")).generate(RAGGED_PROMPTS, max_new_tokens=16)
+    engine = _engine(target, None, "on")
+    decoder = medusa(engine)
+    heads = decoder.proposer.compiled
+    assert heads.graph_class is ReplayedGraph
+    assert decoder.generate(RAGGED_PROMPTS, max_new_tokens=16).output_ids == eager.output_ids
+    assert heads.compiled_calls > 0 and not heads._captured
+    assert engine.target.compiled._captured
+
+
 def _callers(engine, decoder):
     callers = [m.compiled for m in (engine.target, engine.draft) if m is not None]
     proposer = decoder.proposer
