@@ -13,6 +13,7 @@ A method is one YAML in `conf/method/` (see `MethodConfig`): its `proposer` is i
 with the engine (`_target_` plus any arguments), so a new method needs a module and that file only.
 """
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -270,6 +271,7 @@ def validate(cfg: DictConfig) -> None:
     if cfg.threads is not None and cfg.threads < 1:
         _fail("threads", f"must be >= 1 or null, got {cfg.threads}")
     _check_part("logger.kind", "logger/kind", cfg.logger.kind, offered={k: cfg.logger[k] for k in TRACKER_SETTINGS})
+    _check_tracker_mode(cfg)
 
 
 def _check_part(key: str, folder: str, spec: Any, args: Any = None, offered: Any = None) -> None:
@@ -281,6 +283,20 @@ def _check_part(key: str, folder: str, spec: Any, args: Any = None, offered: Any
     except ValueError as err:
         _fail(key, str(err))
 
+
+
+def _check_tracker_mode(cfg: DictConfig) -> None:
+    """A tracker that lists its `MODES` gets one of them, from `logger.mode` or, where that is unset,
+    the `WANDB_MODE` it falls back to."""
+    from specdec.registry import resolve
+
+    _, target, _, _ = resolve("logger/kind", cfg.logger.kind, "logger.kind")
+    modes = getattr(target, "MODES", None)
+    mode = cfg.logger.mode or os.environ.get("WANDB_MODE")
+    if modes and mode and mode not in modes:
+        source = "the WANDB_MODE environment variable" if os.environ.get("WANDB_MODE") == mode else "logger.mode"
+        _fail("logger.mode", f"{mode!r} (from {source}) is not one of {', '.join(modes)}; "
+                             "offline keeps the run local (wandb sync uploads it later), logger=none turns W&B off")
 
 
 def _check_tree_verifier(key: str, m: DictConfig, verifier: Any, params: Any) -> None:

@@ -164,7 +164,11 @@ class Tracker:
 
 
 class WandbTracker(Tracker):
-    """Weights & Biases, one run per job. Every W&B call is guarded: on failure, warn and go quiet."""
+    """Weights & Biases, one run per job. Every W&B call is guarded: on failure, warn and go quiet.
+    A `mode` W&B does not know is refused by `specdec.config.validate` before any model loads (W&B
+    itself would refuse it only at `init`, after the run began, and the run would go on untracked)."""
+
+    MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")  # what wandb.init takes as `mode`
 
     def __init__(
         self,

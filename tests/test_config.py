@@ -100,6 +100,20 @@ def test_wandb_mode_follows_the_environment(monkeypatch):
     assert _compose([]).logger.mode == "disabled"
 
 
+def test_a_wandb_mode_wandb_does_not_know_is_refused_before_any_model_loads(monkeypatch):
+    """A typo in the mode would otherwise surface at wandb.init, after the run began, and the run
+    would go on without W&B; with logger=none the mode is not read at all."""
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    with pytest.raises(ConfigError, match=r"^logger.mode: 'onlin' \(from logger.mode\) is not one of online, "):
+        validate(_compose(["logger.mode=onlin"]))
+    monkeypatch.setenv("WANDB_MODE", "ofline")
+    with pytest.raises(ConfigError, match=r"^logger.mode: 'ofline' \(from the WANDB_MODE environment variable\)"):
+        validate(_compose([]))
+    validate(_compose(["logger=none"]))
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    validate(_compose([]))
+
+
 def test_experiment_presets_list_only_changes():
     cfg = _compose(["experiment=spec_bench_sampling"])
     assert cfg.data.source == "spec_bench" and cfg.generation.temperature == 1.0
