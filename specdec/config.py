@@ -346,6 +346,12 @@ def _check_heads(key: str, m: DictConfig, cfg: DictConfig, kind: str, optional: 
         heads = resolve_heads_path(m.heads_path, kind)
     if not heads.is_file():
         _fail(f"{key}.heads_path", f"file not found: {heads}{drop}")
+    from specdec.proposers.heads import checkpoint_info
+
+    try:
+        checkpoint_info(heads, kind)  # the header only: a broken file fails here, before any model loads
+    except ValueError as err:
+        _fail(f"{key}.heads_path", str(err).removeprefix("method.heads_path=") + drop)
 
 
 def _validate_method(key: str, m: DictConfig, cfg: DictConfig, params: Any) -> None:

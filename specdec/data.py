@@ -158,6 +158,31 @@ def _check_local_file(path: Path) -> None:
         raise ValueError(f"{path} is empty: it holds no prompts")
     if path.suffix.lower() == ".csv" and len(rows) == 1:
         raise ValueError(f"{path} holds a header but no rows: it holds no prompts")
+    if path.suffix.lower() in (".json", ".jsonl"):
+        _check_json(path, lines)
+
+
+def _check_json(path: Path, lines: list[str]) -> None:
+    """A .json file is one JSON document or JSON lines (`datasets` reads both), a .jsonl file JSON
+    lines, one object a line: the first line that is not names its line and column (`datasets` says
+    only that generating the dataset failed)."""
+    if path.suffix.lower() == ".json":
+        try:
+            json.loads("\n".join(lines))
+            return
+        except json.JSONDecodeError:
+            pass  # JSON lines, then, or broken: the line that fails says where
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}, line {lineno}: not JSON ({err.msg} at column {err.colno}); "
+                             "a JSON-lines file holds one JSON object a line") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}, line {lineno}: a JSON {type(row).__name__}, not an object with the "
+                             "prompt's fields (data.text_field)")
 
 
 def load_hf(

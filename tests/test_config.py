@@ -4,6 +4,7 @@ any model loads."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,8 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 from specdec import experiment
 from specdec.config import ConfigError, validate
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
 GROUPS = ["target", "draft", "method", "data", "generation", "logger", "experiment"]
 PLUGIN_LAUNCHERS = ["submitit_local", "submitit_slurm", "joblib"]
 
@@ -289,6 +291,22 @@ def test_embedded_heads_are_refused_for_another_target_before_any_model_loads(ov
     cfg.target.path = "embedded"
     validate(cfg)  # the same config on the embedded target passes
 
+
+
+def test_a_broken_or_wrong_heads_checkpoint_is_refused_before_any_model_loads(tmp_path):
+    """Only the file's header is read: a file that is not safetensors, or holds the other kind of heads."""
+    broken = tmp_path / "heads.safetensors"
+    broken.write_text("not a checkpoint")
+    cfg = _compose(["~experiment", "method=eagle", "target=tiny_random", f"method.heads_path={broken}"])
+    with pytest.raises(ConfigError, match=rf"^method.heads_path: {re.escape(str(broken))} is not a safetensors "
+                                          r"checkpoint \(.*\): a file cut short"):
+        validate(cfg)
+    cfg.method.heads_path = str(ROOT / "tests" / "assets" / "tiny_random_medusa.safetensors")
+    with pytest.raises(ConfigError, match=r"^method.heads_path: .*tiny_random_medusa.safetensors holds medusa heads, "
+                                          r"not eagle"):
+        validate(cfg)
+    cfg.method.heads_path = str(ROOT / "tests" / "assets" / "tiny_random_eagle.safetensors")
+    validate(cfg)
 
 
 def test_the_hybrids_trained_part_is_refused_for_another_target_and_null_leaves_it_out():

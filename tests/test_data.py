@@ -206,6 +206,23 @@ def test_hf_unsupported_or_empty_files_say_what_is_wrong(tmp_path, hf_cache):
         load_prompts("hf", path=str(header))
 
 
+def test_hf_json_files_that_do_not_parse_name_their_line(tmp_path, hf_cache):
+    """`datasets` says only that generating the dataset failed; the line and column say what to fix."""
+    lines = tmp_path / "q.jsonl"
+    lines.write_text('{"text": "What is rain?"}\n{"text": "Why"\n')
+    with pytest.raises(ValueError, match=r"q\.jsonl, line 2: not JSON \(Expecting ',' delimiter at column 15\)"):
+        load_prompts("hf", path=str(lines))
+    lines.write_text('{"text": "What is rain?"}\n["a list"]\n')
+    with pytest.raises(ValueError, match=r"q\.jsonl, line 2: a JSON list, not an object"):
+        load_prompts("hf", path=str(lines))
+    document = tmp_path / "q.json"
+    document.write_text('[{"text": "What is rain?"},\n {"text": "Name a prime."}]\n')  # one document: fine
+    assert [p.turns for p in load_prompts("hf", path=str(document))] == [("What is rain?",), ("Name a prime.",)]
+    document.write_text('[{"text": "What is rain?"},\n {"text": }]\n')
+    with pytest.raises(ValueError, match=r"q\.json, line 1: not JSON"):
+        load_prompts("hf", path=str(document))
+
+
 def test_hf_missing_field_lists_columns(tmp_path, hf_cache):
     csv = tmp_path / "set.csv"
     csv.write_text("question,topic\nWhat is rain?,weather\n")

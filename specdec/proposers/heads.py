@@ -20,6 +20,7 @@ from importlib.resources import files
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
 
 
@@ -77,17 +78,29 @@ def resolve_heads_path(path: str | Path, kind: str) -> Path:
     return Path(path).expanduser()
 
 
-def load_checkpoint(path: str | Path, kind: str, target_model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict]:
-    """Read a checkpoint written by `save_checkpoint`, refusing the wrong kind or another target."""
-    path = resolve_heads_path(path, kind)
+def checkpoint_info(path: str | Path, kind: str) -> dict:
+    """The metadata of the checkpoint of `kind` at `path` (its header only: cheap, loads no tensor);
+    ValueError for a file that is not a safetensors checkpoint of that kind."""
+    path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"method.heads_path={path} does not exist; train heads with "
                                 f"scripts/train_heads.py kind={kind} (see experiments/trees)")
-    with safe_open(str(path), "pt") as f:
-        info = f.metadata() or {}
+    try:
+        with safe_open(str(path), "pt") as f:
+            info = f.metadata() or {}
+    except SafetensorError as err:
+        raise ValueError(f"method.heads_path={path} is not a safetensors checkpoint ({err}): a file cut short "
+                         f"or another format; use a checkpoint of scripts/train_heads.py kind={kind}") from None
     if info.get("kind") != kind:
         raise ValueError(f"method.heads_path={path} holds {info.get('kind') or 'no'} heads, not {kind}; "
                          f"use a checkpoint trained with method={kind}")
+    return info
+
+
+def load_checkpoint(path: str | Path, kind: str, target_model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict]:
+    """Read a checkpoint written by `save_checkpoint`, refusing the wrong kind or another target."""
+    path = resolve_heads_path(path, kind)
+    info = checkpoint_info(path, kind)
     meta = json.loads(info.get("meta", "{}"))
     cfg = target_model.config
     want = {"hidden_size": cfg.hidden_size, "vocab_size": target_model.get_output_embeddings().out_features}
