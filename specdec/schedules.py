@@ -189,7 +189,8 @@ class CostAwareSchedule(ConstantSchedule):
         return self._asked
 
     def trim(self, state, proposal: Proposal) -> Proposal:
-        self._offered = proposal.drafted
+        # A tree's depths are on the device until the step's read (observe takes them from it then).
+        self._offered = [] if isinstance(proposal, TreeProposal) else proposal.drafted
         if isinstance(proposal, TreeProposal):  # k was its depth; it scores its nodes, and is never cut
             # priced at the widest tree seen (a proposer's trees vary in size up to its budget)
             self.planner.nodes[self.source] = max(self.planner.nodes.get(self.source, 0), proposal.tree.num_nodes)
@@ -210,7 +211,8 @@ class CostAwareSchedule(ConstantSchedule):
         self._drafted_before = self._asked > 0
         self.planner.stepped(b, 1 + p.max_length)
         if self._asked > 0:
-            offered = self._offered if len(self._offered) == b else list(p.lengths)
+            offered = self._offered if len(self._offered) == b else p.drafted if isinstance(p, TreeProposal) \
+                else list(p.lengths)
             self.planner.model(self.source).observe_offers(
                 self._asked, [n for n, on in zip(offered, outcome.active) if on])
         self.planner.observe(self.source, verified(p.drafted, outcome.accepted, outcome.active))

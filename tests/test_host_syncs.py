@@ -136,6 +136,19 @@ def test_a_confidence_schedule_reads_once_a_step_off_a_cpu(target, unrelated_dra
     assert min(out.stats.draft_lengths) < 6  # rows did stop early: the lengths came back
 
 
+@pytest.mark.parametrize("method", ["draft", "eagle", "suffix_tree"])
+def test_the_cost_aware_schedule_reads_once_a_step(target, unrelated_draft, method):
+    """The policy that plans each step's k reads nothing of its own: a chain's offered lengths are on
+    the host, a tree's depths come back with the step's read."""
+    engine = Engine(target, unrelated_draft, dtype="float32")
+    decoder = SpeculativeDecoder(engine, _proposer(method, engine), num_speculative_tokens=4,
+                                 schedule=make_schedule("cost_aware", 4))
+    with count_host_syncs(where=True) as syncs:
+        out = decoder.generate(PROMPTS, max_new_tokens=20, seed=3)
+    assert syncs.total == 1 + out.stats.steps, syncs.where
+    assert sum(out.stats.draft_lengths) > 0
+
+
 def test_tree_bounds_replace_reads_and_are_checked():
     parents = torch.tensor([[-1, 0, 0, 1], [-1, -1, 0, 0]])
     read = TokenTree.build(parents, [4, 2])
