@@ -516,8 +516,8 @@ class _BucketedPasses:
                 return compiled(*args)
 
         # A call without a cache view (a `CompiledCall`'s) runs compiled but uncaptured, whatever the mode.
-        view = next((a for a in args if isinstance(a, _BucketView)), None)
-        if self.graph_class is None or view is None:
+        view = None if self.graph_class is None else next((a for a in args if isinstance(a, _BucketView)), None)
+        if view is None:
             out = call(*args)
         else:  # the tensors the graph reads from the cache view, set per pass, are inputs too
             extra = {"rows": view.rows, "write_pos": view.write_pos}

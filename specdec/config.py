@@ -270,30 +270,31 @@ def validate(cfg: DictConfig) -> None:
         _fail("cuda_graphs", f"must be one of {', '.join(CUDA_GRAPH_MODES)}, got {cfg.cuda_graphs!r}")
     if cfg.threads is not None and cfg.threads < 1:
         _fail("threads", f"must be >= 1 or null, got {cfg.threads}")
-    _check_part("logger.kind", "logger/kind", cfg.logger.kind, offered={k: cfg.logger[k] for k in TRACKER_SETTINGS})
-    _check_tracker_mode(cfg)
+    tracker = _check_part("logger.kind", "logger/kind", cfg.logger.kind,
+                          offered={k: cfg.logger[k] for k in TRACKER_SETTINGS})
+    _check_tracker_mode(tracker, cfg.logger.mode)
 
 
-def _check_part(key: str, folder: str, spec: Any, args: Any = None, offered: Any = None) -> None:
-    """A part named by `key` (see `specdec.registry`) must exist and take the arguments given; nothing is built."""
+def _check_part(key: str, folder: str, spec: Any, args: Any = None, offered: Any = None) -> Any:
+    """A part named by `key` (see `specdec.registry`) must exist and take the arguments given; nothing is
+    built. Returns the class or function it names."""
     from specdec.registry import resolve
 
     try:
-        resolve(folder, spec, key, args, offered=offered)
+        return resolve(folder, spec, key, args, offered=offered)[1]
     except ValueError as err:
         _fail(key, str(err))
 
 
 
-def _check_tracker_mode(cfg: DictConfig) -> None:
-    """A tracker that lists its `MODES` gets one of them, from `logger.mode` or, where that is unset,
-    the `WANDB_MODE` it falls back to."""
-    from specdec.registry import resolve
-
-    _, target, _, _ = resolve("logger/kind", cfg.logger.kind, "logger.kind")
-    modes = getattr(target, "MODES", None)
-    mode = cfg.logger.mode or os.environ.get("WANDB_MODE")
-    if modes and mode and mode not in modes:
+def _check_tracker_mode(tracker: Any, mode: str | None) -> None:
+    """A tracker that lists its `MODES` gets one of them: `mode` as it will resolve it
+    (`WandbTracker.resolve_mode`: `logger.mode`, else `WANDB_MODE`)."""
+    modes = getattr(tracker, "MODES", None)
+    if not modes:
+        return
+    mode = tracker.resolve_mode(mode)
+    if mode not in modes:
         source = "the WANDB_MODE environment variable" if os.environ.get("WANDB_MODE") == mode else "logger.mode"
         _fail("logger.mode", f"{mode!r} (from {source}) is not one of {', '.join(modes)}; "
                              "offline keeps the run local (wandb sync uploads it later), logger=none turns W&B off")

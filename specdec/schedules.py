@@ -189,13 +189,13 @@ class CostAwareSchedule(ConstantSchedule):
         return self._asked
 
     def trim(self, state, proposal: Proposal) -> Proposal:
-        # A tree's depths are on the device until the step's read (observe takes them from it then).
-        self._offered = [] if isinstance(proposal, TreeProposal) else proposal.drafted
         if isinstance(proposal, TreeProposal):  # k was its depth; it scores its nodes, and is never cut
-            # priced at the widest tree seen (a proposer's trees vary in size up to its budget)
+            # priced at the widest tree seen (a proposer's trees vary in size up to its budget); its
+            # depths stay on the device until the step's read, which is where `observe` takes them
             self.planner.nodes[self.source] = max(self.planner.nodes.get(self.source, 0), proposal.tree.num_nodes)
             self._trimmable = False
             return proposal
+        self._offered = proposal.drafted
         if proposal.max_length == 0:
             return proposal  # nothing to cut
         self._trimmable = proposal.probs is None
@@ -211,8 +211,10 @@ class CostAwareSchedule(ConstantSchedule):
         self._drafted_before = self._asked > 0
         self.planner.stepped(b, 1 + p.max_length)
         if self._asked > 0:
-            offered = self._offered if len(self._offered) == b else p.drafted if isinstance(p, TreeProposal) \
-                else list(p.lengths)
+            if isinstance(p, TreeProposal):
+                offered = p.drafted
+            else:
+                offered = self._offered if len(self._offered) == b else list(p.lengths)
             self.planner.model(self.source).observe_offers(
                 self._asked, [n for n, on in zip(offered, outcome.active) if on])
         self.planner.observe(self.source, verified(p.drafted, outcome.accepted, outcome.active))

@@ -170,6 +170,12 @@ class WandbTracker(Tracker):
 
     MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")  # what wandb.init takes as `mode`
 
+    @staticmethod
+    def resolve_mode(mode: str | None) -> str:
+        """`mode`, else WANDB_MODE, else offline: an explicit wandb.init(mode=...) overrides WANDB_MODE,
+        so the environment variable is read here."""
+        return mode or os.environ.get("WANDB_MODE") or "offline"
+
     def __init__(
         self,
         project: str = "specdec",
@@ -180,8 +186,7 @@ class WandbTracker(Tracker):
     ) -> None:
         self.project = project
         self.entity = entity
-        # An explicit wandb.init(mode=...) overrides WANDB_MODE, so resolve the env var here.
-        self.mode = mode or os.environ.get("WANDB_MODE") or "offline"
+        self.mode = self.resolve_mode(mode)
         self.tags = list(tags)
         self.init_timeout = init_timeout
         self._run: Any = None
