@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from specdec.config import resolve_path
 from specdec.data import load_builtin, load_spec_bench
 from specdec.engine import Engine
+from specdec.errors import reported
 from specdec.models import ModelSpec, cache_dir, load_model
 from specdec.training import (
     Example,
@@ -160,7 +161,8 @@ def _fmt(m: dict) -> str:
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train_draft")
 def main(cfg: DictConfig) -> None:
-    run(cfg)
+    with reported():  # bad input ends the command as `Error: <message>`, without a traceback
+        run(cfg)
 
 
 if __name__ == "__main__":

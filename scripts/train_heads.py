@@ -31,6 +31,7 @@ from specdec.config import resolve_path
 from specdec.data import build_turn_input, load_builtin, load_spec_bench
 from specdec.decoding import SpeculativeDecoder
 from specdec.engine import Engine
+from specdec.errors import reported
 from specdec.head_training import (
     FamilyPlan,
     check_disjoint,
@@ -303,7 +304,8 @@ def _fmt(acc: dict) -> str:
 
 @hydra.main(config_path="../conf", config_name="train_heads", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    run(cfg)
+    with reported():  # bad input ends the command as `Error: <message>`, without a traceback
+        run(cfg)
 
 
 if __name__ == "__main__":

@@ -36,15 +36,13 @@ def config_path() -> str:
 @hydra.main(version_base="1.3", config_path=config_path(), config_name="config")
 def main(cfg: DictConfig) -> float:
     """Run one job; returns the method's speedup (what a sweeper such as Optuna would optimise)."""
-    from specdec.config import ConfigError
+    from specdec.errors import reported
     from specdec.experiment import run  # imported here so `--help` and `--cfg` stay fast
 
-    try:
+    # Bad input (a config value, a prompt file, a model), not a bug: its message says what is wrong
+    # and what to do, and a traceback would only bury it.
+    with reported():
         result = run(cfg, HydraConfig.get().runtime.output_dir)
-    except ConfigError as err:
-        # Bad input, not a bug: the message says what is wrong and what to do; a traceback would
-        # only bury it. SystemExit is not an Exception, so Hydra lets it end the command (status 1).
-        raise SystemExit(f"Error: {err}") from None
     return result.summary["speedup"]
 
 

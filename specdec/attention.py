@@ -47,6 +47,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
+from specdec.errors import InvalidInput
+
 FULL, SLIDING = "full_attention", "sliding_attention"
 
 # Attention implementations that apply an arbitrary additive 4-D mask.
@@ -57,7 +59,7 @@ MASKED_IMPLEMENTATIONS = ("eager", "sdpa")
 _ALIBI_MODEL_TYPES = ("bloom", "mpt", "jais")
 
 
-class UnsupportedModelError(ValueError):
+class UnsupportedModelError(InvalidInput):
     """The model's attention layout cannot be run exactly by specdec's engine."""
 
 

@@ -21,6 +21,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
+from specdec.errors import InvalidInput
+
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 COMPILE_MODES = ("off", "on", "auto")  # specdec.compiled.COMPILE_MODES, without importing torch here
@@ -28,7 +30,7 @@ OVERLAP_MODES = ("auto", "on", "off")  # specdec.decoding.OVERLAP_MODES' names
 CUDA_GRAPH_MODES = ("trees", "explicit")  # specdec.cuda_graphs.CUDA_GRAPH_MODES
 
 
-class ConfigError(ValueError):
+class ConfigError(InvalidInput):
     """A configuration value that cannot work; the message starts with the key."""
 
 
@@ -203,6 +205,31 @@ def _check_target(key: str, target: Any) -> None:
         raise ConfigError(str(err)) from None
 
 
+def model_spec(model_cfg: DictConfig, role: str):
+    """The `specdec.models.ModelSpec` of `target` or `draft` (`role`): a local path resolves against the
+    directory the command was started from (`resolve_path`)."""
+    from specdec.models import ModelSpec
+
+    path = model_cfg.path
+    if path and path not in ("embedded", "tiny_random") and (path.startswith((".", "~")) or Path(path).exists()):
+        path = str(resolve_path(path))
+    return ModelSpec(path=path, gguf_file=model_cfg.gguf_file, name=role, seed=model_cfg.seed,
+                     num_layers=model_cfg.num_layers, vocab_size=model_cfg.vocab_size)
+
+
+def _check_model(cfg: DictConfig, role: str) -> None:
+    """`role`'s files are where its config says (`specdec.models.locate`: no model is read)."""
+    from specdec.errors import InputError
+    from specdec.models import locate
+
+    try:
+        locate(model_spec(cfg[role], role))
+    except InputError as err:
+        key = f"{role}.gguf_file" if cfg[role].gguf_file and not str(cfg[role].path or "").endswith(".gguf") \
+            else f"{role}.path"
+        _fail(key, str(err))
+
+
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError, naming the key, for any value that cannot work. Loads no model."""
     from specdec.data import HF_FILE_TYPES, READER_SETTINGS
@@ -236,9 +263,13 @@ def validate(cfg: DictConfig) -> None:
         _fail("target.path", "is empty; set target=smollm2_135m, target=tiny_random or target.path=<model>")
     if cfg.target.path == "self":
         _fail("target.path", "`self` is for drafts only")
+    _check_model(cfg, "target")
+    if cfg.draft.path != "self" and any(m.needs_draft for _, m in method_configs(cfg)):
+        _check_model(cfg, "draft")
 
     d = cfg.data
-    _check_part("data.source", "data/source", d.source, d.source_args, {k: d[k] for k in READER_SETTINGS})
+    reader = _check_part("data.source", "data/source", d.source, d.source_args, {k: d[k] for k in READER_SETTINGS})
+    _check_reader_reads(reader, d)
     if d.limit is not None and d.limit < 1:
         _fail("data.limit", f"must be >= 1 (or null for all prompts), got {d.limit}")
     if d.source == "hf" and not (d.path or d.hf_name):
@@ -285,6 +316,21 @@ def _check_part(key: str, folder: str, spec: Any, args: Any = None, offered: Any
     except ValueError as err:
         _fail(key, str(err))
 
+
+
+def _check_reader_reads(reader: Any, d: DictConfig) -> None:
+    """A reader setting given without a default (`path`, `hf_name`, the field names) is one the data
+    source reads: the reader is offered only the settings it takes, so a file named for a source that
+    reads none (data=builtin data.path=mine.jsonl) would otherwise run the built-in prompts unsaid."""
+    from specdec.data import READER_SETTINGS
+    from specdec.registry import takes
+
+    source = d.source if isinstance(d.source, str) else "<node>"
+    for name in READER_SETTINGS:
+        if DataConfig.__dataclass_fields__[name].default is None and d[name] is not None and not takes(reader, name):
+            _fail(f"data.{name}", f"is set, but data.source={source} does not read it (it would be ignored); "
+                                  "data=spec_bench data.path=<file> reads a Spec-Bench question file, data=hf "
+                                  "reads a json/jsonl/csv/parquet/txt file (data.path) or a dataset (data.hf_name)")
 
 
 def _check_tracker_mode(tracker: Any, mode: str | None) -> None:

@@ -35,6 +35,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from specdec.errors import InvalidInput, MissingInput
+
 # The `data.*` settings a source's reader is given when it names them (besides data.source_args).
 READER_SETTINGS = ("path", "hf_name", "split", "text_field", "category_field", "id_field")
 SPEC_BENCH_FIELDS = ("question_id", "category", "turns")
@@ -58,16 +60,16 @@ def _make_prompt(prompt_id: str, category: str, turns: Any, where: str) -> Promp
     if isinstance(turns, str):
         turns = [turns]
     if not isinstance(turns, (list, tuple)) or not turns:
-        raise ValueError(f"{where}: prompt {prompt_id!r} has no turns")
+        raise InvalidInput(f"{where}: prompt {prompt_id!r} has no turns")
     for i, turn in enumerate(turns):
         if not isinstance(turn, str):
-            raise ValueError(f"{where}: prompt {prompt_id!r} turn {i} is {type(turn).__name__}, not text")
+            raise InvalidInput(f"{where}: prompt {prompt_id!r} turn {i} is {type(turn).__name__}, not text")
         if not turn.strip():
-            raise ValueError(f"{where}: prompt {prompt_id!r} turn {i} is empty")
+            raise InvalidInput(f"{where}: prompt {prompt_id!r} turn {i} is empty")
         try:
             turn.encode("utf-8")
         except UnicodeEncodeError as err:  # "\\ud83d" alone in JSON parses, then breaks every tokenizer
-            raise ValueError(
+            raise InvalidInput(
                 f"{where}: prompt {prompt_id!r} turn {i} holds a lone surrogate "
                 f"{turn[err.start].encode('unicode_escape').decode()} at character {err.start}: not a "
                 "character; fix the escape (a pair such as \\ud83d\\ude00 is one character)"
@@ -85,16 +87,16 @@ def _parse_spec_bench(lines: Iterable[str], name: str) -> list[Prompt]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: malformed JSON ({e.msg})") from None
+            raise InvalidInput(f"{where}: malformed JSON ({e.msg})") from None
         if not isinstance(row, dict):
-            raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
+            raise InvalidInput(f"{where}: expected a JSON object, got {type(row).__name__}")
         missing = [f for f in SPEC_BENCH_FIELDS if f not in row]
         if missing:
-            raise ValueError(
+            raise InvalidInput(
                 f"{where}: missing field(s) {missing}; a Spec-Bench line has {list(SPEC_BENCH_FIELDS)}"
             )
         if isinstance(row["turns"], str):
-            raise ValueError(f"{where}: `turns` must be a list of strings")
+            raise InvalidInput(f"{where}: `turns` must be a list of strings")
         prompts.append(_make_prompt(str(row["question_id"]), str(row["category"]), row["turns"], where))
     return prompts
 
@@ -106,7 +108,7 @@ def _decode_lines(data: bytes, name: str) -> list[str]:
         try:
             line.decode("utf-8")
         except UnicodeDecodeError as err:
-            raise ValueError(
+            raise InvalidInput(
                 f"{name}, line {lineno}: not UTF-8 (byte 0x{line[err.start]:02x} at column {err.start + 1}); "
                 "save the file as UTF-8"
             ) from None
@@ -125,7 +127,7 @@ def load_builtin() -> list[Prompt]:
 def _require_file(path: str | Path) -> Path:
     path = Path(path).expanduser()
     if not path.is_file():
-        raise FileNotFoundError(f"data file not found: {path} (set data.path)")
+        raise MissingInput(f"data file not found: {path} (set data.path)")
     return path
 
 
@@ -144,7 +146,7 @@ def load_text(path: str | Path) -> list[Prompt]:
     prompts = [_make_prompt(str(n), "hf", line.strip(), f"{path}, line {n}")
                for n, line in enumerate(lines, start=1) if line.strip()]
     if not prompts:
-        raise ValueError(f"{path} is empty: it holds no prompts")
+        raise InvalidInput(f"{path} is empty: it holds no prompts")
     return prompts
 
 
@@ -155,9 +157,9 @@ def _check_local_file(path: Path) -> None:
     lines = _decode_lines(path.read_bytes(), str(path))
     rows = [line for line in lines if line.strip()]
     if not rows:
-        raise ValueError(f"{path} is empty: it holds no prompts")
+        raise InvalidInput(f"{path} is empty: it holds no prompts")
     if path.suffix.lower() == ".csv" and len(rows) == 1:
-        raise ValueError(f"{path} holds a header but no rows: it holds no prompts")
+        raise InvalidInput(f"{path} holds a header but no rows: it holds no prompts")
     if path.suffix.lower() in (".json", ".jsonl"):
         _check_json(path, lines)
 
@@ -178,10 +180,10 @@ def _check_json(path: Path, lines: list[str]) -> None:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as err:
-            raise ValueError(f"{path}, line {lineno}: not JSON ({err.msg} at column {err.colno}); "
+            raise InvalidInput(f"{path}, line {lineno}: not JSON ({err.msg} at column {err.colno}); "
                              "a JSON-lines file holds one JSON object a line") from None
         if not isinstance(row, dict):
-            raise ValueError(f"{path}, line {lineno}: a JSON {type(row).__name__}, not an object with the "
+            raise InvalidInput(f"{path}, line {lineno}: a JSON {type(row).__name__}, not an object with the "
                              "prompt's fields (data.text_field)")
 
 
@@ -200,7 +202,7 @@ def load_hf(
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if path is not None and Path(path).expanduser().is_file() and Path(path).suffix.lower() not in HF_FILE_TYPES:
-        raise ValueError(
+        raise InvalidInput(
             f"{path}: data=hf reads local .json, .jsonl, .csv, .parquet or .txt files (and dataset folders); "
             f"{Path(path).suffix or 'a file without a suffix'} is none of them"
         )
@@ -219,7 +221,7 @@ def load_hf(
         name = hf_name or path
         ds = datasets.load_dataset(name, split=split)
     else:
-        raise ValueError("data.source=hf needs data.hf_name (a dataset name) or data.path (a local file)")
+        raise InvalidInput("data.source=hf needs data.hf_name (a dataset name) or data.path (a local file)")
 
     columns = list(ds.column_names)
     for key, field in (
@@ -228,7 +230,7 @@ def load_hf(
         ("id_field", id_field),
     ):
         if field is not None and field not in columns:
-            raise ValueError(f"{name}: no field {field!r} (data.{key}); available columns: {columns}")
+            raise InvalidInput(f"{name}: no field {field!r} (data.{key}); available columns: {columns}")
 
     prompts = []
     for index, row in enumerate(ds):
@@ -249,7 +251,7 @@ def select_prompts(
         existing = sorted({p.category for p in prompts})
         unknown = [c for c in categories if c not in existing]
         if unknown:
-            raise ValueError(f"unknown data.categories {unknown}; existing categories: {existing}")
+            raise InvalidInput(f"unknown data.categories {unknown}; existing categories: {existing}")
         prompts = [p for p in prompts if p.category in categories]
     if limit is None:
         return prompts
@@ -289,14 +291,14 @@ def load_prompts(
     from specdec.registry import build
 
     if limit is not None and limit < 1:
-        raise ValueError(f"data.limit must be >= 1 (or null for all prompts), got {limit}")
+        raise InvalidInput(f"data.limit must be >= 1 (or null for all prompts), got {limit}")
     settings = dict(zip(READER_SETTINGS, (path, hf_name, split, text_field, category_field, id_field)))
     prompts = list(build("data/source", source, "data.source", source_args, offered=settings))
 
     seen: set[str] = set()
     for p in prompts:
         if p.prompt_id in seen:
-            raise ValueError(
+            raise InvalidInput(
                 f"duplicate prompt id {p.prompt_id!r} in data.source={source}; ids must be unique"
             )
         seen.add(p.prompt_id)

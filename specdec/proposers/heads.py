@@ -23,6 +23,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
 
+from specdec.errors import InvalidInput, MissingInput
+
 
 class OutputHead:
     """The target's output head restricted to `vocab_ids` (all tokens when None), frozen.
@@ -33,11 +35,11 @@ class OutputHead:
     def __init__(self, target_model: torch.nn.Module, vocab_ids: torch.Tensor | None):
         head = target_model.get_output_embeddings()
         if getattr(head, "bias", None) is not None:
-            raise ValueError("trained heads reuse a bias-free output head; this target's head has a bias")
+            raise InvalidInput("trained heads reuse a bias-free output head; this target's head has a bias")
         weight = head.weight.detach()
         if vocab_ids is not None:
             if int(vocab_ids.max()) >= weight.shape[0]:
-                raise ValueError(f"the checkpoint's vocabulary reaches token {int(vocab_ids.max())} but the "
+                raise InvalidInput(f"the checkpoint's vocabulary reaches token {int(vocab_ids.max())} but the "
                                  f"target has {weight.shape[0]}; it was trained for another target")
             vocab_ids = vocab_ids.to(weight.device)
             weight = weight[vocab_ids]
@@ -83,16 +85,16 @@ def checkpoint_info(path: str | Path, kind: str) -> dict:
     ValueError for a file that is not a safetensors checkpoint of that kind."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"method.heads_path={path} does not exist; train heads with "
+        raise MissingInput(f"method.heads_path={path} does not exist; train heads with "
                                 f"scripts/train_heads.py kind={kind} (see experiments/trees)")
     try:
         with safe_open(str(path), "pt") as f:
             info = f.metadata() or {}
     except SafetensorError as err:
-        raise ValueError(f"method.heads_path={path} is not a safetensors checkpoint ({err}): a file cut short "
+        raise InvalidInput(f"method.heads_path={path} is not a safetensors checkpoint ({err}): a file cut short "
                          f"or another format; use a checkpoint of scripts/train_heads.py kind={kind}") from None
     if info.get("kind") != kind:
-        raise ValueError(f"method.heads_path={path} holds {info.get('kind') or 'no'} heads, not {kind}; "
+        raise InvalidInput(f"method.heads_path={path} holds {info.get('kind') or 'no'} heads, not {kind}; "
                          f"use a checkpoint trained with method={kind}")
     return info
 
@@ -106,6 +108,6 @@ def load_checkpoint(path: str | Path, kind: str, target_model: torch.nn.Module) 
     want = {"hidden_size": cfg.hidden_size, "vocab_size": target_model.get_output_embeddings().out_features}
     got = {k: meta.get(k) for k in want}
     if got != want:
-        raise ValueError(f"method.heads_path={path} was trained for a target with {got} "
+        raise InvalidInput(f"method.heads_path={path} was trained for a target with {got} "
                          f"({meta.get('target', 'unknown')}), this target has {want}")
     return load_file(str(path)), meta

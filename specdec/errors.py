@@ -1,0 +1,36 @@
+"""Bad input, told apart from a fault in specdec: what the user fixes (a value, a file, a model).
+
+A command ends on an `InputError` with its message as `Error: <message>` and status 1
+(`reported`), without the traceback that would bury it: the message already says what is wrong and
+what to do. Each kind is also the built-in exception that a library caller expects (ValueError,
+FileNotFoundError, ModuleNotFoundError), so code that catches those goes on working.
+"""
+
+import contextlib
+from collections.abc import Iterator
+
+
+class InputError(Exception):
+    """Bad input; the message says what is wrong and what to do about it."""
+
+
+class InvalidInput(InputError, ValueError):
+    """A value, file or model that is there but cannot work."""
+
+
+class MissingInput(InputError, FileNotFoundError):
+    """A file, directory or model that is not there."""
+
+
+class MissingPackage(InputError, ModuleNotFoundError):
+    """A package that the input needs and the installation lacks."""
+
+
+@contextlib.contextmanager
+def reported() -> Iterator[None]:
+    """Around a command's body: an `InputError` ends the command as `Error: <message>`, status 1.
+    SystemExit is not an Exception, so Hydra lets it end the command rather than print a traceback."""
+    try:
+        yield
+    except InputError as err:
+        raise SystemExit(f"Error: {err}") from None
