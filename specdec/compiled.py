@@ -295,7 +295,10 @@ def _freezing(on: bool):
 def _entry(fn, args: tuple) -> tuple:
     """What picks a compiled graph for `fn(*args)`, as the host knows it: the objects passed (models,
     layouts: by identity, alive as long as their caller), every tensor's shape, strides, dtype,
-    device and kind, the cache view's key bucket and buffers, and the plain values."""
+    device and kind, the cache view's key bucket and buffers, and the plain values. The numbers a
+    model reads off the view in Python, which dynamo bakes into a graph, are in it: the key bucket
+    (`get_seq_length`, `get_mask_sizes`, and 5.17's `get_query_offset` through them) and the cache's
+    max length (`get_max_length`, its buffers' length less the scratch position)."""
     def part(x):
         if isinstance(x, torch.Tensor):
             return tuple(x.shape), x.stride(), x.dtype, x.device, x.is_inference()
