@@ -42,12 +42,24 @@ class Proposal:
              schedule): `lengths` then holds only an upper
              bound (k per row, which sets the scoring width), verifiers read these, and the step's
              one read replaces `lengths` with them before anything else looks (`settle`).
+    host_tokens: per row, its real drafts as a list, where the proposer has them on the host anyway
+             (a lookup builds them there, or read them with its lengths), so that someone who reads
+             the drafts on the host (the hybrid judging a lookup it did not use) needs no read of
+             its own; None where only the device has them. A new proposal made from this one's
+             tokens (`specdec.schedules.cut`) does not carry them.
     """
 
     tokens: torch.Tensor
     lengths: list[int]
     probs: torch.Tensor | None = None
     device_lengths: torch.Tensor | None = None
+    host_tokens: list[list[int]] | None = None
+
+    def drafts_on_host(self) -> list[list[int]]:
+        """Per row, its real drafts as a list: `host_tokens`, else read from the device (a read)."""
+        if self.host_tokens is not None:
+            return self.host_tokens
+        return [row[:n] for row, n in zip(self.tokens.tolist(), self.lengths)]
 
     def lengths_on(self, device: torch.device) -> torch.Tensor:
         """`[B]` the per-row lengths as a device tensor (uploaded when only the host has them)."""

@@ -242,11 +242,11 @@ class HybridProposer:
             width = options[part_name].k if part_name in options else 0
             rates = self.planner.model(part_name).rates()
             rows, tokens = {}, 0.0
-            drafts = proposal.tokens.tolist()  # one read for the batch
+            drafts = proposal.drafts_on_host()  # a lookup's are on the host already: no read
             for r, (on, n) in enumerate(zip(outcome.active, outcome.emitted)):
                 if not on:
                     continue
-                draft = drafts[r][: min(proposal.lengths[r], width)]
+                draft = drafts[r][:width]
                 emitted = state.committed[r][outcome.prev_seq_lens[r]: outcome.prev_seq_lens[r] + n]
                 matched = next((i for i, (d, e) in enumerate(zip(draft, emitted)) if d != e), min(len(draft), n))
                 tokens += matched + 1

@@ -57,9 +57,12 @@ class NgramProposer:
         tokens = tokens.masked_fill(torch.arange(k, device=device)[None, :] >= lengths[:, None], 0)
         if self._static(state):  # the lengths come back with the step's read
             return Proposal(tokens, [k] * b, device_lengths=lengths)
-        # The search's read: how long each match is decides the scoring width.
-        found_lengths = lengths.tolist()
-        return Proposal(tokens[:, : max(found_lengths)], found_lengths)
+        # The search's read: how long each match is decides the scoring width. The drafts come back
+        # with their lengths, in the same read, for whoever looks at them on the host.
+        read = torch.cat([lengths[:, None], tokens], dim=1).tolist()  # [B, 1 + k]
+        found_lengths = [row[0] for row in read]
+        drafts = [row[1: 1 + n] for row, n in zip(read, found_lengths)]
+        return Proposal(tokens[:, : max(found_lengths)], found_lengths, host_tokens=drafts)
 
     def _static(self, state) -> bool:
         if self.static_width is not None:

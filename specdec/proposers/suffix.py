@@ -320,7 +320,7 @@ class SuffixProposer:
         out = torch.zeros(b, t, dtype=torch.long)
         for row, d in enumerate(drafts):
             out[row, : len(d)] = torch.tensor(d, dtype=torch.long)
-        return Proposal(to_device(out, device), [len(d) for d in drafts])
+        return Proposal(to_device(out, device), [len(d) for d in drafts], host_tokens=drafts)
 
     def observe(self, state, outcome) -> None:
         # A row that finished this step is a finished request: its output joins the cross-request
