@@ -67,7 +67,7 @@ from specdec.cuda_graphs import CapturedCall, CudaGraph, check_cuda_graphs
 from specdec.sampling import greedy_tokens
 from specdec.syncs import to_device
 
-COMPILE_MODES = ("off", "on", "auto")
+COMPILE_MODES = ("off", "on", "autotune", "auto")
 # The widths a pass is padded to. Powers of two, and 6, 10 and 12 between: on this CPU (SmolLM2,
 # bfloat16, compiled) a pass of 5 or 6 tokens padded to 8 cost 1.17x a one-token pass, at 6 1.07x (4:
 # 0.92x); n-gram's k = 4 and EAGLE's default 4-node tree score 5 tokens, Medusa's default tree 4,
@@ -93,7 +93,8 @@ SKIP_KNOWN_GUARDS = True
 
 
 def resolve_compile(compile: str | bool, device: torch.device) -> bool:
-    """`on`/`off` as given; `auto` compiles on CUDA only. On a 2-core CPU (SmolLM2, bfloat16, one
+    """Whether passes compile: `on` and `autotune` (on, with inductor's GEMM autotuning: `autotunes`)
+    do, `off` does not, `auto` compiles on CUDA only. On a 2-core CPU (SmolLM2, bfloat16, one
     thread, Spec-Bench prompts) compiled plain decoding measured 1.80-1.84x eager by process CPU
     time, and the speculative methods kept their speedups within a few percent (Medusa's earlier
     10-token tree lost 4%; its 4-token default gains, 1.05x -> 1.10x), but every process first spends about
@@ -102,7 +103,7 @@ def resolve_compile(compile: str | bool, device: torch.device) -> bool:
     (experiments/gpu/README.md): `auto` keeps the CPU eager.
     On CUDA, eager decoding is launch-bound (15% GPU busy on an H200), which is what compiling
     removes."""
-    if compile is True or compile == "on":
+    if compile is True or compile in ("on", "autotune"):
         return True
     if compile is False or compile == "off":
         return False
@@ -111,15 +112,26 @@ def resolve_compile(compile: str | bool, device: torch.device) -> bool:
     raise ValueError(f"compile={compile!r} is not one of: {', '.join(COMPILE_MODES)}")
 
 
+def autotunes(compile: str | bool) -> bool:
+    """`compile=autotune`: inductor's `max_autotune`, which benchmarks each matrix product's kernels
+    (its C++ GEMM templates against oneDNN's on a CPU, Triton's against cuBLAS on CUDA) while
+    compiling and keeps the fastest. On the AVX-512-BF16 CPU, SmolLM2 in bfloat16, a compiled
+    one-token pass then cost about half of what it costs under `on` (its C++ micro-GEMMs against
+    oneDNN's packed linear layers), and one token became the narrowest width again; compiling took
+    several times as long (experiments/gpu/README.md, "Autotuning")."""
+    return compile == "autotune"
+
+
 def cpu_has_bfloat16_units() -> bool:
     """Whether this CPU runs bfloat16 matrix products natively (AVX512-BF16 or AMX), as oneDNN
     reports it; elsewhere (AVX2) bfloat16 is emulated. `dtype=auto` and `narrowest_width` ask it."""
     return torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
-def narrowest_width(device: torch.device, dtype: torch.dtype) -> int:
-    """`NARROWEST` for (device, dtype); on a CPU only where it has bfloat16 units, else 1."""
-    if device.type == "cpu" and not cpu_has_bfloat16_units():
+def narrowest_width(device: torch.device, dtype: torch.dtype, autotune: bool = False) -> int:
+    """`NARROWEST` for (device, dtype); on a CPU only where it has bfloat16 units, else 1. Under
+    `autotune` 1: the padding serves oneDNN's kernels, and autotuning picks others where they do better."""
+    if autotune or device.type == "cpu" and not cpu_has_bfloat16_units():
         return 1
     return NARROWEST.get((device.type, dtype), 1)
 
@@ -268,18 +280,21 @@ def freezes(device: torch.device, backend: str) -> bool:
 _COMPILED: dict[tuple, object] = {}
 
 
-def _compiled(fn, device: torch.device, backend: str, cuda_graphs: str = "trees"):
-    """One compiled `fn` per device type, backend and CUDA-graph mode (dynamo keeps one cache per
-    code object; graphs for the target and the draft, and for each shape, are entries of it). On
-    CUDA, `trees` compiles with inductor's CUDA-graph trees; `explicit` without them (specdec
-    captures its own, `specdec.cuda_graphs`)."""
-    key = (fn, device.type, backend, cuda_graphs)
+def _compiled(fn, device: torch.device, backend: str, cuda_graphs: str = "trees", autotune: bool = False):
+    """One compiled `fn` per device type, backend, CUDA-graph mode and autotuning (dynamo keeps one
+    cache per code object; graphs for the target and the draft, and for each shape, are entries of
+    it, each guarded on the compiled function it came from, so an autotuned graph and another of the
+    same shape do not stand in for each other). On CUDA, `trees` compiles with inductor's CUDA-graph
+    trees; `explicit` without them (specdec captures its own, `specdec.cuda_graphs`)."""
+    key = (fn, device.type, backend, cuda_graphs, autotune)
     if key not in _COMPILED:
         config = torch._dynamo.config
         name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # before 2.7
         setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
         trees = device.type == "cuda" and backend == "inductor" and cuda_graphs == "trees"
-        _COMPILED[key] = torch.compile(fn, backend=backend, mode="reduce-overhead" if trees else None, dynamic=False)
+        mode = {(True, False): "reduce-overhead", (True, True): "max-autotune",
+                (False, True): "max-autotune-no-cudagraphs"}.get((trees, autotune and backend == "inductor"))
+        _COMPILED[key] = torch.compile(fn, backend=backend, mode=mode, dynamic=False)
     return _COMPILED[key]
 
 
@@ -394,14 +409,17 @@ class _BucketedPasses:
     cuda_graphs: on CUDA, whose CUDA graphs: `trees` (inductor's, `mode="reduce-overhead"`) or
              `explicit` (inductor's kernels captured by specdec, one graph per call shape, replayed
              without dynamo: `specdec.cuda_graphs`). Elsewhere nothing is captured.
+    autotune: inductor's `max_autotune` (`compile=autotune`, `autotunes`); the eager backend,
+             which generates no kernels, ignores it.
     """
 
     def __init__(self, device: torch.device, dtype: torch.dtype, backend: str = "inductor",
-                 cuda_graphs: str = "trees", graph_class=None):
+                 cuda_graphs: str = "trees", graph_class=None, autotune: bool = False):
         check_cuda_graphs(cuda_graphs)
         self.backend = backend
         self.device = device
-        self.narrowest = narrowest_width(device, dtype)  # passes of fewer tokens are padded to it
+        self.autotune = autotune
+        self.narrowest = narrowest_width(device, dtype, autotune)  # passes of fewer tokens are padded to it
         self.cuda_graphs = cuda_graphs
         # What captures an explicit graph (`CudaGraph` on CUDA; the tests give a stand-in on a CPU),
         # and the graphs captured, by the call's `_entry`.
@@ -426,7 +444,8 @@ class _BucketedPasses:
 
     def options(self) -> dict:
         """How this caller compiles, for the compiled callers a proposer adds beside it."""
-        return {"backend": self.backend, "cuda_graphs": self.cuda_graphs, "graph_class": self.graph_class}
+        return {"backend": self.backend, "cuda_graphs": self.cuda_graphs, "graph_class": self.graph_class,
+                "autotune": self.autotune}
 
     def report(self) -> dict:
         """Graphs compiled (recompilations included), passes run compiled / eagerly (of which
@@ -510,7 +529,7 @@ class _BucketedPasses:
             torch.compiler.cudagraph_mark_step_begin()
         entry = _entry(fn, args)
         known = SKIP_KNOWN_GUARDS and entry in self._entries and _CAN_SKIP_GUARDS
-        compiled = _compiled(fn, self.device, self.backend, self.cuda_graphs)
+        compiled = _compiled(fn, self.device, self.backend, self.cuda_graphs, self.autotune)
 
         def call(*args):
             # Freezing is read only while compiling: a known entry, which runs a graph that exists, skips the patch.
@@ -543,8 +562,9 @@ class CompiledForward(_BucketedPasses):
     """The compiled path of one `CachedModel` (`engine.py` calls `forward` first and runs its eager
     path when it returns None)."""
 
-    def __init__(self, model, backend: str = "inductor", cuda_graphs: str = "trees", graph_class=None):
-        super().__init__(model.device, model.dtype, backend, cuda_graphs, graph_class)
+    def __init__(self, model, backend: str = "inductor", cuda_graphs: str = "trees", graph_class=None,
+                 autotune: bool = False):
+        super().__init__(model.device, model.dtype, backend, cuda_graphs, graph_class, autotune)
         self.model = model
 
     @torch.inference_mode()
@@ -662,9 +682,9 @@ class CompiledModule(_BucketedPasses):
     layer is built from the target's config)."""
 
     def __init__(self, module: torch.nn.Module, model: torch.nn.Module, backend: str = "inductor",
-                 cuda_graphs: str = "trees", graph_class=None):
+                 cuda_graphs: str = "trees", graph_class=None, autotune: bool = False):
         first = next(module.parameters())
-        super().__init__(first.device, first.dtype, backend, cuda_graphs, graph_class)
+        super().__init__(first.device, first.dtype, backend, cuda_graphs, graph_class, autotune)
         self.module, self.model = module, model
 
     @torch.inference_mode()
@@ -699,9 +719,9 @@ class CompiledCall(_BucketedPasses):
     over); under `trees`, inductor captures them as any compiled call."""
 
     def __init__(self, module: torch.nn.Module, model: torch.nn.Module, backend: str = "inductor",
-                 cuda_graphs: str = "trees", graph_class=None):
+                 cuda_graphs: str = "trees", graph_class=None, autotune: bool = False):
         first = next(module.parameters())
-        super().__init__(first.device, first.dtype, backend, cuda_graphs, graph_class)
+        super().__init__(first.device, first.dtype, backend, cuda_graphs, graph_class, autotune)
         self.module, self.model = module, model
 
     @torch.inference_mode()

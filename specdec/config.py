@@ -25,7 +25,7 @@ from specdec.errors import InvalidInput
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-COMPILE_MODES = ("off", "on", "auto")  # specdec.compiled.COMPILE_MODES, without importing torch here
+COMPILE_MODES = ("off", "on", "autotune", "auto")  # specdec.compiled.COMPILE_MODES, without importing torch here
 OVERLAP_MODES = ("auto", "on", "off")  # specdec.decoding.OVERLAP_MODES' names
 CUDA_GRAPH_MODES = ("trees", "explicit")  # specdec.cuda_graphs.CUDA_GRAPH_MODES
 
@@ -143,7 +143,7 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto (bfloat16 on a GPU or a CPU with bfloat16 units) | float32 | bfloat16 | float16
-    compile: str = "auto"  # off | on | auto (on for CUDA, off on a CPU): torch.compile at static shapes
+    compile: str = "auto"  # off | on | autotune | auto (on for CUDA, off on a CPU): torch.compile at static shapes
     overlap: str = "auto"  # off | on | auto (on for CUDA): plain decoding queues a step before reading the last
     cuda_graphs: str = "trees"  # compile=on on CUDA: trees (inductor's CUDA graphs) | explicit (specdec's own)
     seed: int = 0

@@ -20,7 +20,7 @@ import torch
 
 from specdec.attention import SLIDING, AttentionLayout, grouped_attention
 from specdec.cache import RowCache
-from specdec.compiled import CompiledForward, cpu_has_bfloat16_units, resolve_compile
+from specdec.compiled import CompiledForward, autotunes, cpu_has_bfloat16_units, resolve_compile
 from specdec.cuda_graphs import check_cuda_graphs
 from specdec.syncs import to_device
 
@@ -301,9 +301,10 @@ class Engine:
     the same caches.
 
     compile: `off` (eager passes), `on` (target and draft passes of up to 16 tokens through
-    `torch.compile` at bucketed static shapes, `specdec.compiled`), or `auto` (on for CUDA, off on
-    a CPU, where compiling costs about 40 s a graph in every process). Greedy outputs are the same
-    either way in float32. cuda_graphs: under compile=on on CUDA, `trees` (inductor's CUDA graphs)
+    `torch.compile` at bucketed static shapes, `specdec.compiled`), `autotune` (on, with inductor's
+    GEMM autotuning: faster passes, several times the compile time; `specdec.compiled.autotunes`),
+    or `auto` (on for CUDA, off on a CPU, where compiling costs about 40 s a graph in every process).
+    Greedy outputs are the same either way in float32. cuda_graphs: under compile=on on CUDA, `trees` (inductor's CUDA graphs)
     or `explicit` (captured by specdec per call shape, replayed without dynamo: `specdec.cuda_graphs`).
     """
 
@@ -313,6 +314,7 @@ class Engine:
         self.device = device if isinstance(device, torch.device) else resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         self.compile = resolve_compile(compile, self.device)
+        self.autotune = self.compile and autotunes(compile)
         check_cuda_graphs(cuda_graphs)  # before any model moves, also when nothing compiles
         models = [(m, role) for m, role in ((target, "target"), (draft, "draft")) if m is not None]
         for model, role in models:
@@ -329,7 +331,7 @@ class Engine:
         if self.compile:
             for m in (self.target, self.draft):
                 if m is not None:
-                    m.compiled = CompiledForward(m, cuda_graphs=cuda_graphs)
+                    m.compiled = CompiledForward(m, cuda_graphs=cuda_graphs, autotune=self.autotune)
         # Other compiled passes that run in this engine's generations (a proposer's own drafter), by name.
         self.compiled_modules: dict[str, object] = {}
         # Models of a proposer's own that run in this engine's generations (`add_model`); weak, so a

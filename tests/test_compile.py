@@ -125,6 +125,33 @@ def test_narrowest_width_only_where_the_cpu_has_bfloat16_units(monkeypatch):
         assert Engine(tiny_random_model(), dtype="bfloat16", compile="on").target.compiled.narrowest == expected
 
 
+def test_autotune_compiles_apart_and_reaches_every_compiled_caller(target, monkeypatch):
+    """compile=autotune: every compiled caller of the engine (target, draft, and those a proposer adds
+    from the target's options) compiles with inductor's max_autotune, through a compiled function of
+    its own (an autotuned graph and a plain one of the same shape never stand in for each other),
+    and passes of one token are not padded (the padding serves oneDNN's kernels)."""
+    from specdec.compiled import _compiled
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
+    assert resolve_compile("autotune", torch.device("cpu")) is True
+    engine = Engine(tiny_random_model(), tiny_random_model(seed=1), dtype="bfloat16", compile="autotune")
+    assert engine.autotune and engine.compile
+    for caller in (engine.target.compiled, engine.draft.compiled):
+        assert caller.autotune and caller.narrowest == 1 and caller.options()["autotune"]
+    assert Engine(tiny_random_model(), dtype="bfloat16", compile="on").target.compiled.narrowest == 4
+    assert not Engine(tiny_random_model(), dtype="bfloat16", compile="off").autotune
+
+    modes = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: modes.append(kw["mode"]) or object())
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    fn = lambda x: x  # noqa: E731 (a fresh code object: nothing compiled before)
+    plain, tuned = _compiled(fn, cpu, "inductor"), _compiled(fn, cpu, "inductor", autotune=True)
+    assert plain is not tuned and _compiled(fn, cpu, "inductor", autotune=True) is tuned
+    _compiled(fn, cuda, "inductor", "trees", True), _compiled(fn, cuda, "inductor", "explicit", True)
+    _compiled(fn, cpu, "eager", autotune=True)  # the eager backend generates no kernels to tune
+    assert modes == [None, "max-autotune-no-cudagraphs", "max-autotune", "max-autotune-no-cudagraphs", None]
+
+
 def test_compiled_speculative_equals_compiled_plain_without_fixed_width(target):
     """Widths vary with k (exact greedy off): padding to a width bucket must not change any token."""
     engine = _engine(target, target, "on")
@@ -282,7 +309,7 @@ def test_resolve_compile():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert resolve_compile("auto", cpu) is False and resolve_compile("auto", cuda) is True
     assert resolve_compile("on", cpu) and not resolve_compile("off", cuda)
-    with pytest.raises(ValueError, match="compile='yes' is not one of: off, on, auto"):
+    with pytest.raises(ValueError, match="compile='yes' is not one of: off, on, autotune, auto"):
         resolve_compile("yes", cpu)
 
 
@@ -291,6 +318,16 @@ def test_buckets():
     assert bucket(10, least=64) == 64 and bucket(65, least=64) == 128
     assert [width_bucket(t) for t in range(1, 18)] == [1, 2, 4, 4, 6, 6, 8, 8, 10, 10, 12, 12, 16, 16, 16, 16, 17]
     assert [width_bucket(t, least=4) for t in (1, 2, 3, 5)] == [4, 4, 4, 6]
+
+
+@pytest.mark.slow
+def test_inductor_autotuned_greedy_equals_eager(target, unrelated_draft):
+    """compile=autotune's kernels (inductor's autotuned GEMMs), ragged batch, k = 4, float32."""
+    eager = _generate(_engine(target, unrelated_draft, "off"), 4, RAGGED_PROMPTS, max_new_tokens=12)
+    engine = Engine(target, unrelated_draft, dtype="float32", compile="autotune")
+    tuned = _generate(engine, 4, RAGGED_PROMPTS, max_new_tokens=12)
+    assert tuned.output_ids == eager.output_ids
+    assert engine.compile_report()["target"]["compiled_calls"] > 0
 
 
 @pytest.mark.slow
@@ -383,7 +420,7 @@ def test_cpu_compile_study_runs_every_method_in_both_modes(tmp_path):
     ratios = [(6 / r["ngram/on"]["cpu"] / r["ngram/on"]["steps"])
               / (6 / r["autoregressive/on"]["cpu"] / r["autoregressive/on"]["steps"]) for r in result["rows"]]
     assert summary["ngram"]["step_cost_on"]["median"] == pytest.approx(sum(ratios) / 2)
-    assert all(summary[m]["compiled_over_eager_cpu"]["median"] > 0 for m in summary)
+    assert all(summary[m]["on_over_off_cpu"]["median"] > 0 for m in summary)
     # float32: compiled and eager decode the same tokens
     assert all(summary[m]["same_tokens_on_off"] == 2 for m in summary)
     assert result["graphs_compiled_while_timed"] == dict.fromkeys(script.METHODS, 0)
@@ -391,7 +428,7 @@ def test_cpu_compile_study_runs_every_method_in_both_modes(tmp_path):
     assert result["compile_report"]["medusa"]["target"]["compiled_calls"] > 0
     assert result["compile_report"]["medusa"]["medusa heads"]["compiled_calls"] > 0
     assert result["compile_report"]["layer_skip"]["draft(layers 0..0)"]["compiled_calls"] > 0
-    assert json.loads(out.read_text())["summary"]["eagle"]["keeps_speedup"].keys() == {"wall", "cpu", "decode"}
+    assert json.loads(out.read_text())["summary"]["eagle"]["keeps_speedup_on"].keys() == {"wall", "cpu", "decode"}
     assert all(cell["decode"] > 0 for r in result["rows"] for key, cell in r.items() if "/" in key)
 
 
@@ -405,6 +442,26 @@ def test_cpu_compile_study_takes_spec_bench_categories_in_turn():
     firsts = [mapping.get(p.category, p.category) for p in prompts[:6]]
     assert sorted(firsts) == sorted(["multi_turn", "translation", "summarization", "qa", "math_reasoning", "rag"])
     assert [mapping.get(p.category, p.category) for p in prompts[6:12]] == firsts
+
+
+def test_cpu_compile_study_measures_autotune_beside_on(tmp_path):
+    """--modes off,on,autotune: three decoders per method, each compiled mode timed against off in
+    the same rotation, its own compile report and graphs counted apart."""
+    script = _study_script()
+    result = script.main(["--model", "tiny_random", "--methods", "autoregressive,ngram", "--backend", "eager",
+                          "--dtype", "float32", "--prompts", "2", "--max-new-tokens", "4",
+                          "--modes", "off,on,autotune"])
+    assert {k for k in result["rows"][0] if "/" in k} == {f"{m}/{mode}" for m in ("autoregressive", "ngram")
+                                                         for mode in ("off", "on", "autotune")}
+    summary = result["summary"]
+    assert summary["ngram"]["autotune_over_off_cpu"]["median"] > 0 and summary["ngram"]["same_tokens_autotune_off"] == 2
+    assert summary["ngram"]["keeps_speedup_autotune"].keys() == {"wall", "cpu", "decode"}
+    assert result["compile_report"]["ngram/autotune"]["target"]["compiled_calls"] > 0
+    assert result["graphs_compiled_while_timed"] == {"autoregressive": 0, "ngram": 0, "autoregressive/autotune": 0,
+                                                     "ngram/autotune": 0}
+    for bad in ("on,off", "off", "off,fast", "off,on,on"):
+        with pytest.raises(SystemExit):
+            script.parse_args(["--modes", bad])
 
 
 def test_cpu_compile_study_needs_its_baseline():

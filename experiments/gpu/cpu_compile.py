@@ -1,4 +1,5 @@
-"""compile=off against compile=on on this CPU, every method against its own baseline in the same mode.
+"""compile=off against compile=on (and compile=autotune) on this CPU, every method against its own
+baseline in the same mode.
 
 Does `compile=on` keep each speculative method's speedup over plain decoding? One run measures
 every (method, compile) pair on the same prompts, each method as `conf/method/<name>.yaml` sets it
@@ -7,7 +8,7 @@ shipped checkpoint, tree budget 4, topk 4, width 4, depth 2, k = 2); the shipped
 (default tree, k = 4); layer skipping (the first 8 of 30 layers, k = 3); suffix decoding (k = 8)
 and its trees (budget 8, k = 8), both without their cross-request index (each compiled decoder
 decodes a prompt untimed right before its timed run: an index would hand it its own output). Each
-under `compile=off` and `compile=on`.
+under `compile=off` and `compile=on` (`--modes`: also `autotune`, inductor's GEMM autotuning).
 
 - Engines: one per (method kind, compile mode), all sharing the model object (same device and
   dtype). EAGLE and Medusa get engines of their own because their target keeps hidden states in
@@ -35,6 +36,7 @@ EOS is ignored, so every call makes exactly --max-new-tokens tokens.
 
     python experiments/gpu/cpu_compile.py --prompts 6 --max-new-tokens 64 \\
         --methods autoregressive,ngram,eagle --out experiments/gpu/cpu_compile_run3.json
+    python experiments/gpu/cpu_compile.py --modes off,on,autotune --methods autoregressive
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ from specdec.proposers.ngram import NgramProposer
 from specdec.proposers.suffix import SuffixProposer, SuffixTreeProposer
 
 METHODS = ("autoregressive", "ngram", "eagle", "medusa", "layer_skip", "suffix", "suffix_tree")
-MODES = ("off", "on")
+MODES = ("off", "on", "autotune")  # `--modes` takes off and at least one of the others
 BASELINE = "autoregressive"
 # wall: tokens / wall time; cpu: tokens / the process's CPU time; decode: the tokens after the first
 # over the wall time after it (prefill excluded: it runs eagerly in both modes, so on long prompts it
@@ -91,8 +93,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="Medusa's tree as JSON rank paths, e.g. '[[0],[1],[0,0]]' (default: its DEFAULT_TREE)")
     ap.add_argument("--exit-layer", type=int, default=8, help="layer skipping's draft depth (conf/method/layer_skip.yaml)")
     ap.add_argument("--backend", default="inductor", help="torch.compile backend (eager: the tests' quick capture)")
+    ap.add_argument("--modes", default="off,on", help=f"comma-separated compile modes, off and any of "
+                    f"{', '.join(MODES[1:])}")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    args.modes = args.modes.split(",")
+    if args.modes[0] != "off" or len(args.modes) < 2 or not set(args.modes[1:]) <= set(MODES[1:]) \
+            or len(set(args.modes)) < len(args.modes):
+        ap.error(f"--modes {','.join(args.modes)}: off first (every compiled mode is measured against it), "
+                 f"then one or more of {', '.join(MODES[1:])}")
     methods = args.methods.split(",")
     unknown = sorted(set(methods) - set(METHODS))
     if unknown or BASELINE not in methods:
@@ -115,7 +124,7 @@ def build_decoders(model, tok, args) -> dict[tuple[str, str], SpeculativeDecoder
             if e.compile:
                 for m in (e.target, e.draft):
                     if m is not None:
-                        m.compiled = CompiledForward(m, backend=args.backend)
+                        m.compiled = CompiledForward(m, backend=args.backend, autotune=e.autotune)
             engines[kind, mode] = e
         return engines[kind, mode]
 
@@ -136,7 +145,7 @@ def build_decoders(model, tok, args) -> dict[tuple[str, str], SpeculativeDecoder
 
     decoders = {}
     for method in args.methods.split(","):
-        for mode in MODES:
+        for mode in args.modes:
             e = engine(ENGINE_KIND.get(method, "shared"), mode)
             d = SpeculativeDecoder(e, proposer(method, e), num_speculative_tokens=K[method], tokenizer=tok,
                                    eos_token_id=[])
@@ -182,26 +191,30 @@ def step_cost(rows: list[dict], method: str, mode: str, new_tokens: int) -> dict
     return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
 
 
-def summarize(rows: list[dict], methods: list[str], new_tokens: int) -> dict:
-    """Per method: speedup over plain decoding per mode, compiled/eager, tokens/s medians, and the
-    CPU time of a step relative to a plain decoding step per mode."""
+def summarize(rows: list[dict], methods: list[str], new_tokens: int, modes: list[str]) -> dict:
+    """Per method: speedup over plain decoding per mode, each compiled mode over off (`on_over_off`,
+    `autotune_over_off`), tokens/s medians, and the CPU time of a step relative to a plain decoding
+    step per mode."""
     out = {}
     for method in methods:
         s = {"tok_s": {f"{mode}_{clock}": statistics.median(r[f"{method}/{mode}"][clock] for r in rows)
-                       for mode in MODES for clock in CLOCKS}}
-        for clock in CLOCKS:
-            s[f"compiled_over_eager_{clock}"] = median_ratio(rows, f"{method}/on", f"{method}/off", clock)
-            if method != BASELINE:
-                for mode in MODES:
-                    s[f"speedup_{mode}_{clock}"] = median_ratio(rows, f"{method}/{mode}", f"{BASELINE}/{mode}", clock)
+                       for mode in modes for clock in CLOCKS}}
+        for mode in modes[1:]:
+            for clock in CLOCKS:
+                s[f"{mode}_over_off_{clock}"] = median_ratio(rows, f"{method}/{mode}", f"{method}/off", clock)
+            s[f"same_tokens_{mode}_off"] = sum(r[f"{method}/{mode}"]["tokens"] == r[f"{method}/off"]["tokens"]
+                                               for r in rows)
         if method != BASELINE:
-            s["keeps_speedup"] = {clock: s[f"speedup_on_{clock}"]["median"] >= s[f"speedup_off_{clock}"]["median"]
-                                  for clock in CLOCKS}
-            for mode in MODES:
+            for mode in modes:
+                for clock in CLOCKS:
+                    s[f"speedup_{mode}_{clock}"] = median_ratio(rows, f"{method}/{mode}", f"{BASELINE}/{mode}", clock)
                 s[f"step_cost_{mode}"] = step_cost(rows, method, mode, new_tokens)
-        s["same_tokens_on_off"] = sum(r[f"{method}/on"]["tokens"] == r[f"{method}/off"]["tokens"] for r in rows)
+            for mode in modes[1:]:
+                s[f"keeps_speedup_{mode}"] = {
+                    clock: s[f"speedup_{mode}_{clock}"]["median"] >= s[f"speedup_off_{clock}"]["median"]
+                    for clock in CLOCKS}
         s["mean_accepted_length"] = {mode: statistics.median(r[f"{method}/{mode}"]["tau"] for r in rows)
-                                     for mode in MODES}
+                                     for mode in modes}
         out[method] = s
     return out
 
@@ -223,7 +236,8 @@ def main(argv: list[str] | None = None) -> dict:
     mapping = spec_bench_categories() if args.source == "spec_bench" else {}
     prompts = round_robin(load_prompts(args.source, limit=per_category), mapping)[: args.prompts]
     inputs = [build_turn_input(tok, [], p.turns[0]) for p in prompts]
-    pairs = [(m, mode) for m in methods for mode in MODES]
+    compiled_modes = args.modes[1:]
+    pairs = [(m, mode) for m in methods for mode in args.modes]
 
     start = time.perf_counter()
     for method in methods:
@@ -232,10 +246,11 @@ def main(argv: list[str] | None = None) -> dict:
     for i, ids in enumerate(inputs):
         t = time.perf_counter()
         for method in methods:  # untimed: compiles every graph this prompt's timed runs reach
-            decoders[method, "on"].generate([ids], max_new_tokens=args.max_new_tokens)
+            for mode in compiled_modes:
+                decoders[method, mode].generate([ids], max_new_tokens=args.max_new_tokens)
         result["warmup_s"] += time.perf_counter() - t
         print(f"warm-up of prompt {i} ({len(ids)} tokens): {time.perf_counter() - t:.0f} s", flush=True)
-        warm = {m: graphs(decoders[m, "on"]) for m in methods}
+        warm = {(m, mode): graphs(decoders[m, mode]) for m in methods for mode in compiled_modes}
         row = {"prompt_tokens": len(ids), "order": []}
         runs: dict[str, list[dict]] = {}
         for r in range(args.repeats):  # each repeat in another order: rotated by one per prompt and repeat
@@ -251,30 +266,33 @@ def main(argv: list[str] | None = None) -> dict:
                      "tau": st.mean_accepted_length, "steps": st.steps, "tokens": g.output_ids[0]})
         for key, cells in runs.items():  # the same tokens every repeat (greedy): the clocks' medians
             row[key] = cells[0] | {clock: statistics.median(c[clock] for c in cells) for clock in CLOCKS}
-        for m in methods:  # the warm-up should have compiled every graph
-            result["graphs_compiled_while_timed"][m] = (result["graphs_compiled_while_timed"].get(m, 0)
-                                                        + graphs(decoders[m, "on"]) - warm[m])
+        for (m, mode), before in warm.items():  # the warm-up should have compiled every graph
+            key = m if mode == "on" else f"{m}/{mode}"
+            result["graphs_compiled_while_timed"][key] = (result["graphs_compiled_while_timed"].get(key, 0)
+                                                          + graphs(decoders[m, mode]) - before)
         rows.append(row)
         print(f"prompt {i} ({len(ids)} tokens), {time.perf_counter() - start:.0f} s: " + ", ".join(
             f"{k} {row[k]['cpu']:.2f}" for k in row if "/" in k) + " tok/s (CPU time)", flush=True)
         result["loadavg"]["end"] = os.getloadavg()
         result["rows"] = rows
-        result["summary"] = summarize(rows, methods, args.max_new_tokens)
-        result["compile_report"] = {m: decoders[m, "on"].engine.compile_report() for m in methods}
+        result["summary"] = summarize(rows, methods, args.max_new_tokens, args.modes)
+        result["compile_report"] = {m if mode == "on" else f"{m}/{mode}": decoders[m, mode].engine.compile_report()
+                                    for m in methods for mode in compiled_modes}
         if args.out:  # after every prompt: a run cut short keeps its complete prompts
             with open(args.out, "w") as f:
                 json.dump(result, f, indent=2)
     for method, s in result["summary"].items():
-        line = (f"{method}: tok/s (CPU time) off {s['tok_s']['off_cpu']:.2f} on {s['tok_s']['on_cpu']:.2f}; "
-                f"compiled/eager {s['compiled_over_eager_cpu']['median']:.3f} (CPU) "
-                f"{s['compiled_over_eager_wall']['median']:.3f} (wall)")
+        tok_s = " ".join(f"{mode} {s['tok_s'][f'{mode}_cpu']:.2f}" for mode in args.modes)
+        over = ", ".join(f"{mode}/off {s[f'{mode}_over_off_cpu']['median']:.3f} (CPU) "
+                         f"{s[f'{mode}_over_off_wall']['median']:.3f} (wall)" for mode in compiled_modes)
+        line = f"{method}: tok/s (CPU time) {tok_s}; {over}"
         if method != BASELINE:
-            line += (f"; speedup off {s['speedup_off_cpu']['median']:.3f} on {s['speedup_on_cpu']['median']:.3f} (CPU), "
-                     f"off {s['speedup_off_wall']['median']:.3f} on {s['speedup_on_wall']['median']:.3f} (wall), "
-                     f"off {s['speedup_off_decode']['median']:.3f} on {s['speedup_on_decode']['median']:.3f} "
-                     "(wall after the first token); "
-                     f"keeps it: {s['keeps_speedup']}; CPU time of a step over a plain step: off "
-                     f"{s['step_cost_off']['median']:.3f} on {s['step_cost_on']['median']:.3f}")
+            for clock, label in (("cpu", "CPU"), ("wall", "wall"), ("decode", "wall after the first token")):
+                line += "; speedup " + " ".join(f"{mode} {s[f'speedup_{mode}_{clock}']['median']:.3f}"
+                                                 for mode in args.modes) + f" ({label})"
+            line += "; keeps it: " + ", ".join(f"{mode} {s[f'keeps_speedup_{mode}']}" for mode in compiled_modes)
+            line += "; CPU time of a step over a plain step: " + " ".join(
+                f"{mode} {s[f'step_cost_{mode}']['median']:.3f}" for mode in args.modes)
         print(line, flush=True)
     print(f"warm-up {result['warmup_s']:.0f} s; graphs compiled while timed: {result['graphs_compiled_while_timed']}; "
           f"load average {result['loadavg']}", flush=True)
