@@ -13,6 +13,7 @@ A method is one YAML in `conf/method/` (see `MethodConfig`): its `proposer` is i
 with the engine (`_target_` plus any arguments), so a new method needs a module and that file only.
 """
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -205,6 +206,49 @@ def _check_target(key: str, target: Any) -> None:
         raise ConfigError(str(err)) from None
 
 
+def _check_known_keys(node: DictConfig, path: str = "") -> None:
+    """Every key of a schema node is the schema's: Hydra's `+key=value` adds one the schema lacks,
+    which nothing reads (a misspelt `+generation.temprature=0.7` would run greedy unsaid). Nodes of
+    free form (a proposer's arguments) are checked against their class instead (`_check_arguments`)."""
+    import dataclasses
+
+    schema = OmegaConf.get_type(node)
+    if dataclasses.is_dataclass(schema):
+        names = [f.name for f in dataclasses.fields(schema)]
+        for key in node:
+            if key not in names and not (path == "" and key == "hydra"):
+                _fail(f"{path}{key}", f"is not a setting (added with `+`?); {path.rstrip('.') or 'the config'} "
+                                      f"has: {', '.join(names)}")
+        children = names
+    elif schema is dict:
+        children = list(node)
+    else:
+        return
+    for key in children:
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
+            _check_known_keys(child, f"{path}{key}.")
+
+
+def _cores() -> int:
+    """The cores this process may run on (its affinity: a container's or a job's share)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+TINY_MAX_LAYERS = 64  # a test model: deeper than this is a typo, and would build for minutes
+TINY_MIN_VOCAB = 16  # ids 0-2 are pad, eos and unk; the built-in prompts need a few more
+
+
+def _check_tiny(role: str, m: DictConfig) -> None:
+    """A tiny random Llama's size (`specdec.models.tiny_random_model`) that can decode the prompts."""
+    _check_type(f"{role}.num_layers", m.num_layers, int)
+    _check_type(f"{role}.vocab_size", m.vocab_size, int)
+    if not 1 <= m.num_layers <= TINY_MAX_LAYERS:
+        _fail(f"{role}.num_layers", f"a tiny random model has 1 to {TINY_MAX_LAYERS} layers, got {m.num_layers}")
+    if m.vocab_size < TINY_MIN_VOCAB:
+        _fail(f"{role}.vocab_size", f"a tiny random model needs >= {TINY_MIN_VOCAB} tokens, got {m.vocab_size}")
+
+
 def model_spec(model_cfg: DictConfig, role: str):
     """The `specdec.models.ModelSpec` of `target` or `draft` (`role`): a local path resolves against the
     directory the command was started from (`resolve_path`)."""
@@ -236,6 +280,7 @@ def validate(cfg: DictConfig) -> None:
     from specdec.sampling import SamplingParams
     from specdec.tracking import TRACKER_SETTINGS
 
+    _check_known_keys(cfg)
     g = cfg.generation
     for key, kind, optional in (
         ("generation.max_new_tokens", int, False), ("generation.temperature", float, False),
@@ -248,8 +293,8 @@ def validate(cfg: DictConfig) -> None:
         _fail("generation.max_new_tokens", f"must be >= 1, got {g.max_new_tokens}")
     if g.batch_size < 1:
         _fail("generation.batch_size", f"must be >= 1, got {g.batch_size}")
-    if not g.temperature >= 0:
-        _fail("generation.temperature", f"must be >= 0 (0 is greedy), got {g.temperature}")
+    if not 0 <= g.temperature < math.inf:
+        _fail("generation.temperature", f"must be finite and >= 0 (0 is greedy), got {g.temperature}")
     if not 0 < g.top_p <= 1:
         _fail("generation.top_p", f"must be in (0, 1], got {g.top_p}")
     if g.top_k < 0:
@@ -299,8 +344,14 @@ def validate(cfg: DictConfig) -> None:
         _fail("overlap", f"must be one of {', '.join(OVERLAP_MODES)}, got {cfg.overlap!r}")
     if cfg.cuda_graphs not in CUDA_GRAPH_MODES:
         _fail("cuda_graphs", f"must be one of {', '.join(CUDA_GRAPH_MODES)}, got {cfg.cuda_graphs!r}")
-    if cfg.threads is not None and cfg.threads < 1:
-        _fail("threads", f"must be >= 1 or null, got {cfg.threads}")
+    if cfg.threads is not None and not 1 <= cfg.threads <= _cores():
+        _fail("threads", f"must be between 1 and this machine's {_cores()} cores, or null (torch's default), "
+                         f"got {cfg.threads}")
+    if not 0 < cfg.logger.init_timeout < math.inf:
+        _fail("logger.init_timeout", f"must be a positive number of seconds, got {cfg.logger.init_timeout}")
+    for role in ("target", "draft"):
+        if cfg[role].path == "tiny_random":
+            _check_tiny(role, cfg[role])
     tracker = _check_part("logger.kind", "logger/kind", cfg.logger.kind,
                           offered={k: cfg.logger[k] for k in TRACKER_SETTINGS})
     _check_tracker_mode(tracker, cfg.logger.mode)
@@ -319,18 +370,23 @@ def _check_part(key: str, folder: str, spec: Any, args: Any = None, offered: Any
 
 
 def _check_reader_reads(reader: Any, d: DictConfig) -> None:
-    """A reader setting given without a default (`path`, `hf_name`, the field names) is one the data
-    source reads: the reader is offered only the settings it takes, so a file named for a source that
-    reads none (data=builtin data.path=mine.jsonl) would otherwise run the built-in prompts unsaid."""
+    """A reader setting changed from its default (`path`, `hf_name`, `split`, the field names) is one
+    the data source reads: the reader is offered only the settings it takes, so a file named for a
+    source that reads none (data=builtin data.path=mine.jsonl) would otherwise run the built-in
+    prompts unsaid. data=hf reads a file or a dataset, not both."""
     from specdec.data import READER_SETTINGS
     from specdec.registry import takes
 
     source = d.source if isinstance(d.source, str) else "<node>"
     for name in READER_SETTINGS:
-        if DataConfig.__dataclass_fields__[name].default is None and d[name] is not None and not takes(reader, name):
+        if d[name] != DataConfig.__dataclass_fields__[name].default and not takes(reader, name):
             _fail(f"data.{name}", f"is set, but data.source={source} does not read it (it would be ignored); "
                                   "data=spec_bench data.path=<file> reads a Spec-Bench question file, data=hf "
-                                  "reads a json/jsonl/csv/parquet/txt file (data.path) or a dataset (data.hf_name)")
+                                  "reads a json/jsonl/csv/parquet/txt file (data.path) or a dataset (data.hf_name), "
+                                  "with data.split, data.text_field, data.category_field and data.id_field")
+    if d.path and d.hf_name and takes(reader, "path") and takes(reader, "hf_name"):
+        _fail("data.hf_name", f"and data.path are both set ({d.hf_name!r}, {d.path!r}): give one, the dataset "
+                              "name or the local file")
 
 
 def _check_tracker_mode(tracker: Any, mode: str | None) -> None:
@@ -401,6 +457,19 @@ def _check_heads(key: str, m: DictConfig, cfg: DictConfig, kind: str, optional: 
         _fail(f"{key}.heads_path", str(err).removeprefix("method.heads_path=") + drop)
 
 
+def _check_arguments(key: str, cls: Any, spec: DictConfig) -> None:
+    """Every argument `spec` gives is one `cls` takes (a misspelt or `+`-added one would otherwise
+    fail only once the models have loaded)."""
+    from specdec.registry import takes
+
+    unknown = [str(k) for k in spec if not str(k).startswith("_") and not takes(cls, str(k))]
+    if unknown:
+        import inspect
+
+        params = [n for n in inspect.signature(cls).parameters if n != "engine"]
+        _fail(f"{key}.{unknown[0]}", f"{cls.__name__} takes no argument {unknown[0]!r}; it takes: {', '.join(params)}")
+
+
 def _validate_method(key: str, m: DictConfig, cfg: DictConfig, params: Any) -> None:
     _check_type(f"{key}.num_speculative_tokens", m.num_speculative_tokens, int)
     for part in ("proposer", "decoder"):
@@ -437,6 +506,12 @@ def _validate_method(key: str, m: DictConfig, cfg: DictConfig, params: Any) -> N
     if hybrid:
         parts = [(target_of(spec._target_, f"{key}.proposer.parts.{name}"), spec)
                  for name, spec in m.proposer.parts.items() if isinstance(spec, DictConfig) and "_target_" in spec]
+    labels = [f"{key}.proposer"] if not hybrid else [f"{key}.proposer.parts.{name}" for name, spec in
+                                                       m.proposer.parts.items() if isinstance(spec, DictConfig) and "_target_" in spec]
+    for label, (cls, spec) in [*zip(labels, parts), *([(f"{key}.proposer", (proposer, m.proposer))] if hybrid else [])]:
+        _check_arguments(label, cls, spec)
+    if m.decoder is not None:
+        _check_arguments(f"{key}.decoder", target_of(m.decoder._target_, f"{key}.decoder"), m.decoder)
     if any(getattr(cls, "drafts_trees", False) for cls, _ in parts):
         _check_tree_verifier(key, m, verifier, params)
     for cls, spec in parts:

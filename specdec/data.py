@@ -98,6 +98,8 @@ def _parse_spec_bench(lines: Iterable[str], name: str) -> list[Prompt]:
         if isinstance(row["turns"], str):
             raise InvalidInput(f"{where}: `turns` must be a list of strings")
         prompts.append(_make_prompt(str(row["question_id"]), str(row["category"]), row["turns"], where))
+    if not prompts:
+        raise InvalidInput(f"{name} is empty: it holds no prompts")
     return prompts
 
 
@@ -219,7 +221,13 @@ def load_hf(
         name = str(local)
     elif hf_name or path:
         name = hf_name or path
-        ds = datasets.load_dataset(name, split=split)
+        try:
+            ds = datasets.load_dataset(name, split=split)
+        except (OSError, ValueError) as err:  # offline and not cached, no such split, a folder of mixed files
+            key = "data.hf_name" if hf_name else "data.path"
+            raise InvalidInput(f"{key}={name}: `datasets` cannot open it here ({type(err).__name__}: {err}). "
+                               "This machine reads datasets offline: give a local file (data.path=<json/jsonl/"
+                               "csv/parquet/txt>) or a dataset already in the local Hugging Face cache") from err
     else:
         raise InvalidInput("data.source=hf needs data.hf_name (a dataset name) or data.path (a local file)")
 

@@ -27,8 +27,10 @@ The decoding loop knows nothing of Hydra or W&B; this module knows nothing of KV
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -107,7 +109,7 @@ def load_data(cfg: DictConfig) -> list[Prompt]:
     categories = list(d.categories) if d.categories is not None else None
     prompts = select_prompts(prompts, d.limit, categories, d.per_category)
     if not prompts:
-        raise ValueError(f"data: no prompts selected from data.source={d.source}")
+        raise ConfigError(f"data: no prompts selected from data.source={d.source} (data.categories, data.limit)")
     return prompts
 
 
@@ -137,8 +139,8 @@ def build(cfg: DictConfig) -> Setup:
              str(engine.dtype).removeprefix("torch."))
     baseline = SpeculativeDecoder(engine, tokenizer=tokenizer)
     methods = {}
-    for _, m in method_configs(cfg):
-        decoder = make_decoder(m, engine, tokenizer)
+    for key, m in method_configs(cfg):
+        decoder = make_decoder(m, engine, tokenizer, key)
         if decoder is not None:
             methods[m.name] = decoder
     set_exact_greedy([*methods.values(), baseline], cfg.exact_greedy)
@@ -172,14 +174,33 @@ def exact_greedy_state(decoder, cfg: DictConfig) -> str:
     return "on" if decoder.exact_greedy else "off"
 
 
-def make_decoder(m: DictConfig, engine: Engine, tokenizer):
-    """The decoder of one method config; None for the autoregressive baseline itself."""
-    if m.decoder is not None:  # a whole decoder from elsewhere (the transformers anchors)
-        return instantiate(m.decoder, engine=engine, num_speculative_tokens=m.num_speculative_tokens,
-                           tokenizer=tokenizer)
-    if m.proposer is None:
-        return None
-    proposer = instantiate(m.proposer, engine=engine)
+@contextlib.contextmanager
+def _arguments_of(key: str) -> Iterator[None]:
+    """Hydra's instantiate wraps what a constructor raises; an argument it refuses (ValueError,
+    TypeError) comes out as a ConfigError that names `key`, unless the message names its key itself."""
+    from hydra.errors import InstantiationException
+
+    try:
+        yield
+    except InstantiationException as err:
+        cause = err.__cause__
+        if not isinstance(cause, (ValueError, TypeError)) or isinstance(cause, ConfigError):
+            raise
+        message = str(cause)
+        raise ConfigError(message if message.startswith(("method.", "compare.")) else f"{key}: {message}") from cause
+
+
+def make_decoder(m: DictConfig, engine: Engine, tokenizer, key: str = "method"):
+    """The decoder of one method config (`key`: where it is in the config); None for the
+    autoregressive baseline itself. An argument its proposer or decoder refuses (a value that cannot
+    work with this model, such as an exit layer past the last) is a ConfigError naming the key."""
+    with _arguments_of(f"{key}.decoder" if m.decoder is not None else f"{key}.proposer"):
+        if m.decoder is not None:  # a whole decoder from elsewhere (the transformers anchors)
+            return instantiate(m.decoder, engine=engine, num_speculative_tokens=m.num_speculative_tokens,
+                               tokenizer=tokenizer)
+        if m.proposer is None:
+            return None
+        proposer = instantiate(m.proposer, engine=engine)
     schedule = make_schedule(m.schedule, m.num_speculative_tokens, **m.schedule_args)
     return SpeculativeDecoder(engine, proposer, m.num_speculative_tokens, verifier=m.verifier,
                               verifier_args=dict(m.verifier_args), tokenizer=tokenizer, schedule=schedule)

@@ -176,8 +176,9 @@ def _from_pretrained(source: str) -> tuple[PreTrainedModel, PreTrainedTokenizerB
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, attn_implementation=attention)
         tokenizer = AutoTokenizer.from_pretrained(source)
     except OSError as err:
-        if _looks_local(source):
-            raise
+        if _looks_local(source):  # config.json is there (`locate`), so what it or the weights hold is wrong
+            raise InvalidInput(f"{source!r} is not a model transformers can load: {str(err).rstrip('.')}. A directory written by "
+                               "`save_pretrained` holds config.json, the weights and the tokenizer.") from err
         raise _uncached(source) from err
     return model, tokenizer
 

@@ -179,6 +179,16 @@ TINY = ["~experiment", "target=tiny_random", "draft=tiny_random", "logger=none"]
     ("target.path=/no/such/model.gguf", "target.path"),
     ("target.path=/tmp target.gguf_file=nope.gguf", "target.gguf_file"),
     ("draft.path=/no/such/draft", "draft.path"),  # method=draft needs it
+    ("data.text_field=question", "data.text_field"),  # data=builtin reads no field names
+    ("data=hf data.path=/tmp/prompts.jsonl data.hf_name=squad", "data.hf_name"),
+    ("generation.temperature=inf", "generation.temperature"),
+    ("threads=100000", "threads"),
+    ("logger.init_timeout=-1", "logger.init_timeout"),  # W&B would wait for ever
+    ("target.num_layers=100000", "target.num_layers"),
+    ("target.vocab_size=1", "target.vocab_size"),
+    ("+foo=1", "foo"),  # `+` adds a key the schema lacks: nothing would read it
+    ("+generation.temprature=0.7", "generation.temprature"),
+    ("+method.proposer.bogus=3", "method.proposer.bogus"),  # method=draft: DraftModelProposer's arguments
 ])
 def test_bad_values_fail_before_models_load(override, key, monkeypatch, tmp_path):
     cfg = _compose([*TINY, *override.split()])
@@ -327,6 +337,18 @@ def test_the_hybrids_trained_part_is_refused_for_another_target_and_null_leaves_
     cfg.target.path = "embedded"
     with pytest.raises(ConfigError, match="drafts token trees"):
         validate(cfg)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("method.proposer.max_ngram=0", "method.proposer: need 1 <= min_ngram <= max_ngram"),
+    ("method=layer_skip method.proposer.exit_layer=50", "method.proposer.exit_layer must be in [1, 1]"),
+])
+def test_a_proposer_argument_refused_once_the_models_load_is_a_config_error(override, message, tmp_path):
+    """Values that need the model to be judged (an exit layer past the last) or that only the
+    proposer checks fail as ConfigError, which the command line prints as one `Error:` line."""
+    cfg = _compose([*TINY, "method=ngram", *override.split()])
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        experiment.run(cfg, tmp_path)
 
 
 def test_a_draft_no_method_needs_is_not_looked_for():

@@ -268,3 +268,27 @@ def test_turn_input_chat_template(tokenizer):
     assert reused == len(first) + len(answer)
     assert second[:reused] == first + answer
     assert second[reused] == vocab["</s>"]
+
+
+def test_bad_prompt_files_are_input_errors(tmp_path):
+    """What a prompt file holds wrong is bad input (`specdec.errors.InputError`: one `Error:` line on
+    the command line), also the ValueError or FileNotFoundError a library caller expects; a
+    Spec-Bench file with no question says it is empty."""
+    from specdec.errors import InputError
+
+    empty = tmp_path / "questions.jsonl"
+    empty.write_text("\n\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"questions\.jsonl is empty: it holds no prompts") as err:
+        load_prompts("spec_bench", path=str(empty))
+    assert isinstance(err.value, InputError)
+    with pytest.raises(FileNotFoundError) as err:
+        load_prompts("spec_bench", path=str(tmp_path / "nope.jsonl"))
+    assert isinstance(err.value, InputError)
+
+
+def test_an_uncached_dataset_name_says_the_machine_reads_offline(monkeypatch):
+    from specdec.errors import InputError
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(InputError, match="data.hf_name=no-such-org/no-such-set-xyz: `datasets` cannot open it"):
+        load_prompts("hf", hf_name="no-such-org/no-such-set-xyz")

@@ -263,3 +263,13 @@ def test_gguf_with_a_valid_header_and_a_garbage_body_is_named(tmp_path, monkeypa
         load_model(ModelSpec(gguf_file=str(bad)))
     assert "JSON" not in str(err.value) and "config file" not in str(err.value)
     assert not [p for p in (tmp_path / "cache").iterdir() if ".tmp-" in p.name or p.suffix == ".lock"]
+
+
+def test_a_local_directory_transformers_cannot_load_is_an_input_error(tmp_path):
+    """config.json is there but is not JSON: said as bad input naming the directory, not transformers'
+    OSError with a traceback."""
+    from specdec.errors import InputError
+
+    (tmp_path / "config.json").write_text("{", encoding="utf-8")
+    with pytest.raises(InputError, match="is not a model transformers can load"):
+        load_model(ModelSpec(path=str(tmp_path)))
