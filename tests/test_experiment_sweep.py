@@ -141,6 +141,31 @@ def test_every_job_has_a_row_that_says_how_it_ended(tmp_path, capsys):
     assert (sweep / "sweep_summary.png").is_file()  # drawn from the jobs that have numbers
 
 
+def test_a_sweep_whose_last_job_cannot_work_stops_before_the_first(tmp_path):
+    """Every job is validated before any runs (`specdec.sweep_check`): a bad value in the last job
+    stops the sweep with one line naming the job, and no job folder is made."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "offline"}
+    for sweep_args in (["method.num_speculative_tokens=2,0"], ["method.num_speculative_tokens=2", "data.limit=1,0"]):
+        sweep = tmp_path / f"sweep{len(sweep_args)}"
+        proc = subprocess.run([sys.executable, "-m", "specdec", "-m", *TINY, *sweep_args, f"hydra.sweep.dir={sweep}"],
+                              cwd=tmp_path, env=env, text=True, capture_output=True, timeout=300)
+        assert proc.returncode == 1, proc.stderr[-2000:]
+        assert "Error: sweep job 1 (" in proc.stderr and "no job has run" in proc.stderr, proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr
+        assert not sweep.exists()
+
+
+def test_job_overrides_expand_as_the_basic_sweeper_does():
+    from omegaconf import OmegaConf
+
+    from specdec.sweep_check import job_overrides
+
+    config = OmegaConf.create({"hydra": {"sweeper": {"params": {"seed": "0,1"}},
+                                         "overrides": {"task": ["method.num_speculative_tokens=1,2", "threads=1"]}}})
+    assert job_overrides(config) == [[f"seed={s}", f"method.num_speculative_tokens={k}", "threads=1"]
+                                     for s in (0, 1) for k in (1, 2)]
+
+
 def test_a_folder_with_no_job_says_so(tmp_path):
     with pytest.raises(FileNotFoundError, match="no jobs under"):
         summarize_sweep(tmp_path)
