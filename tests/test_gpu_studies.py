@@ -42,6 +42,9 @@ def test_widths_study_reports_each_width_in_both_modes(tmp_path):
     assert [r["tokens"] for r in rows] == [1, 3] and [r["width_on"] for r in rows] == [1, 4]  # float32: 1 wide
     assert all(r["ms_off"] > 0 and r["ms_on"] > 0 for r in rows) and rows[0]["on_over_t1"] == 1.0
     assert (tmp_path / "w.json").exists()
+    for bad in ("on,off", "off", "off,fast"):  # off first: every compiled mode is reported against it
+        with pytest.raises(SystemExit):
+            _experiment("widths").main(["--model", "tiny_random", "--modes", bad])
 
 
 def test_output_heads_study_reports_every_shape_in_both_modes(tmp_path):

@@ -10,6 +10,7 @@ k = 8) can be told what compiling does to its step.
     python experiments/gpu/widths.py --out experiments/gpu/widths.json      # embedded SmolLM2, bfloat16
     python experiments/gpu/widths.py --model tiny_random --dtype float32 --repeats 2 --contexts 20
     python experiments/gpu/widths.py --widths 1,2,4 --narrowest 1   # compiled passes at their own width
+    python experiments/gpu/widths.py --widths 1,2,4,8 --contexts 100 --modes off,on,autotune
 
 One engine per mode on the same model; per context length, a prompt is prefilled once per engine,
 then each pass of T tokens is run and rolled back. Passes alternate between the modes and rotate
@@ -29,7 +30,7 @@ import torch
 from specdec.engine import Engine
 from specdec.models import ModelSpec, load_model
 
-MODES = ("off", "on")
+MODES = ("off", "on", "autotune")  # `--modes`: off first, then compiled modes
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -43,24 +44,31 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--narrowest", type=int, default=None,
                     help="pad compiled passes to at least this width (default: the engine's rule, "
                          "specdec.compiled.narrowest_width)")
+    ap.add_argument("--modes", default="off,on", help="off, then one or more of on, autotune (compile=)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    modes = args.modes.split(",")
+    if modes[0] != "off" or len(modes) < 2 or not set(modes[1:]) <= set(MODES[1:]) or len(set(modes)) < len(modes):
+        ap.error(f"--modes {args.modes}: off first, then one or more of {', '.join(MODES[1:])}")
+    compiled = modes[1:]
     widths = [int(t) for t in args.widths.split(",")]
     if 1 not in widths:
         ap.error(f"--widths {args.widths}: include 1, the pass every other width is reported against")
     torch.set_num_threads(1)
     model, _ = load_model(ModelSpec(path=args.model))
-    engines = {mode: Engine(model, None, dtype=args.dtype, compile=mode) for mode in MODES}
+    engines = {mode: Engine(model, None, dtype=args.dtype, compile=mode) for mode in modes}
     if args.narrowest is not None:
-        engines["on"].target.compiled.narrowest = args.narrowest
+        for mode in compiled:
+            engines[mode].target.compiled.narrowest = args.narrowest
     vocab = engines["off"].target.vocab_size
     gen = torch.Generator().manual_seed(0)
     result = {"model": args.model, "dtype": args.dtype, "torch": torch.__version__, "repeats": args.repeats,
-              "calls": args.calls, "narrowest": engines["on"].target.compiled.narrowest, "contexts": {}}
+              "calls": args.calls, "narrowest": {m: engines[m].target.compiled.narrowest for m in compiled},
+              "modes": modes, "contexts": {}}
     for context in (int(c) for c in args.contexts.split(",")):
         prompt = torch.randint(100, vocab, (1, context), generator=gen)
         passes = torch.randint(100, vocab, (1, max(widths)), generator=gen)
-        ms = {mode: {t: [] for t in widths} for mode in MODES}
+        ms = {mode: {t: [] for t in widths} for mode in modes}
         for engine in engines.values():
             with engine.exclusive():
                 engine.target.reset(1, context + max(widths) + 1)
@@ -69,7 +77,7 @@ def main(argv: list[str] | None = None) -> dict:
         for repeat in range(args.repeats + 1):  # round 0: untimed, compiles every graph
             order = widths[repeat % len(widths):] + widths[:repeat % len(widths)]
             for t in order:
-                for mode in (MODES if repeat % 2 == 0 else MODES[::-1]):
+                for mode in (modes if repeat % 2 == 0 else modes[::-1]):
                     engine = engines[mode]
                     with engine.exclusive():
                         cpu = time.process_time()
@@ -80,18 +88,19 @@ def main(argv: list[str] | None = None) -> dict:
                             ms[mode][t].append((time.process_time() - cpu) / args.calls * 1e3)
             if repeat == 0:
                 print(f"context {context}: warm-up {time.perf_counter() - start:.0f} s", flush=True)
-        med = {mode: {t: statistics.median(v) for t, v in ms[mode].items()} for mode in MODES}
+        med = {mode: {t: statistics.median(v) for t, v in ms[mode].items()} for mode in modes}
         rows = []
         for t in widths:
-            rows.append({"tokens": t, "width_on": engines["on"].target.compiled.width(t),
-                         "ms_off": med["off"][t], "ms_on": med["on"][t], "off_over_t1": med["off"][t] / med["off"][1], "on_over_t1": med["on"][t] / med["on"][1],
-                         "on_over_off": med["on"][t] / med["off"][t]})
-            r = rows[-1]
-            print(f"context {context:5d}  T {t:2d} (width {r['width_on']:2d})  off {r['ms_off']:6.1f} ms "
-                  f"({r['off_over_t1']:.2f}x T=1)  on {r['ms_on']:6.1f} ms ({r['on_over_t1']:.2f}x T=1)  "
-                  f"on/off {r['on_over_off']:.2f}", flush=True)
+            r = {"tokens": t, "ms_off": med["off"][t], "off_over_t1": med["off"][t] / med["off"][1]}
+            for mode in compiled:
+                r |= {f"width_{mode}": engines[mode].target.compiled.width(t), f"ms_{mode}": med[mode][t],
+                      f"{mode}_over_t1": med[mode][t] / med[mode][1], f"{mode}_over_off": med[mode][t] / med["off"][t]}
+            rows.append(r)
+            print(f"context {context:5d}  T {t:2d}  off {r['ms_off']:6.1f} ms ({r['off_over_t1']:.2f}x T=1)" + "".join(
+                f"  {mode} (width {r[f'width_{mode}']:2d}) {r[f'ms_{mode}']:6.1f} ms ({r[f'{mode}_over_t1']:.2f}x T=1, "
+                f"{r[f'{mode}_over_off']:.2f}x off)" for mode in compiled), flush=True)
         result["contexts"][context] = rows
-    result["compile_report"] = engines["on"].compile_report()
+    result["compile_report"] = {mode: engines[mode].compile_report() for mode in compiled}
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
