@@ -4,6 +4,8 @@ that a study's measurement sets for the code (the operators around a compiled pa
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 
 def _experiment(name: str):
     path = Path(__file__).resolve().parents[1] / "experiments" / "gpu" / f"{name}.py"
