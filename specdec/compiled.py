@@ -298,13 +298,18 @@ def _compiled(fn, device: torch.device, backend: str, cuda_graphs: str = "trees"
     return _COMPILED[key]
 
 
-def _freezing(on: bool):
-    """Inductor's `freezing` for one call: read both while dynamo traces (weights become graph
-    constants, guarded by identity) and while inductor compiles, so it is patched around the call
-    rather than passed as a compile option, and left as it was for everything else in the process."""
+def _compiling(freezing: bool, autotune: bool):
+    """Inductor settings read while a graph compiles, patched around a call that may compile and left
+    as they were for everything else in the process. `freezing`: read both while dynamo traces
+    (weights become graph constants, guarded by identity) and while inductor compiles, so it is
+    patched rather than passed as a compile option. `autotune`: the table of timings inductor prints
+    for every matrix product it tunes is not printed (`autotune_num_choices_displayed=0`)."""
     import torch._inductor.config as inductor_config
 
-    return inductor_config.patch(freezing=True) if on else contextlib.nullcontext()
+    patches = {"freezing": True} if freezing else {}
+    if autotune and hasattr(inductor_config, "autotune_num_choices_displayed"):
+        patches["autotune_num_choices_displayed"] = 0
+    return inductor_config.patch(patches) if patches else contextlib.nullcontext()
 
 
 def _entry(fn, args: tuple) -> tuple:
@@ -532,8 +537,9 @@ class _BucketedPasses:
         compiled = _compiled(fn, self.device, self.backend, self.cuda_graphs, self.autotune)
 
         def call(*args):
-            # Freezing is read only while compiling: a known entry, which runs a graph that exists, skips the patch.
-            with _unguarded(known), _freezing(freezes(self.device, self.backend) and not known), \
+            # Settings read only while compiling: a known entry, which runs a graph that exists, skips the patch.
+            with _unguarded(known), _compiling(freezes(self.device, self.backend) and not known,
+                                               self.autotune and not known), \
                     grouped_attention(model):
                 return compiled(*args)
 
