@@ -21,6 +21,8 @@ compiles every graph the timed runs need, and medians of the repeats are reporte
   without dynamo) against inductor's (`trees`), interleaved: plain decoding at the first batch size,
   forced acceptance, the one-token pass and c (`--explicit-graphs`; a stage of its own, after the
   batch sizes, so that it never delays the other rows);
+- with `--autotune`, compile=autotune (inductor's GEMM autotuning) against compile=on, interleaved:
+  plain decoding and forced acceptance at the first batch size (the last stage: it compiles longest);
 - the speedup the measured costs predict (Leviathan et al., with the measured verification cost);
 - host synchronisations per decoding step: specdec's counter (eager decoders) and, on a GPU,
   CUDA's own detector (`torch.cuda.set_sync_debug_mode`, every decoder);
@@ -204,12 +206,13 @@ def hf_rate(model, prompt: torch.Tensor, new_tokens: int, **kwargs) -> float:
     return (new_tokens - 1) / max(run(new_tokens) - run(1), 1e-9)
 
 
-def make_engine(target, draft, device, dtype, compiled: bool, backend: str, cuda_graphs: str = "trees") -> Engine:
-    engine = Engine(target, draft, device=device, dtype=dtype, compile="on" if compiled else "off",
-                    cuda_graphs=cuda_graphs)
+def make_engine(target, draft, device, dtype, compiled: bool, backend: str, cuda_graphs: str = "trees",
+                autotune: bool = False) -> Engine:
+    engine = Engine(target, draft, device=device, dtype=dtype,
+                    compile=("autotune" if autotune else "on") if compiled else "off", cuda_graphs=cuda_graphs)
     if compiled and backend != "inductor":  # the tests' quick graphs (dynamo's eager backend)
         for m in (engine.target, engine.draft):
-            m.compiled = CompiledForward(m, backend=backend, cuda_graphs=cuda_graphs)
+            m.compiled = CompiledForward(m, backend=backend, cuda_graphs=cuda_graphs, autotune=autotune)
     return engine
 
 
@@ -266,6 +269,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--explicit-graphs", choices=("auto", "on", "off"), default="auto",
                     help="also run compile=on with specdec's own CUDA graphs (cuda_graphs=explicit) beside "
                          "inductor's: plain decoding at the first batch size, c, forced acceptance; auto: on CUDA")
+    ap.add_argument("--autotune", action="store_true",
+                    help="also run compile=autotune (inductor's GEMM autotuning) against compile=on, interleaved: "
+                         "plain decoding and forced acceptance at the first batch size, a stage of its own, last "
+                         "(its compiling takes longer)")
     ap.add_argument("--bandwidth", type=float, default=None, help="peak memory bandwidth, GB/s")
     ap.add_argument("--budget-s", type=float, default=450,
                     help="seconds after which no further stage starts (the stages run most important first)")
@@ -421,6 +428,26 @@ def main(argv: list[str] | None = None) -> dict:
             "target_forward_ms": target_s * 1e3, "draft_token_ms": draft_s * 1e3,
             "c": draft_token_cost(draft_s, 1, target_s)}
 
+    def autotuned() -> None:
+        """compile=autotune against compile=on, interleaved, at the first batch size: plain decoding
+        and forced acceptance; then the one-token pass."""
+        engine = make_engine(target, draft, device, dtype, True, args.compile_backend, autotune=True)
+        b = batch_sizes[0]
+        decoders = {"plain on": plain(engines["compiled"]), "plain autotune": plain(engine)}
+        if forced(engine, args.k, args.acceptance) is not None:
+            decoders |= {"forced on": forced(engines["compiled"], args.k, args.acceptance),
+                         "forced autotune": forced(engine, args.k, args.acceptance)}
+        variants = {v: (lambda d=d: decode_rate(d, [prompt] * b, args.new_tokens)) for v, d in decoders.items()}
+        runs = interleaved(variants, args.repeats)
+        rates = {v: med(x) for v, x in runs.items()}
+        prefill(engine)
+        result["autotune"] = {
+            "batch": b, "tokens_per_s": rates, "runs": runs,
+            "autotune_over_on": {kind: rates[f"{kind} autotune"] / rates[f"{kind} on"]
+                                 for kind in ("plain", "forced") if f"{kind} on" in rates},
+            "target_forward_ms": time_forward(engine.target, context_ids[:, :1], args.context, args.repeats) * 1e3,
+            "compile_report": engine.compile_report()}
+
     def profiles() -> None:
         """torch.profiler over one generation per decoder at batch 1 (a shorter one: the trace grows
         with every launch): where a goal is missed, what is in the way."""
@@ -455,6 +482,8 @@ def main(argv: list[str] | None = None) -> dict:
         stage("explicit CUDA graphs", explicit_graphs)
     stage("host synchronisations", host_syncs)
     stage("profiles", profiles)
+    if args.autotune:
+        stage("autotune", autotuned)
     save()
     print_tables(result, args)
     return result
@@ -497,6 +526,12 @@ def print_tables(result: dict, args) -> None:
             print(f"| {v} | {r:.1f} tokens/s |")
         print(f"explicit / trees: {x['explicit_over_trees']}; explicit: target one-token pass "
               f"{x['target_forward_ms']:.2f} ms, draft token {x['draft_token_ms']:.2f} ms (c = {x['c']:.3f})")
+    if "autotune" in result:
+        x = result["autotune"]
+        print(f"\ncompile=autotune against compile=on, batch {x['batch']}:")
+        for v, r in x["tokens_per_s"].items():
+            print(f"| {v} | {r:.1f} tokens/s |")
+        print(f"autotune / on: {x['autotune_over_on']}; autotune: target one-token pass {x['target_forward_ms']:.2f} ms")
     if "profiles" in result:
         print("\nprofiles, batch 1, per token (torch.profiler):\n| decoder | wall ms | device busy ms | busy share | "
               "kernels | launches | graph launches | top operator |\n|---|---:|---:|---:|---:|---:|---:|---|")

@@ -18,11 +18,11 @@ def _load(name: str):
 
 def test_device_benchmark_runs_on_cpu_with_tiny_shapes(tmp_path):
     """Every row of the device table is produced (compiled with dynamo's quick `eager` backend; the
-    explicit CUDA-graph rows run compiled without graphs on a CPU)."""
+    explicit CUDA-graph rows run compiled without graphs on a CPU; --autotune adds its stage)."""
     bench = _load("bench_gpu")
     out = bench.main(["--device", "cpu", "--tiny", "--dtype", "float32", "--context", "16", "--k-max", "2",
                       "--new-tokens", "4", "--repeats", "1", "--batch-sizes", "1,2", "--k", "2",
-                      "--compile-backend", "eager", "--explicit-graphs", "on", "--out", str(tmp_path / "r.json")])
+                      "--compile-backend", "eager", "--explicit-graphs", "on", "--autotune", "--out", str(tmp_path / "r.json")])
     assert set(out["target_forward_ms"]) == set(out["compiled_target_forward_ms"]) == {1, 2, 3}
     assert set(out["verify_ratio"]) == set(out["compiled_verify_ratio"]) == {1, 2, 3}
     assert all(r > 0 for r in [*out["verify_ratio"].values(), *out["compiled_verify_ratio"].values()])
@@ -45,9 +45,13 @@ def test_device_benchmark_runs_on_cpu_with_tiny_shapes(tmp_path):
     assert set(syncs) == {f"{kind} {n}" for kind in ("plain", "forced")
                           for n in ("eager", "compiled", "compiled explicit")}
     assert syncs["plain eager"] == {"counted": 4 / 3} and 1 < syncs["forced eager"]["counted"] <= 2
+    tuned = out["autotune"]  # compile=autotune beside compile=on, the last stage
+    assert set(tuned["tokens_per_s"]) == {f"{kind} {mode}" for kind in ("plain", "forced") for mode in ("on", "autotune")}
+    assert set(tuned["autotune_over_on"]) == {"plain", "forced"} and tuned["target_forward_ms"] > 0
+    assert tuned["compile_report"]["target"]["compiled_calls"] >= 1
     saved = json.loads((tmp_path / "r.json").read_text())
     assert saved["forced"]["k"] == 2 and saved["shape"] == "tiny"
-    assert saved["skipped"] == [] and len(saved["stages_s"]) == 7
+    assert saved["skipped"] == [] and len(saved["stages_s"]) == 8 and list(saved["stages_s"])[-1] == "autotune"
     profiles = saved["profiles"]  # on a CPU: no device time, operators ranked by host time
     assert set(profiles) == {"plain eager", "plain compiled", "forced compiled", "plain compiled explicit",
                              "forced compiled explicit"}
