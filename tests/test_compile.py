@@ -477,6 +477,18 @@ def test_cpu_compile_study_measures_autotune_beside_on(tmp_path):
             script.parse_args(["--modes", bad])
 
 
+def test_cpu_compile_study_gives_the_speculative_methods_the_schedule_asked_for():
+    from specdec.models import tiny_random_tokenizer
+
+    script = _study_script()
+    args = script.parse_args(["--model", "tiny_random", "--methods", "autoregressive,ngram", "--backend", "eager",
+                              "--dtype", "float32", "--schedule", "cost_aware"])
+    decoders = script.build_decoders(tiny_random_model(), tiny_random_tokenizer(256), args)
+    assert {mode: decoders["ngram", mode].schedule.name for mode in ("off", "on")} == {"off": "cost_aware",
+                                                                                        "on": "cost_aware"}
+    assert decoders["autoregressive", "on"].schedule.name == "constant"  # plain decoding: no k to choose
+
+
 def test_cpu_compile_study_needs_its_baseline():
     """Every method's speedup is over plain decoding in the same mode: a run without it is refused."""
     script = _study_script()

@@ -58,6 +58,7 @@ from specdec.proposers.layer_skip import LayerSkipProposer
 from specdec.proposers.medusa import MedusaProposer
 from specdec.proposers.ngram import NgramProposer
 from specdec.proposers.suffix import SuffixProposer, SuffixTreeProposer
+from specdec.schedules import make_schedule
 
 METHODS = ("autoregressive", "ngram", "eagle", "medusa", "layer_skip", "suffix", "suffix_tree")
 MODES = ("off", "on", "autotune")  # `--modes` takes off and at least one of the others
@@ -93,6 +94,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="Medusa's tree as JSON rank paths, e.g. '[[0],[1],[0,0]]' (default: its DEFAULT_TREE)")
     ap.add_argument("--exit-layer", type=int, default=8, help="layer skipping's draft depth (conf/method/layer_skip.yaml)")
     ap.add_argument("--backend", default="inductor", help="torch.compile backend (eager: the tests' quick capture)")
+    ap.add_argument("--schedule", default="constant", help="the speculative methods' schedule (conf/method/"
+                    "schedule/): constant (each method's k, every step) or one that chooses k, such as cost_aware")
     ap.add_argument("--modes", default="off,on", help=f"comma-separated compile modes, off and any of "
                     f"{', '.join(MODES[1:])}")
     ap.add_argument("--out", default=None)
@@ -147,8 +150,9 @@ def build_decoders(model, tok, args) -> dict[tuple[str, str], SpeculativeDecoder
     for method in args.methods.split(","):
         for mode in args.modes:
             e = engine(ENGINE_KIND.get(method, "shared"), mode)
+            schedule = make_schedule(args.schedule, K[method]) if method != BASELINE else None
             d = SpeculativeDecoder(e, proposer(method, e), num_speculative_tokens=K[method], tokenizer=tok,
-                                   eos_token_id=[])
+                                   eos_token_id=[], schedule=schedule)
             d.exact_greedy = False
             decoders[method, mode] = d
     return decoders
