@@ -38,15 +38,24 @@ def check_jobs(config: DictConfig) -> None:
     """Compose and validate every job of the sweep; SystemExit with `Error: job N (...)` at the first
     that cannot work."""
     from hydra import compose
+    from hydra.core.hydra_config import HydraConfig
 
     from specdec.config import validate
     from specdec.errors import InputError
 
-    for num, overrides in enumerate(job_overrides(config)):
-        try:
-            validate(compose(config.hydra.job.config_name, overrides=overrides))
-        except InputError as err:
-            raise SystemExit(f"Error: sweep job {num} ({' '.join(overrides)}): {err}; no job has run") from None
+    hydra_overrides = list(OmegaConf.to_container(config.hydra.overrides.hydra))  # hydra.searchpath, ...
+    before = HydraConfig.instance().cfg
+    try:
+        for num, overrides in enumerate(job_overrides(config)):
+            job = compose(config.hydra.job.config_name, overrides=[*hydra_overrides, *overrides],
+                          return_hydra_config=True)
+            HydraConfig.instance().set_config(job)  # what the job will see: its search path, for parts' names
+            try:
+                validate(job)
+            except InputError as err:
+                raise SystemExit(f"Error: sweep job {num} ({' '.join(overrides)}): {err}; no job has run") from None
+    finally:
+        HydraConfig.instance().cfg = before
 
 
 class SweepCheck(Callback):
