@@ -235,7 +235,9 @@ class SpeculativeDecoder:
             texts = [self.tokenizer.decode(o, skip_special_tokens=True) for o in out]
         reports = {name: r for name, r in (("proposer", _report(self.proposer)), ("schedule", self.schedule.report()),
                                            ("compile", self.engine.compile_report())) if r is not None}
-        return Generation(out, ids, stats, state, texts, lossless=verifier.lossless, verifier=verifier.name,
+        # A lossy rule that coincides with greedy at temperature 0 (typical acceptance) is lossless there.
+        lossless = verifier.lossless or (state.sampling.greedy and getattr(verifier, "lossless_when_greedy", False))
+        return Generation(out, ids, stats, state, texts, lossless=lossless, verifier=verifier.name,
                           reports=reports, exact_greedy=self._exact(state))
 
     def _new_state(self, ids, max_new_tokens, max_len, sampling, seed, past) -> DecodeState:

@@ -111,11 +111,13 @@ class TypicalVerifier:
 
     LOSSY: the output is neither the target's greedy sequence nor its sampling distribution, so
     `lossless` is False and every result carries that. At temperature 0 the shaped p is a one-hot,
-    the threshold min(epsilon, delta) < 1 admits only the argmax, and the rule coincides with greedy.
+    the threshold min(epsilon, delta) < 1 admits only the argmax (and 1 admits nothing), and the
+    rule coincides with greedy: a greedy generation is lossless (`lossless_when_greedy`).
     """
 
     name = "typical"
     lossless = False
+    lossless_when_greedy = True
 
     def __init__(self, epsilon: float = 0.09, delta: float = 0.3):
         if not 0.0 < epsilon <= 1.0:

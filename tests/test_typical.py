@@ -83,6 +83,19 @@ def test_make_verifier_builds_typical_with_its_args_and_checks_them():
         make_verifier("medusa", SamplingParams())
 
 
+def test_greedy_generations_with_typical_are_the_greedy_output_and_say_they_are_lossless(engine_factory,
+                                                                                        unrelated_draft):
+    """At temperature 0 typical acceptance is the greedy rule, at any threshold: the output is plain
+    greedy decoding's, so the generation is labelled lossless (at temperature > 0 it is not)."""
+    engine = engine_factory(unrelated_draft)
+    plain = SpeculativeDecoder(engine).generate(RAGGED_PROMPTS, max_new_tokens=16)
+    for args in ({}, {"epsilon": 1e-9, "delta": 1e-9}, {"epsilon": 1.0, "delta": 2.0}):
+        dec = SpeculativeDecoder(engine, DraftModelProposer(engine), num_speculative_tokens=3, verifier="typical",
+                                 verifier_args=args)
+        out = dec.generate(RAGGED_PROMPTS, max_new_tokens=16)
+        assert out.output_ids == plain.output_ids and out.lossless is True and out.verifier == "typical"
+
+
 def test_generations_with_typical_say_they_are_lossy(engine_factory, unrelated_draft):
     engine = engine_factory(unrelated_draft)
     dec = SpeculativeDecoder(engine, DraftModelProposer(engine), num_speculative_tokens=3, verifier="typical")
