@@ -500,21 +500,22 @@ def _validate_method(key: str, m: DictConfig, cfg: DictConfig, params: Any) -> N
     from specdec.registry import target_of
 
     proposer = target_of(m.proposer._target_, f"{key}.proposer") if m.proposer is not None else None
-    # The proposer, or a hybrid's parts: (class, its config); a hybrid's part with heads is optional.
-    parts = [(proposer, m.proposer)] if proposer is not None else []
+    # The proposer, or a hybrid's parts: config key -> (class, its config); a hybrid's part with heads is optional.
+    parts = {f"{key}.proposer": (proposer, m.proposer)} if proposer is not None else {}
     hybrid = proposer is not None and isinstance(m.proposer.get("parts"), DictConfig)
     if hybrid:
-        parts = [(target_of(spec._target_, f"{key}.proposer.parts.{name}"), spec)
-                 for name, spec in m.proposer.parts.items() if isinstance(spec, DictConfig) and "_target_" in spec]
-    labels = [f"{key}.proposer"] if not hybrid else [f"{key}.proposer.parts.{name}" for name, spec in
-                                                       m.proposer.parts.items() if isinstance(spec, DictConfig) and "_target_" in spec]
-    for label, (cls, spec) in [*zip(labels, parts), *([(f"{key}.proposer", (proposer, m.proposer))] if hybrid else [])]:
-        _check_arguments(label, cls, spec)
+        parts = {f"{key}.proposer.parts.{name}": (target_of(spec._target_, f"{key}.proposer.parts.{name}"), spec)
+                 for name, spec in m.proposer.parts.items() if isinstance(spec, DictConfig) and "_target_" in spec}
+    given = dict(parts)  # every node whose arguments a class takes: the parts, the hybrid itself, a decoder
+    if hybrid:
+        given[f"{key}.proposer"] = (proposer, m.proposer)
     if m.decoder is not None:
-        _check_arguments(f"{key}.decoder", target_of(m.decoder._target_, f"{key}.decoder"), m.decoder)
-    if any(getattr(cls, "drafts_trees", False) for cls, _ in parts):
+        given[f"{key}.decoder"] = (target_of(m.decoder._target_, f"{key}.decoder"), m.decoder)
+    for label, (cls, spec) in given.items():
+        _check_arguments(label, cls, spec)
+    if any(getattr(cls, "drafts_trees", False) for cls, _ in parts.values()):
         _check_tree_verifier(key, m, verifier, params)
-    for cls, spec in parts:
+    for cls, spec in parts.values():
         if "heads_path" in spec:
             _check_heads(key, m, cfg, getattr(cls, "name", m.name), optional=hybrid)
     if m.tree is not None:
