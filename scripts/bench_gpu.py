@@ -407,24 +407,29 @@ def main(argv: list[str] | None = None) -> dict:
             "speedup_over_compiled_plain": {v: med(x) / med(runs["plain compiled"])
                                             for v, x in runs.items() if v != "plain compiled"}}
 
-    def explicit_graphs() -> None:
-        """compile=on with specdec's own CUDA graphs against inductor's, interleaved, at the first batch
-        size: plain decoding and forced acceptance; then the one-token passes and c."""
-        engine, b = others["compiled explicit"], batch_sizes[0]
-        decoders = {"plain trees": plain(engines["compiled"]), "plain explicit": plain(engine)}
+    def side_by_side(base: str, other: str, engine: Engine, b: int) -> dict:
+        """Plain decoding and forced acceptance on compile=on's engine (`base`) and on `engine`
+        (`other`), interleaved, at batch b: the runs, their median rates and other / base per kind."""
+        decoders = {f"plain {base}": plain(engines["compiled"]), f"plain {other}": plain(engine)}
         if forced(engine, args.k, args.acceptance) is not None:
-            decoders |= {"forced trees": forced(engines["compiled"], args.k, args.acceptance),
-                         "forced explicit": forced(engine, args.k, args.acceptance)}
+            decoders |= {f"forced {base}": forced(engines["compiled"], args.k, args.acceptance),
+                         f"forced {other}": forced(engine, args.k, args.acceptance)}
         variants = {v: (lambda d=d: decode_rate(d, [prompt] * b, args.new_tokens)) for v, d in decoders.items()}
         runs = interleaved(variants, args.repeats)
         rates = {v: med(x) for v, x in runs.items()}
+        return {"batch": b, "tokens_per_s": rates, "runs": runs,
+                f"{other}_over_{base}": {kind: rates[f"{kind} {other}"] / rates[f"{kind} {base}"]
+                                         for kind in ("plain", "forced") if f"{kind} {base}" in rates}}
+
+    def explicit_graphs() -> None:
+        """compile=on with specdec's own CUDA graphs against inductor's, interleaved, at the first batch
+        size: plain decoding and forced acceptance; then the one-token passes and c."""
+        engine = others["compiled explicit"]
+        compared = side_by_side("trees", "explicit", engine, batch_sizes[0])
         prefill(engine)
         target_s = time_forward(engine.target, context_ids[:, :1], args.context, args.repeats)
         draft_s = time_forward(engine.draft, context_ids[:, :1], args.context, args.repeats)
-        result["explicit_graphs"] = {
-            "batch": b, "tokens_per_s": rates, "runs": runs,
-            "explicit_over_trees": {kind: rates[f"{kind} explicit"] / rates[f"{kind} trees"]
-                                    for kind in ("plain", "forced") if f"{kind} trees" in rates},
+        result["explicit_graphs"] = compared | {
             "target_forward_ms": target_s * 1e3, "draft_token_ms": draft_s * 1e3,
             "c": draft_token_cost(draft_s, 1, target_s)}
 
@@ -432,19 +437,9 @@ def main(argv: list[str] | None = None) -> dict:
         """compile=autotune against compile=on, interleaved, at the first batch size: plain decoding
         and forced acceptance; then the one-token pass."""
         engine = make_engine(target, draft, device, dtype, True, args.compile_backend, autotune=True)
-        b = batch_sizes[0]
-        decoders = {"plain on": plain(engines["compiled"]), "plain autotune": plain(engine)}
-        if forced(engine, args.k, args.acceptance) is not None:
-            decoders |= {"forced on": forced(engines["compiled"], args.k, args.acceptance),
-                         "forced autotune": forced(engine, args.k, args.acceptance)}
-        variants = {v: (lambda d=d: decode_rate(d, [prompt] * b, args.new_tokens)) for v, d in decoders.items()}
-        runs = interleaved(variants, args.repeats)
-        rates = {v: med(x) for v, x in runs.items()}
+        compared = side_by_side("on", "autotune", engine, batch_sizes[0])
         prefill(engine)
-        result["autotune"] = {
-            "batch": b, "tokens_per_s": rates, "runs": runs,
-            "autotune_over_on": {kind: rates[f"{kind} autotune"] / rates[f"{kind} on"]
-                                 for kind in ("plain", "forced") if f"{kind} on" in rates},
+        result["autotune"] = compared | {
             "target_forward_ms": time_forward(engine.target, context_ids[:, :1], args.context, args.repeats) * 1e3,
             "compile_report": engine.compile_report()}
 
