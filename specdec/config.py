@@ -274,6 +274,20 @@ def _check_model(cfg: DictConfig, role: str) -> None:
         _fail(key, str(err))
 
 
+def _check_context(cfg: DictConfig, role: str) -> None:
+    """max_new_tokens fits `role`'s context after a one-token prompt, where its config alone tells the
+    context (`specdec.models.context_length_of`). It is the least any method needs; what k and the
+    prompts add is checked once the models are loaded."""
+    from specdec.models import context_length_of
+
+    context = context_length_of(model_spec(cfg[role], role))
+    new = cfg.generation.max_new_tokens
+    if context is not None and new + 1 > context:
+        _fail("generation.max_new_tokens", f"{new} new tokens after a one-token prompt need {new + 1} positions, "
+                                           f"more than the {role}'s context of {context} tokens "
+                                           f"(max_position_embeddings); lower generation.max_new_tokens")
+
+
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError, naming the key, for any value that cannot work. Loads no model."""
     from specdec.data import HF_FILE_TYPES, READER_SETTINGS
@@ -308,9 +322,13 @@ def validate(cfg: DictConfig) -> None:
         _fail("target.path", "is empty; set target=smollm2_135m, target=tiny_random or target.path=<model>")
     if cfg.target.path == "self":
         _fail("target.path", "`self` is for drafts only")
-    _check_model(cfg, "target")
+    roles = ["target"]
     if cfg.draft.path != "self" and any(m.needs_draft for _, m in method_configs(cfg)):
-        _check_model(cfg, "draft")
+        roles.append("draft")
+    for role in roles:
+        _check_model(cfg, role)
+    for role in roles:
+        _check_context(cfg, role)
 
     d = cfg.data
     reader = _check_part("data.source", "data/source", d.source, d.source_args, {k: d[k] for k in READER_SETTINGS})

@@ -64,6 +64,7 @@ EMBEDDED_CACHE_NAME = "smollm2-135m-instruct"
 
 # Token ids of the tiny random tokenizer: 0 <pad>, 1 <eos>, 2 <unk>, and "t{i}" has id i for i >= 3.
 TINY_PAD_ID, TINY_EOS_ID, TINY_UNK_ID = 0, 1, 2
+TINY_CONTEXT = 512  # max_position_embeddings of a tiny random model
 
 
 @dataclass
@@ -145,8 +146,30 @@ def _checkpoint_dir(spec: ModelSpec) -> str:
     file is converted once (`_converted_gguf`)."""
     source = locate(spec)
     if isinstance(source, Path) and source.is_file():
-        return str(_converted_gguf(source, EMBEDDED_CACHE_NAME if spec.path == "embedded" else source.stem.lower()))
+        return str(_converted_gguf(source, _gguf_entry(spec, source)))
     return str(source)
+
+
+def context_length_of(spec: ModelSpec) -> int | None:
+    """`spec`'s context (`max_position_embeddings`) read from its config alone, so that a request too
+    long for it is refused before the weights load (`specdec.config.validate`). None where only more
+    would tell: a GGUF file not converted yet (parsing its metadata takes seconds, and loading converts
+    it anyway) or a config transformers cannot read (loading then says why); the check after loading
+    (`SpeculativeDecoder.check_request`) covers those."""
+    if spec.path == "tiny_random":
+        return TINY_CONTEXT
+    source = locate(spec)
+    if isinstance(source, Path) and source.is_file():
+        source = _gguf_entry(spec, source)
+        if _entry_problem(source) is not None:
+            return None
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(str(source))
+    except (OSError, ValueError, KeyError):
+        return None
+    return getattr(config.get_text_config(), "max_position_embeddings", None)
 
 
 def _uncached(source: str) -> MissingInput:
@@ -226,14 +249,17 @@ def _embedded_gguf() -> Path:
 MANIFEST = "specdec-cache.json"  # in each cache entry, written last: {"files": {name: size in bytes}}
 
 
-def _converted_gguf(gguf: Path, name: str) -> Path:
-    """Convert `gguf` once to a float32 safetensors directory in `cache_dir()` and return it.
-
-    The cache entry is keyed by the file's path, size and mtime, so a replaced file is converted again.
-    """
+def _gguf_entry(spec: ModelSpec, gguf: Path) -> Path:
+    """The cache entry `gguf` converts to: keyed by the file's path, size and mtime, so a replaced file
+    is converted again."""
+    name = EMBEDDED_CACHE_NAME if spec.path == "embedded" else gguf.stem.lower()
     stat = gguf.stat()
     key = hashlib.sha1(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:10]
-    target = cache_dir() / f"{name}-{key}"
+    return cache_dir() / f"{name}-{key}"
+
+
+def _converted_gguf(gguf: Path, target: Path) -> Path:
+    """Convert `gguf` once to a float32 safetensors directory at `target` (`_gguf_entry`) and return it."""
     if _entry_problem(target) is None:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -404,7 +430,7 @@ def tiny_random_model(
     num_heads: int = 4,
     num_kv_heads: int = 2,
     intermediate_size: int = 128,
-    max_position_embeddings: int = 512,
+    max_position_embeddings: int = TINY_CONTEXT,
     eos_token_id: int | None = TINY_EOS_ID,
     logit_std: float = 3.0,
     dtype: torch.dtype = torch.float32,

@@ -14,6 +14,7 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 
 from specdec import experiment
 from specdec.config import ConfigError, model_spec, validate
+from specdec.models import tiny_random_model, tiny_random_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -296,6 +297,21 @@ def test_k_too_large_for_the_context_blames_k_not_the_prompts(tmp_path):
     cfg = _compose([*TINY, "generation.max_new_tokens=600", "data.limit=1", "warmup=false", "plots=false"])
     with pytest.raises(ConfigError, match=r"^generation.max_new_tokens: .*lower generation.max_new_tokens"):
         experiment.run(cfg, tmp_path / "second")
+
+
+def test_max_new_tokens_past_the_context_is_refused_before_any_model_loads(tmp_path, monkeypatch):
+    """The target's and the used draft's config.json tell their context; no weights are read."""
+    short = tmp_path / "short"
+    tiny_random_model(max_position_embeddings=96).save_pretrained(short)
+    tiny_random_tokenizer(256).save_pretrained(short)
+    monkeypatch.setattr("specdec.models.load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    validate(_compose([*TINY, f"draft.path={short}", "generation.max_new_tokens=95"]))
+    for role in ("target", "draft"):
+        cfg = _compose([*TINY, f"{role}.path={short}", "generation.max_new_tokens=96"])
+        with pytest.raises(ConfigError, match=rf"^generation.max_new_tokens: 96 new tokens after a one-token prompt "
+                                              rf"need 97 positions, more than the {role}'s context of 96 tokens"):
+            validate(cfg)
+    validate(_compose([*TINY, "method=ngram", f"draft.path={short}", "generation.max_new_tokens=96"]))  # draft unused
 
 
 @pytest.mark.parametrize("overrides", [["target=tiny_random"], ["~experiment", "method=medusa", "target=tiny_random"]])

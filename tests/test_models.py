@@ -10,6 +10,7 @@ from specdec import models
 from specdec.models import (
     ModelSpec,
     check_tokenizers_compatible,
+    context_length_of,
     load_model,
     model_context_length,
     tiny_random_model,
@@ -201,6 +202,19 @@ def test_converted_cache_is_shareable_and_leaves_nothing_behind(fake_gguf, tmp_p
     assert len(calls) == 1  # the second load read the cache
     ids = torch.tensor([[5, 9, 200, 3]])
     assert torch.equal(_logits(model, ids), _logits(again, ids))
+
+
+def test_context_is_read_from_the_config_alone_where_that_is_cheap(fake_gguf, tmp_path):
+    """tiny_random and a directory tell it without loading; a GGUF only once converted (before that
+    None: the check after loading covers it)."""
+    gguf, calls = fake_gguf
+    assert context_length_of(ModelSpec(path="tiny_random")) == tiny_random_model().config.max_position_embeddings
+    directory = tmp_path / "short"
+    tiny_random_model(max_position_embeddings=96).save_pretrained(directory)
+    assert context_length_of(ModelSpec(path=str(directory))) == 96
+    assert context_length_of(ModelSpec(gguf_file=str(gguf))) is None and not calls
+    load_model(ModelSpec(gguf_file=str(gguf)))
+    assert context_length_of(ModelSpec(gguf_file=str(gguf))) == 512 and len(calls) == 1
 
 
 def test_truncated_cache_entry_is_converted_again(fake_gguf, tmp_path, caplog):
