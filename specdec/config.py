@@ -13,6 +13,7 @@ A method is one YAML in `conf/method/` (see `MethodConfig`): its `proposer` is i
 with the engine (`_target_` plus any arguments), so a new method needs a module and that file only.
 """
 
+import logging
 import math
 import os
 from dataclasses import dataclass, field
@@ -23,6 +24,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from specdec.errors import InvalidInput
+
+log = logging.getLogger(__name__)
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -313,6 +316,10 @@ def validate(cfg: DictConfig) -> None:
         _fail("generation.top_p", f"must be in (0, 1], got {g.top_p}")
     if g.top_k < 0:
         _fail("generation.top_k", f"must be >= 0 (0 disables it), got {g.top_k}")
+    filters = [f"{key}={g[key]}" for key, off in (("top_p", 1.0), ("top_k", 0)) if g[key] != off]
+    if g.temperature == 0 and filters:  # a warning, not an error: a sweep over temperatures includes 0
+        log.warning("generation.temperature=0 decodes greedily and ignores %s; set a temperature > 0 to "
+                    "sample from the filtered distribution", " and ".join(filters))
 
     params = SamplingParams(g.temperature, g.top_k, g.top_p)
     for key, m in method_configs(cfg):

@@ -299,6 +299,15 @@ def test_k_too_large_for_the_context_blames_k_not_the_prompts(tmp_path):
         experiment.run(cfg, tmp_path / "second")
 
 
+def test_top_p_and_top_k_at_temperature_0_are_said_to_be_ignored(caplog):
+    validate(_compose([*TINY, "generation.top_p=0.9", "generation.top_k=5"]))
+    assert "temperature=0 decodes greedily and ignores top_p=0.9 and top_k=5" in caplog.text
+    caplog.clear()
+    validate(_compose([*TINY, "generation.top_p=0.9", "generation.temperature=0.7"]))
+    validate(_compose(TINY))
+    assert "ignores" not in caplog.text
+
+
 def test_max_new_tokens_past_the_context_is_refused_before_any_model_loads(tmp_path, monkeypatch):
     """The target's and the used draft's config.json tell their context; no weights are read."""
     short = tmp_path / "short"
