@@ -74,6 +74,8 @@ class SpeculativeDecoder:
         self.overlap = overlap
         self.proposer = proposer or NoDraftProposer()
         self.speculative = proposer is not None
+        num_speculative_tokens = check_number("num_speculative_tokens", num_speculative_tokens, integer=True)
+        max_len = check_number("max_len", max_len, integer=True)
         if self.speculative and num_speculative_tokens < 1:
             raise ValueError(f"num_speculative_tokens (k) must be >= 1, got {num_speculative_tokens}")
         self.k = num_speculative_tokens if self.speculative else 0

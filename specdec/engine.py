@@ -28,9 +28,12 @@ from specdec.syncs import to_device
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device={device} requested but CUDA is not available; use device=cpu or auto")
-    return torch.device(device)
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as err:  # torch's message lists every backend it knows
+        raise ValueError(f"device={device!r} is not a device torch knows; use auto, cpu, cuda or cuda:N") from err
 
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,

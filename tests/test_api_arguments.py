@@ -40,3 +40,23 @@ def test_good_arguments_of_other_numeric_types_still_work(decoder):
     out = decoder.generate([[5, 6, 7]], max_new_tokens=np.int64(3), seed=np.int64(1), temperature=1)
     assert len(out.output_ids[0]) == 3
     assert SamplingParams(temperature=np.float32(0.5), top_k=np.int32(2)).temperature == 0.5
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"num_speculative_tokens": 2.5}, r"num_speculative_tokens must be an integer, got 2\.5 \(float\)"),
+    ({"num_speculative_tokens": "4"}, r"num_speculative_tokens must be an integer, got '4' \(str\)"),
+    ({"max_len": None}, r"max_len must be an integer, got None"),
+])
+def test_bad_decoder_arguments_are_named(decoder, kwargs, message):
+    from specdec.proposers.ngram import NgramProposer
+
+    with pytest.raises(TypeError, match=message):
+        SpeculativeDecoder(decoder.engine, NgramProposer(decoder.engine), **kwargs)
+
+
+def test_an_unknown_device_is_named():
+    from specdec.engine import Engine
+    from specdec.models import tiny_random_model
+
+    with pytest.raises(ValueError, match=r"^device='tpu' is not a device torch knows; use auto, cpu, cuda or cuda:N$"):
+        Engine(tiny_random_model(seed=0), device="tpu")
