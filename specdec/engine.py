@@ -194,8 +194,11 @@ class CachedModel:
         # Rows at equal lengths need no custom mask: the model builds its usual causal (and sliding
         # window) masks from the positions and the cache's sizes, and SDPA takes the same kernels as
         # in plain `generate`. Ragged rows get explicit per-row masks, one per layer type, and so
-        # does a block with its own visibility (a token tree).
-        uniform = cache.uniform_start is not None and block_mask is None
+        # does a block with its own visibility (a token tree), and so does a view that runs past the
+        # block's end (`fixed_kv_len`): transformers assumes, as in `generate`, that the view ends
+        # with the block, and for one query it skips the mask, which would attend to unwritten keys.
+        uniform = (cache.uniform_start is not None and block_mask is None
+                   and cache.kv_len == cache.uniform_start + t)
         mask = None if uniform else self.layout.masks(positions, cache.kv_len, self.dtype)
         if block_mask is not None:
             self._overlay_block(mask, slots, positions, block_mask)

@@ -34,6 +34,34 @@ def test_greedy_speculative_equals_autoregressive(engine_factory, unrelated_draf
     assert ref.stats.mean_accepted_length == 1.0
 
 
+@pytest.mark.parametrize("exact_greedy", [True, False])
+@pytest.mark.parametrize("prompts", [[[5]], [[5], [7]], [[5], [3, 4, 9]]])
+def test_one_token_prompts_decode_as_generate_does(engine_factory, target, prompts, exact_greedy):
+    """Against transformers' own greedy `generate`, not specdec's plain decoding, which shared the
+    defect: a one-token prompt's prefill over the whole cache buffer (exact greedy) attended to
+    unwritten keys, because transformers skips the mask for a single query."""
+    engine = engine_factory("self")
+    with torch.no_grad():
+        ref = [target.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False)[0, len(p):].tolist()
+               for p in prompts]
+    for k in (0, 3):
+        dec = SpeculativeDecoder(engine, DraftModelProposer(engine) if k else None, num_speculative_tokens=k,
+                                 exact_greedy=exact_greedy)
+        assert dec.generate(prompts, max_new_tokens=12).output_ids == ref, f"k={k}"
+
+
+def test_a_one_token_pass_over_the_whole_buffer_sees_only_written_keys(target):
+    with torch.no_grad():
+        fresh = target(torch.tensor([[5, 6, 7]])).logits[0]
+    for fed in ([[5], [6], [7]], [[5, 6], [7]]):
+        model = CachedModel(target)
+        model.reset(1, 32)
+        model.cache.fixed_kv_len = True  # every pass attends over all 33 key slots
+        last = [model.forward(torch.tensor([chunk]))[0, -1] for chunk in fed]
+        torch.testing.assert_close(last[-1], fresh[-1], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(last[0], fresh[len(fed[0]) - 1], rtol=1e-4, atol=1e-4)
+
+
 def test_ragged_batch_rows_equal_single_runs(engine_factory):
     engine = engine_factory("self")
     batch = _decode(engine, 4)
