@@ -298,17 +298,21 @@ def _compiled(fn, device: torch.device, backend: str, cuda_graphs: str = "trees"
     return _COMPILED[key]
 
 
+QUIET_AUTOTUNE = {"autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
+
+
 def _compiling(freezing: bool, autotune: bool):
     """Inductor settings read while a graph compiles, patched around a call that may compile and left
     as they were for everything else in the process. `freezing`: read both while dynamo traces
     (weights become graph constants, guarded by identity) and while inductor compiles, so it is
-    patched rather than passed as a compile option. `autotune`: the table of timings inductor prints
-    for every matrix product it tunes is not printed (`autotune_num_choices_displayed=0`)."""
+    patched rather than passed as a compile option. `autotune`: what inductor prints for every matrix
+    product it tunes (a table of timings, a JSON of the choices' stats: screenfuls for each graph of
+    a real model) is not printed (`QUIET_AUTOTUNE`, as far as this torch has the settings)."""
     import torch._inductor.config as inductor_config
 
     patches = {"freezing": True} if freezing else {}
-    if autotune and hasattr(inductor_config, "autotune_num_choices_displayed"):
-        patches["autotune_num_choices_displayed"] = 0
+    if autotune:
+        patches.update({k: v for k, v in QUIET_AUTOTUNE.items() if hasattr(inductor_config, k)})
     return inductor_config.patch(patches) if patches else contextlib.nullcontext()
 
 

@@ -145,14 +145,19 @@ def test_autotune_compiles_apart_and_reaches_every_compiled_caller(target, monke
     # (a screenful for every graph of a real model); the setting is the process's again afterwards.
     import torch._inductor.config as inductor_config
 
-    from specdec.compiled import _compiling
+    from specdec.compiled import QUIET_AUTOTUNE, _compiling
 
-    shown = getattr(inductor_config, "autotune_num_choices_displayed", None)  # absent from older torch
+    def settings():  # absent from older torch: None
+        return {key: getattr(inductor_config, key, None) for key in QUIET_AUTOTUNE}
+
+    shown = settings()
+    assert shown["max_autotune_report_choices_stats"] in (True, None)  # else the check below proves nothing
     with _compiling(freezing=True, autotune=True):
-        assert getattr(inductor_config, "autotune_num_choices_displayed", 0) == 0 and inductor_config.freezing
+        assert inductor_config.freezing
+        assert all(value in (QUIET_AUTOTUNE[key], None) for key, value in settings().items()), settings()
     with _compiling(freezing=False, autotune=False):
-        assert getattr(inductor_config, "autotune_num_choices_displayed", None) == shown
-    assert getattr(inductor_config, "autotune_num_choices_displayed", None) == shown and not inductor_config.freezing
+        assert settings() == shown
+    assert settings() == shown and not inductor_config.freezing
 
     modes = []
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: modes.append(kw["mode"]) or object())
