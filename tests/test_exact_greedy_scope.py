@@ -35,6 +35,34 @@ def test_chain_decoding_on_the_eager_engine_is_exact_at_temperature_zero_only(ta
     assert experiment.exact_greedy_state(dec, _cfg()) == "off"
 
 
+@pytest.mark.parametrize("k", [0, 3])
+def test_exact_greedy_scores_every_step_at_one_width_over_the_whole_buffer(target, monkeypatch, k):
+    """What makes a token's logits independent of the pass that scored it (bit for bit in bfloat16,
+    `test_exact_greedy.py`, slow): every target pass after the prefill is `score_width` wide and
+    every pass attends over the whole buffer. In float32 nothing else would show a change of either."""
+    engine = Engine(target, target, dtype="float32")
+    dec = SpeculativeDecoder(engine, DraftModelProposer(engine) if k else None, num_speculative_tokens=k)
+    passes = []  # (width, key length) of each target pass
+    forward = engine.target.forward
+
+    def recorded(tokens, *args, **kwargs):
+        out = forward(tokens, *args, **kwargs)
+        passes.append((tokens.shape[1], engine.target.cache.kv_len))
+        return out
+
+    monkeypatch.setattr(engine.target, "forward", recorded)
+    for temperature, exact in ((0.0, True), (0.8, False)):
+        passes.clear()
+        out = dec.generate(RAGGED_PROMPTS, max_new_tokens=10, temperature=temperature)
+        assert out.exact_greedy is exact and len(passes) > 2
+        buffer = engine.target.cache.max_len + 1
+        widths, keys = {w for w, _ in passes[1:]}, {n for _, n in passes}
+        if exact:
+            assert widths == {dec.score_width} and keys == {buffer}, passes
+        else:  # without exact greedy a pass is as wide as its drafts and reads what has been written
+            assert widths == {k + 1} and max(keys) < buffer, passes
+
+
 def test_a_tree_proposer_says_exact_greedy_does_not_apply(target):
     engine = Engine(target, dtype="float32")
     dec = SpeculativeDecoder(engine, TopRankTree(target, MEDUSA_LIKE), num_speculative_tokens=3)
