@@ -26,8 +26,10 @@ it changed within 5.x and is what breaks first on another version:
 - a 4-D tensor mask is returned as-is by every mask helper, so one tensor serves a model whose
   layers are all of one kind; a model that mixes kinds (Gemma-2/3, Qwen2 with sliding layers) takes
   a dict keyed by layer type instead, which its forward uses as its per-type mask mapping;
-- `attention_mask=None` (rows at equal lengths) lets the model build its own masks from positions
-  and the cache's `get_mask_sizes`, exactly as in `generate()`.
+- `attention_mask=None` (rows at equal lengths, a view that ends with the block) lets the model build
+  its own masks from positions and the cache's `get_mask_sizes`, exactly as in `generate()`; a view
+  longer than that (exact greedy's whole buffer) takes explicit masks, since for a single query
+  transformers' SDPA path skips the mask and would attend to every key of the view.
 
 Models loaded with SDPA run every pass, eager or compiled, through `grouped_sdpa` (`grouped_attention`
 swaps it in around a call): grouped-query attention over the cache's key heads as they are, where
