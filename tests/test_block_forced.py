@@ -1,11 +1,11 @@
 """Block verification (Sun et al. 2024) and forced acceptance.
 
 Block verification is lossless: its output distribution is computed exactly, by enumerating every
-draft block and every kept length, and equals the target's; sampled through the decoding loop on tiny
-models it passes the chi-square test of the joint distribution of a whole step (two drafts and the
-bonus), which a variant that forgets a term of the keep probability fails. On the same drafts it
-accepts at least as many as token-level speculative sampling: exactly in expectation (the paper's
-11/9 against 10/9, and tiny models over many seeds) and as measured.
+draft block and every kept length, and equals the target's, for blocks shorter than k too; sampled
+through the decoding loop on tiny models it passes the chi-square test of the joint distribution of
+a whole step (two drafts and the bonus), which a variant that forgets a term of the keep probability
+fails. On the same drafts it accepts at least as many as token-level speculative sampling: exactly in
+expectation (the paper's 11/9 against 10/9, and tiny models over many seeds) and as measured.
 
 Forced acceptance accepts draft i with the set probability a_i whatever it is, emits the target's
 own token at the first slot not accepted, and is marked lossy wherever results go.
@@ -72,13 +72,15 @@ def _tau_token(p, q, x) -> torch.Tensor:
     return reach * torch.cat([1 - acc, torch.ones_like(acc[:, :1])], 1)
 
 
-def _block_of(tables_p, tables_q, v, k):
-    """Every draft block of a context-dependent toy pair: x [N, k], p [N, k+1, V], q [N, k, V], q(block)."""
-    blocks = list(itertools.product(range(v), repeat=k))
-    x = torch.tensor(blocks)
+def _block_of(tables_p, tables_q, v, k, length=None):
+    """Every draft block of a context-dependent toy pair: x [N, k], p [N, k+1, V], q [N, k, V], q(block).
+    `length` < k: blocks of that many drafts, padded with token 0 (p and q go on along the padding)."""
+    length = k if length is None else length
+    blocks = [(*b, *[0] * (k - length)) for b in itertools.product(range(v), repeat=length)]
+    x = torch.tensor(blocks).view(len(blocks), k)
     p = torch.stack([torch.stack([tables_p(b[:i]) for i in range(k + 1)]) for b in blocks])
     q = torch.stack([torch.stack([tables_q(b[:i]) for i in range(k)]) for b in blocks])
-    q_block = torch.prod(q.gather(-1, x[..., None]).squeeze(-1), 1)
+    q_block = torch.prod(q.gather(-1, x[..., None]).squeeze(-1)[:, :length], 1)
     return x, p, q, q_block
 
 
@@ -123,6 +125,60 @@ def test_block_verification_output_is_exactly_the_targets(verifier):
         assert gap < 1e-12
     else:
         assert gap > 1e-4  # 0.37 and 3.5e-4: the exact check sees both breaks
+
+
+def _emitted_dists(verifier: BlockVerifier, p, q, proposal, monkeypatch) -> torch.Tensor:
+    """[N, k+1, V]: the distribution `verify_probs` itself draws the emitted token from when it keeps
+    i drafts (its bonus-or-residual choice included): h forced to keep exactly i, `sample` captured."""
+    drawn = []
+
+    def capture(dist, generator=None):
+        drawn.append(dist)
+        return torch.zeros(len(dist), dtype=torch.long)
+
+    monkeypatch.setattr("specdec.verify.sample", capture)
+    n, k = proposal.tokens.shape
+    for i in range(k + 1):
+        h = torch.zeros(n, k, dtype=p.dtype)
+        if i:
+            h[:, i - 1] = 1.0
+        monkeypatch.setattr(verifier, "keep_probabilities", lambda *args, h=h: h)
+        assert verifier.verify_probs(p, proposal).accepted.tolist() == [i] * n
+    monkeypatch.delattr(verifier, "keep_probabilities")
+    return torch.stack(drawn, 1)
+
+
+def test_block_verification_of_shorter_blocks_is_exactly_the_targets(monkeypatch):
+    """Rows of 0..k-1 drafts next to full ones, in one batch (k = 3): as in the test above, one step
+    completed by the target's own sampling to k+1 tokens, the emitted token's distribution read from
+    verify_probs itself. A row that keeps all its gamma < k drafts must draw its bonus from
+    p(. | X^gamma), not from a residual built with q at a padding slot."""
+    v, k = 3, 3
+    p_table, q_table = _random_tables(v, 2), _random_tables(v, 3)
+    parts = [_block_of(p_table, q_table, v, k, length) for length in range(k + 1)]
+    x, p, q, q_block = (torch.cat(t) for t in zip(*parts))
+    lengths = [length for length, part in enumerate(parts) for _ in part[0]]
+    verifier = BlockVerifier()
+    proposal = Proposal(x, lengths, q)
+    tau, _ = _tau_block(verifier, p, q, proposal)
+    emitted = _emitted_dists(verifier, p, q, proposal, monkeypatch)
+    target = torch.zeros([v] * (k + 1), dtype=torch.float64)
+    for z in itertools.product(range(v), repeat=k + 1):
+        target[z] = torch.prod(torch.stack([p_table(z[:j])[z[j]] for j in range(k + 1)]))
+    for length in range(k + 1):
+        joint = torch.zeros_like(target)
+        for n in (i for i, g in enumerate(lengths) if g == length):
+            block = x[n].tolist()
+            assert float(tau[n, length + 1:].sum()) == 0  # padding is never kept
+            for t in range(length + 1):
+                for y in range(v):
+                    for rest in itertools.product(range(v), repeat=k - t):
+                        z = (*block[:t], y, *rest)
+                        pr = q_block[n] * tau[n, t] * emitted[n, t, y]
+                        for j in range(t + 1, k + 1):
+                            pr = pr * p_table(z[:j])[z[j]]
+                        joint[z] += pr
+        assert float((joint - target).abs().sum()) < 1e-12, length
 
 
 def test_the_papers_example_accepts_11_9_against_10_9():

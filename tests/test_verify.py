@@ -1,7 +1,9 @@
 """Verifier rules on constructed distributions: greedy prefix rule, and the losslessness of
 speculative sampling checked statistically (first token, second token, the bonus token after the
-last accepted draft), with a deliberately broken verifier failing the check."""
+last accepted draft, whole sequences of rows with ragged draft lengths), with a deliberately broken
+verifier failing the check; and `probabilities` against transformers' own warpers."""
 
+import pytest
 import torch
 
 from specdec.proposers.base import Proposal
@@ -115,3 +117,84 @@ def test_probabilities_shape_top_k_top_p_and_temperature():
 def test_make_verifier_chooses_greedy_at_temperature_zero():
     assert make_verifier("auto", SamplingParams(0.0)).name == "greedy"
     assert make_verifier("auto", SamplingParams(0.7)).name == "speculative_sampling"
+
+
+def _transformers_probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The same shaping by transformers' own warpers, in the order generate() applies them
+    (temperature, top-k, top-p, as `probabilities` does), over [N, V] rows."""
+    from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    scores = logits.reshape(-1, logits.shape[-1]).float()
+    warpers = [TemperatureLogitsWarper(params.temperature)]
+    if params.top_k:
+        warpers.append(TopKLogitsWarper(params.top_k))
+    if params.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(params.top_p))
+    for warper in warpers:
+        scores = warper(None, scores)
+    return torch.softmax(scores, -1).reshape(logits.shape)
+
+
+@pytest.mark.parametrize(("temperature", "top_k", "top_p"), [
+    (0.7, 0, 1.0), (1.0, 7, 1.0), (1.3, 0, 0.8), (0.6, 20, 0.9), (1.5, 5, 0.5), (2.0, 12, 0.3), (1.0, 1, 1.0)])
+def test_probabilities_match_transformers_warpers_on_unsorted_logits(temperature, top_k, top_p):
+    """Random (unsorted, tie-free) logits of shape [2, 3, V]: a mask computed in sorted order and
+    not put back in vocabulary order, a temperature applied twice or a top-k that keeps k-1 all differ.
+    Both keep the smallest set whose mass reaches top_p, the token that crosses it included."""
+    logits = torch.randn(2, 3, 50, generator=torch.Generator().manual_seed(top_k + int(10 * temperature))) * 2
+    params = SamplingParams(temperature, top_k, top_p)
+    ours, theirs = probabilities(logits, params), _transformers_probabilities(logits, params)
+    assert ours.shape == logits.shape and ours.dtype == torch.float32
+    assert torch.equal(ours > 0, theirs > 0)  # the same tokens kept
+    assert torch.allclose(ours, theirs, atol=1e-6, rtol=1e-5)
+    if top_k or top_p < 1.0:
+        assert (ours == 0).any(-1).all()  # the filters really cut every row here
+
+
+def test_probabilities_by_hand_on_unsorted_logits():
+    """logits [0, 2, 1, -1] (token 1 first, then 2, 0, 3): each filter keeps the right token ids."""
+    logits = torch.tensor([[0.0, 2.0, 1.0, -1.0]])
+    e = torch.tensor([0.0, 2.0, 1.0, -1.0], dtype=torch.float64).exp()
+    two = torch.tensor([0.0, e[1], e[2], 0.0]) / (e[1] + e[2])  # tokens {1, 2}, renormalised
+    # masses in order: 0.644, 0.237, 0.087, 0.032; 0.644 < 0.7, so top_p = 0.7 needs a second token
+    assert torch.allclose(probabilities(logits, SamplingParams(1.0, top_p=0.7))[0].double(), two)
+    assert torch.allclose(probabilities(logits, SamplingParams(1.0, top_k=2))[0].double(), two)
+    hot = (torch.tensor([0.0, 2.0, 1.0, -1.0], dtype=torch.float64) / 2).softmax(-1)
+    assert torch.allclose(probabilities(logits, SamplingParams(2.0))[0].double(), hot)
+    # The token that crosses top_p is kept: just under a prefix's mass keeps it, just over needs one more.
+    m1, m2 = float(e[1] / e.sum()), float((e[1] + e[2]) / e.sum())
+    assert (probabilities(logits, SamplingParams(1.0, top_p=m1 - 1e-3)) > 0).tolist() == [[False, True, False, False]]
+    assert (probabilities(logits, SamplingParams(1.0, top_p=m1 + 1e-3)) > 0).tolist() == [[False, True, True, False]]
+    assert (probabilities(logits, SamplingParams(1.0, top_p=m2 + 1e-3)) > 0).tolist() == [[True, True, True, False]]
+    assert (probabilities(logits, SamplingParams(1.0, top_p=1e-6)) > 0).sum() == 1  # never an empty set
+    # top-k keeps every token tied with the k-th, as transformers' TopKLogitsWarper does
+    tied = torch.tensor([[1.0, 3.0, 1.0, 0.0]])
+    assert (probabilities(tied, SamplingParams(1.0, top_k=2)) > 0).tolist() == [[True, True, True, False]]
+    assert torch.allclose(probabilities(tied, SamplingParams(1.0, top_k=2)),
+                          _transformers_probabilities(tied, SamplingParams(1.0, top_k=2)))
+
+
+def test_speculative_sampling_with_ragged_lengths_emits_sequences_distributed_as_p():
+    """Rows of 0..3 drafts in one batch (k = 3; the padding slots hold real q's drafts): a row of L
+    drafts emits a prefix of L+1 tokens, which the target's own sampling completes to L+1; that
+    sequence must follow p[0] x .. x p[L]. A row that accepts all its L drafts draws its bonus from
+    p[L]; a verifier that took every row's length for k would draw it from the residual at a
+    padding slot instead. Each of the 4 tests has p > 1e-7 (false failure < 4e-7 in all)."""
+    v, k, n = 4, 3, 20_000
+    p, q = _random_dists(v, k, seed=11)
+    g = torch.Generator().manual_seed(12)
+    lengths = torch.arange(k + 1).repeat(n)  # [0, 1, 2, 3, 0, 1, ...]
+    drafts = torch.stack([torch.multinomial(q[i], len(lengths), replacement=True, generator=g) for i in range(k)], 1)
+    proposal = Proposal(drafts, lengths.tolist(), q.expand(len(lengths), k, v))
+    out = SpeculativeSamplingVerifier().verify_probs(p.expand(len(lengths), k + 1, v), proposal, g)
+    assert (out.accepted <= lengths).all()
+    own = torch.stack([torch.multinomial(p[i], len(lengths), replacement=True, generator=g) for i in range(k + 1)], 1)
+    filled = torch.arange(k + 1)[None, :] > out.accepted[:, None]  # after the emitted prefix
+    seqs = torch.where(filled, own, out.tokens)
+    for length in range(k + 1):
+        rows = seqs[lengths == length, : length + 1]
+        cells = (rows * v ** torch.arange(length, -1, -1)).sum(1)  # the sequence as a base-v number
+        expected = p[0]
+        for i in range(1, length + 1):
+            expected = (expected[:, None] * p[i][None, :]).flatten()
+        assert chi_square_pvalue(torch.bincount(cells, minlength=v ** (length + 1)), expected) > 1e-7, length
