@@ -445,6 +445,7 @@ class _BucketedPasses:
         self.compile_s = 0.0
         self.shapes: set[tuple] = set()  # (kind, batch, width, key bucket); a CompiledCall's: its inputs' shapes
         self._entries: set[tuple] = set()  # `_entry` of every call run: their graphs exist
+        self._guarded: set[tuple] = set()  # entries whose guards turned out to matter: always evaluated
         self.unguarded_calls = 0
         self.cuda_graph_captures = 0  # CUDA graphs captured by this caller's calls (on CUDA)
         self.cuda_graph_skips = 0  # graphs its calls compiled that run without CUDA graphs
@@ -537,7 +538,7 @@ class _BucketedPasses:
         if self.device.type == "cuda" and self.graph_class is None:
             torch.compiler.cudagraph_mark_step_begin()
         entry = _entry(fn, args)
-        known = SKIP_KNOWN_GUARDS and entry in self._entries and _CAN_SKIP_GUARDS
+        known = SKIP_KNOWN_GUARDS and entry in self._entries and entry not in self._guarded and _CAN_SKIP_GUARDS
         compiled = _compiled(fn, self.device, self.backend, self.cuda_graphs, self.autotune)
 
         def call(*args):
@@ -549,13 +550,26 @@ class _BucketedPasses:
 
         # A call without a cache view (a `CompiledCall`'s) runs compiled but uncaptured, whatever the mode.
         view = None if self.graph_class is None else next((a for a in args if isinstance(a, _BucketView)), None)
-        if view is None:
-            out = call(*args)
-        else:  # the tensors the graph reads from the cache view, set per pass, are inputs too
-            extra = {"rows": view.rows, "write_pos": view.write_pos}
+
+        def dispatch():
+            if view is None:
+                return call(*args)
+            extra = {"rows": view.rows, "write_pos": view.write_pos}  # read from the view, set per pass
             if entry not in self._captured:
                 self._captured[entry] = CapturedCall(call, args, extra, view, self.graph_class(self.device))
-            out = self._captured[entry](args, extra)
+            return self._captured[entry](args, extra)
+
+        try:
+            out = dispatch()
+        except RuntimeError as err:
+            if not (known and "skip_guard_eval_unsafe" in str(err)):
+                raise
+            # Dynamo found that the entry's graph does not fit after all: something the host does not
+            # see changed (a Python value the traced code reads, such as a timer wrapped around a
+            # forward). Nothing ran; this entry's guards are evaluated from now on, so it recompiles.
+            self._guarded.add(entry)
+            known = False
+            out = dispatch()
         self._entries.add(entry)
         self.unguarded_calls += known
         self.cuda_graph_captures += _GRAPH_CAPTURES[0] - captures

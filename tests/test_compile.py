@@ -8,6 +8,7 @@ recompilations as `compile=on`, without generating kernels (inductor takes minut
 The inductor run itself is a slow test, and CUDA graphs a CUDA-only one.
 """
 
+import contextlib
 import importlib.util
 import json
 from pathlib import Path
@@ -223,6 +224,44 @@ def _tree_proposer(method: str, engine: Engine, tmp_path: Path):
         return MedusaProposer(engine, str(ASSETS / "tiny_random_medusa.safetensors"),
                               tree=[[0], [1], [0, 0], [1, 0], [0, 0, 0]])
     return SuffixTreeProposer(max_spec_factor=2.0, budget=8)
+
+
+def test_a_known_graph_that_no_longer_fits_recompiles_instead_of_failing(target, monkeypatch):
+    """Known entries skip dynamo's guards (`_unguarded`). A Python value the traced code reads, which
+    the host's key cannot see, may still change (a timer wrapped around a drafter's forward, say);
+    dynamo then finds no graph that fits and refuses to compile under the skipping stance. That call
+    must run again with its guards (dynamo recompiles), and so must that entry from then on."""
+    import specdec.compiled as compiled_module
+
+    real_compiled, real_unguarded = compiled_module._compiled, compiled_module._unguarded
+    skipping, refused = [False], []
+
+    @contextlib.contextmanager
+    def unguarded(known):
+        skipping[0] = known
+        with real_unguarded(known):
+            yield
+        skipping[0] = False
+
+    def compiled(*args, **kwargs):
+        fn = real_compiled(*args, **kwargs)
+
+        def call(*a):
+            if skipping[0] and not refused:  # the first known call finds no graph that fits
+                refused.append(1)
+                raise RuntimeError("Recompilation triggered with skip_guard_eval_unsafe stance. This usually means ...")
+            return fn(*a)
+        return call
+
+    monkeypatch.setattr(compiled_module, "_unguarded", unguarded)
+    monkeypatch.setattr(compiled_module, "_compiled", compiled)
+    prompts = [RAGGED_PROMPTS[0], list(range(1, 71))]  # key buckets 64 and 128: two entries
+    eager = [_generate(_engine(target, None, "off"), 0, [p], max_new_tokens=12).output_ids for p in prompts]
+    engine = _engine(target, None, "on")
+    assert [_generate(engine, 0, [p], max_new_tokens=12).output_ids for p in prompts] == eager
+    caller = engine.target.compiled
+    assert len(refused) == 1 and len(caller._guarded) == 1 and len(caller._entries) == 2
+    assert caller.unguarded_calls > 0  # the other entry still skips its guards
 
 
 @pytest.mark.parametrize("method", ["eagle", "eagle_init", "medusa", "suffix_tree"])
