@@ -277,18 +277,36 @@ def _check_model(cfg: DictConfig, role: str) -> None:
         _fail(key, str(err))
 
 
+def room_message(key: str, new: int, k: int, need: int, method: str, context: str) -> str:
+    """Why a method's request cannot fit the context even after a one-token prompt (`key` is blamed:
+    the method's k, or max_new_tokens): said the same before the models load (`validate`) and after."""
+    return (f"{key}: max_new_tokens={new} plus k={k} drafted tokens need {need} positions with a one-token "
+            f"prompt ({method}), more than {context}; lower {key}")
+
+
 def _check_context(cfg: DictConfig, role: str) -> None:
-    """max_new_tokens fits `role`'s context after a one-token prompt, where its config alone tells the
-    context (`specdec.models.context_length_of`). It is the least any method needs; what k and the
-    prompts add is checked once the models are loaded."""
+    """Every method's max_new_tokens and k fit `role`'s context after a one-token prompt, where its
+    config alone tells the context (`specdec.models.context_length_of`). k is the schedule's k_max,
+    the least a step may take (a tree may take more); the prompts and the exact scoring width are
+    checked once the models are loaded (`experiment._check_room`)."""
     from specdec.models import context_length_of
+    from specdec.schedules import make_schedule
 
     context = context_length_of(model_spec(cfg[role], role))
+    if context is None:
+        return
     new = cfg.generation.max_new_tokens
-    if context is not None and new + 1 > context:
-        _fail("generation.max_new_tokens", f"{new} new tokens after a one-token prompt need {new + 1} positions, "
-                                           f"more than the {role}'s context of {context} tokens "
-                                           f"(max_position_embeddings); lower generation.max_new_tokens")
+    for key, m in method_configs(cfg):
+        if role == "draft" and not m.needs_draft:
+            continue
+        k = 0
+        if m.proposer is not None:
+            k = make_schedule(m.schedule, max(m.num_speculative_tokens, 1), **m.schedule_args).k_max
+        need = 1 + new + k
+        if need > context:
+            blame = f"{key}.num_speculative_tokens" if k and 2 + k > context else "generation.max_new_tokens"
+            raise ConfigError(room_message(blame, new, k, need, m.name,
+                                           f"the {role}'s context of {context} tokens (max_position_embeddings)"))
 
 
 def validate(cfg: DictConfig) -> None:

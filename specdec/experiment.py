@@ -39,7 +39,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from specdec.config import ConfigError, method_configs, model_spec, resolve_path, validate
+from specdec.config import ConfigError, method_configs, model_spec, resolve_path, room_message, validate
 from specdec.data import Prompt, build_turn_input, load_prompts, select_prompts
 from specdec.decoding import Generation, SpeculativeDecoder
 from specdec.engine import Engine
@@ -272,7 +272,9 @@ def drop_too_long(prompts: list[Prompt], setup: Setup, cfg: DictConfig) -> tuple
         log.warning("skipping %d prompt(s) longer than the context of %d tokens (with max_new_tokens=%d): %s",
                     len(dropped), context, cfg.generation.max_new_tokens, ", ".join(p.prompt_id for p in dropped))
     if not kept:
-        raise ValueError(f"data: every selected prompt exceeds the models' context of {context} tokens")
+        raise ConfigError(f"data: every selected prompt needs more than the models' context of {context} tokens "
+                          f"with max_new_tokens={cfg.generation.max_new_tokens}; lower generation.max_new_tokens "
+                          "or select shorter prompts")
     return kept, [p.prompt_id for p in dropped]
 
 
@@ -286,10 +288,8 @@ def _check_room(setup: Setup, cfg: DictConfig) -> None:
             continue
         key = keys.get(name, "method.num_speculative_tokens")
         key = key if not decoder.fits(decoder.positions_needed(1, 1)) else "generation.max_new_tokens"
-        raise ConfigError(
-            f"{key}: max_new_tokens={new} plus k={decoder.k} drafted tokens need {need} positions with a "
-            f"one-token prompt ({name}), more than the models' context of {decoder.context_length} tokens; lower {key}"
-        )
+        raise ConfigError(room_message(key, new, decoder.k, need, name,
+                                       f"the models' context of {decoder.context_length} tokens"))
 
 
 def warm_up(decoders: list[SpeculativeDecoder], prompt: Prompt, cfg: DictConfig, tokenizer) -> None:

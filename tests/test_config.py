@@ -288,14 +288,20 @@ def test_relative_data_path_resolves_against_the_start_directory(tmp_path, monke
     assert [p.prompt_id for p in experiment.load_data(cfg)] == ["1"]
 
 
-def test_k_too_large_for_the_context_blames_k_not_the_prompts(tmp_path):
+@pytest.mark.parametrize("context_known", [True, False])
+def test_k_too_large_for_the_context_blames_k_not_the_prompts(tmp_path, monkeypatch, context_known):
+    """Said by `validate` where the config tells the context, else after loading, in the same words."""
+    if not context_known:  # as for a GGUF file not converted yet
+        monkeypatch.setattr("specdec.models.context_length_of", lambda spec: None)
+    where = "target's context of 512 tokens \\(max_position_embeddings\\)" if context_known else \
+        "models' context of 512 tokens"
     cfg = _compose([*TINY, "method.num_speculative_tokens=1000", "data.limit=1", "warmup=false", "plots=false"])
-    with pytest.raises(ConfigError, match=r"^method.num_speculative_tokens: max_new_tokens=64 plus k=1000 .*"
-                                          r"context of 512 tokens; lower method.num_speculative_tokens") as err:
+    with pytest.raises(ConfigError, match=rf"^method.num_speculative_tokens: max_new_tokens=64 plus k=1000 .*"
+                                          rf"more than the {where}; lower method.num_speculative_tokens$") as err:
         experiment.run(cfg, tmp_path)
     assert "prompt exceeds" not in str(err.value)
     cfg = _compose([*TINY, "generation.max_new_tokens=600", "data.limit=1", "warmup=false", "plots=false"])
-    with pytest.raises(ConfigError, match=r"^generation.max_new_tokens: .*lower generation.max_new_tokens"):
+    with pytest.raises(ConfigError, match=rf"^generation.max_new_tokens: .*{where}; lower generation.max_new_tokens$"):
         experiment.run(cfg, tmp_path / "second")
 
 
@@ -314,13 +320,28 @@ def test_max_new_tokens_past_the_context_is_refused_before_any_model_loads(tmp_p
     tiny_random_model(max_position_embeddings=96).save_pretrained(short)
     tiny_random_tokenizer(256).save_pretrained(short)
     monkeypatch.setattr("specdec.models.load_model", lambda *a, **k: pytest.fail("a model was loaded"))
-    validate(_compose([*TINY, f"draft.path={short}", "generation.max_new_tokens=95"]))
+    validate(_compose([*TINY, f"draft.path={short}", "generation.max_new_tokens=91"]))  # 1 + 91 + k=4 = 96
     for role in ("target", "draft"):
-        cfg = _compose([*TINY, f"{role}.path={short}", "generation.max_new_tokens=96"])
-        with pytest.raises(ConfigError, match=rf"^generation.max_new_tokens: 96 new tokens after a one-token prompt "
-                                              rf"need 97 positions, more than the {role}'s context of 96 tokens"):
+        cfg = _compose([*TINY, f"{role}.path={short}", "generation.max_new_tokens=92"])
+        with pytest.raises(ConfigError, match=rf"^generation.max_new_tokens: max_new_tokens=92 plus k=4 drafted tokens "
+                                              rf"need 97 positions with a one-token prompt \(draft\), more than the "
+                                              rf"{role}'s context of 96 tokens .*; lower generation.max_new_tokens$"):
             validate(cfg)
+    cfg = _compose([*TINY, f"target.path={short}", "method.num_speculative_tokens=95", "generation.max_new_tokens=1"])
+    with pytest.raises(ConfigError, match=r"^method.num_speculative_tokens: max_new_tokens=1 plus k=95 .* 97 "
+                                          r"positions .*; lower method.num_speculative_tokens$"):
+        validate(cfg)
     validate(_compose([*TINY, "method=ngram", f"draft.path={short}", "generation.max_new_tokens=96"]))  # draft unused
+    validate(_compose([*TINY, "method=autoregressive", f"target.path={short}", "generation.max_new_tokens=95"]))
+
+
+def test_prompts_that_all_exceed_the_context_are_a_config_error(tmp_path):
+    """An input error (one `Error:` line on the command line), naming what to lower."""
+    cfg = _compose([*TINY, "method=ngram", "generation.max_new_tokens=500", "data.limit=1", "warmup=false",
+                    "plots=false"])
+    with pytest.raises(ConfigError, match=r"^data: every selected prompt needs more than the models' context of 512 "
+                                          r"tokens with max_new_tokens=500; lower generation.max_new_tokens"):
+        experiment.run(cfg, tmp_path)
 
 
 @pytest.mark.parametrize("overrides", [["target=tiny_random"], ["~experiment", "method=medusa", "target=tiny_random"]])
