@@ -286,9 +286,10 @@ def room_message(key: str, new: int, k: int, need: int, method: str, context: st
 
 def _check_context(cfg: DictConfig, role: str) -> None:
     """Every method's max_new_tokens and k fit `role`'s context after a one-token prompt, where its
-    config alone tells the context (`specdec.models.context_length_of`). k is the schedule's k_max,
-    the least a step may take (a tree may take more); the prompts and the exact scoring width are
-    checked once the models are loaded (`experiment._check_room`)."""
+    config alone tells the context (`specdec.models.context_length_of`). k is the schedule's k_max, a
+    lower bound of what the decoder reserves per step (a tree's node budget or exact greedy's scoring
+    width may reserve more): the exact check, with the prompts, runs once the models are loaded
+    (`experiment._check_room`)."""
     from specdec.models import context_length_of
     from specdec.schedules import make_schedule
 
