@@ -238,11 +238,20 @@ class RowStats:
         return mean_accepted_length(self.emitted, self.steps)
 
     @property
-    def num_spec_steps(self) -> int:
-        return num_spec_steps(self.draft_lengths)
+    def steps_listed(self) -> bool:
+        """Whether vLLM's per-step metrics (below) are known: the per-step lists cover every step, or
+        nothing was drafted. Results written before the lists existed have only the counts, and a
+        row that drafted is then unknown (NaN, empty), not 'nothing drafted'."""
+        return len(self.draft_lengths) == self.steps or self.proposed == 0
+
+    @property
+    def num_spec_steps(self) -> int | None:
+        return num_spec_steps(self.draft_lengths) if self.steps_listed else None
 
     @property
     def mean_acceptance_length(self) -> float:
+        if not self.steps_listed:
+            return float("nan")
         return mean_acceptance_length(self.accepted, self.num_spec_steps)
 
     @property
@@ -251,14 +260,18 @@ class RowStats:
 
     @property
     def per_position_acceptance_rate(self) -> list[float]:
+        if not self.steps_listed:
+            return [float("nan")] * len(self.accepted_at)
         return per_position_acceptance_rate(self.accepted_at, self.num_spec_steps)
 
     @property
     def acceptance_histogram(self) -> list[int]:
-        return acceptance_histogram(self.draft_lengths, self.accepted_lengths)
+        return acceptance_histogram(self.draft_lengths, self.accepted_lengths) if self.steps_listed else []
 
     @property
     def acceptance_histogram_by_draft_length(self) -> dict[int, list[int]]:
+        if not self.steps_listed:
+            return {}
         return acceptance_histogram_by_draft_length(self.draft_lengths, self.accepted_lengths)
 
 

@@ -277,7 +277,7 @@ class MethodSummary:
     per_position_acceptance_rate: list[float] = field(default_factory=list)  # vLLM's, unconditional
     acceptance_histogram: list[int] = field(default_factory=list)
     acceptance_histogram_by_draft_length: dict[int, list[int]] = field(default_factory=dict)
-    num_spec_steps: int = 0
+    num_spec_steps: int | None = 0  # None: read from results without per-step lists
     ttft_s: float = float("nan")
     reused_cache_tokens: int = 0
     steps: int = 0

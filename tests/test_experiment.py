@@ -22,7 +22,7 @@ from specdec import experiment
 from specdec.data import Prompt, build_turn_input
 from specdec.decoding import Generation
 from specdec.metrics import GenerationStats, RowStats, expected_tokens_per_step
-from specdec.report import format_table, summarize
+from specdec.report import format_comparison, format_table, summarize
 from specdec.results import MethodSummary, PromptResult, Totals
 from specdec.tracking import Terminated, _jsonable, flatten, inspect_offline_run, read_offline_summary
 
@@ -368,13 +368,14 @@ def test_sigterm_from_outside_ends_the_process_as_killed(tmp_path, wandb_env):
 
 
 def _row(method, prompt_id="p", category="qa", steps=10, proposed=0, accepted=0, emitted=10, wall=1.0,
-         draft=0.0, verify=0.5, acc_at=(), reached_at=(), out=(1, 2, 3), lossless=True) -> PromptResult:
-    """A result as an older version wrote it to results.jsonl (no per-step lists): it still reads."""
+         draft=0.0, verify=0.5, acc_at=(), reached_at=(), out=(1, 2, 3), lossless=True, **fields) -> PromptResult:
+    """A result as an older version wrote it to results.jsonl (no per-step lists): it still reads.
+    `fields`: other keys of the line (per-step lists, turns, ttft_s), or ones that replace these."""
     return PromptResult.from_dict({"prompt_id": prompt_id, "category": category, "method": method, "new_tokens": emitted + 1,
             "wall_s": wall, "ttft_s": 0.1, "steps": steps, "proposed": proposed, "accepted": accepted,
             "emitted": emitted, "draft_s": draft, "verify_s": verify, "accepted_per_position": list(acc_at),
             "reached_per_position": list(reached_at), "output_token_ids": list(out), "lossless": lossless,
-            "verifier": "greedy" if lossless else "typical"})
+            "verifier": "greedy" if lossless else "typical", **fields})
 
 
 def test_expected_tokens_per_step():
@@ -419,6 +420,103 @@ def test_summary_marks_lossy_methods_and_counts_mismatches():
     assert s["methods"]["typical"]["categories"]["rag"]["matches_baseline"] == 0.0
     table = format_table(s)
     assert "typical (lossy)" in table and "| rag |" in table and "| qa |" in table
+
+
+def test_a_line_without_per_step_lists_leaves_vllms_per_step_metrics_unknown():
+    """An older results.jsonl line has the counts but not the per-step lists: alpha, tau and the
+    per-position acceptance still follow from the counts; vLLM's metrics over steps that drafted
+    cannot, and read as unknown, not as 'nothing drafted' (1.0, an empty histogram)."""
+    old = _row("draft", steps=5, proposed=10, accepted=7, emitted=12, acc_at=(5, 2), reached_at=(5, 4))
+    assert old.acceptance_rate == 0.7 and old.mean_accepted_length == 12 / 5
+    assert math.isnan(old.mean_acceptance_length) and old.acceptance_histogram == []
+    m = MethodSummary.measure([old], [_row("autoregressive", steps=20, emitted=20)], greedy=True)
+    assert m.num_spec_steps is None and math.isnan(m.mean_acceptance_length)
+    assert len(m.per_position_acceptance_rate) == 2 and all(math.isnan(x) for x in m.per_position_acceptance_rate)
+    assert m.per_position_acceptance == [1.0, 0.5] and m.acceptance_histogram_by_draft_length == {}
+    # nothing drafted is known without the lists: plain decoding keeps vLLM's 1.0
+    plain = _row("autoregressive")
+    assert plain.mean_acceptance_length == 1.0 and plain.counts.num_spec_steps == 0
+    listed = _row("draft", steps=2, proposed=4, accepted=3, emitted=5, acc_at=(2, 1), reached_at=(2, 2),
+                  draft_lengths=[2, 2], accepted_lengths=[2, 1])
+    assert listed.mean_acceptance_length == 2.5 and listed.acceptance_histogram == [0, 1, 1]
+
+
+def test_per_prompt_speedup_spread_is_the_median_min_and_max_over_prompts():
+    # baseline 20 tokens/s on each prompt; the method 20, 40 and 80: per-prompt speedups 1, 2 and 4
+    # (mean 2.33), while the pooled speedup is 60 tokens in 1.75 s against 60 in 3 s
+    rows = [_row("autoregressive", p, steps=19, emitted=19, wall=1.0) for p in "abc"]
+    rows += [_row("draft", p, steps=19, emitted=19, wall=w) for p, w in zip("abc", (1.0, 0.5, 0.25))]
+    m = MethodSummary.measure(rows[3:], rows[:3], greedy=True)
+    assert (m.speedup_median, m.speedup_min, m.speedup_max) == (2.0, 1.0, 4.0)
+    assert m.speedup == pytest.approx((60 / 1.75) / 20)
+    table = format_comparison(summarize(rows, ["draft"], {}, greedy=True))
+    draft = next(line for line in table.splitlines() if line.startswith("| draft |"))
+    assert "| 1.71x | 2.00 (1.00-4.00) |" in draft
+
+
+def test_ttft_is_the_mean_over_prompts():
+    rows = [_row("draft", p, ttft_s=t) for p, t in zip("abc", (0.1, 0.2, 0.6))]
+    assert Totals.of(rows).ttft_s == pytest.approx(0.3)  # the median would be 0.2
+    assert MethodSummary.measure(rows, rows, greedy=True).ttft_s == pytest.approx(0.3)
+
+
+def test_each_category_is_measured_against_the_baseline_on_its_own_prompts():
+    # baseline: qa at 20 tokens/s, rag at 80; the method: qa at 40, rag at 80. Against the pooled
+    # baseline (40 tokens in 1.25 s) qa would read 1.25x and rag 2.5x.
+    rows = [_row("autoregressive", "a", "qa", steps=19, emitted=19, wall=1.0),
+            _row("autoregressive", "b", "rag", steps=19, emitted=19, wall=0.25),
+            # qa: 5 steps, 3 of which drafted 2 (all accepted) and 2 nothing: tau = 8 / 5, vLLM's 1 + 6 / 3
+            _row("draft", "a", "qa", steps=5, proposed=6, accepted=6, emitted=8, wall=0.5, acc_at=(3, 3),
+                 reached_at=(3, 3), new_tokens=20, draft_lengths=[2, 0, 2, 0, 2], accepted_lengths=[2, 0, 2, 0, 2]),
+            _row("draft", "b", "rag", steps=19, emitted=19, wall=0.25)]
+    s = summarize(rows, "draft", {}, greedy=True)
+    assert s["per_category"]["qa"]["speedup"] == pytest.approx(2.0)
+    assert s["per_category"]["rag"]["speedup"] == pytest.approx(1.0)
+    assert s["methods"]["draft"]["categories"]["qa"]["speedup"] == pytest.approx(2.0)
+    assert s["speedup"] == pytest.approx((40 / 0.75) / (40 / 1.25))
+    assert s["per_category"]["qa"]["mean_accepted_length"] == pytest.approx(8 / 5)  # tau, not vLLM's 3.0
+    assert s["methods"]["draft"]["categories"]["qa"]["mean_acceptance_length"] == pytest.approx(3.0)
+
+
+def test_predicted_speedup_with_prefill_counts_every_turns_prefill():
+    # one conversation of two turns, TTFT 0.1 s each (ttft_s is their mean): 0.2 s of prefill for the
+    # 2 tokens the prefills give; the other 19 at E = 1 + 1 + 0.5 per 0.1 s step (0.1 + 0.4 s over 5)
+    base = _row("autoregressive", steps=19, emitted=19, new_tokens=21, wall=1.05, verify=0.95, turns=2)
+    method = _row("draft", steps=5, proposed=10, accepted=7, emitted=19, new_tokens=21, wall=0.9, draft=0.1,
+                  verify=0.4, acc_at=(5, 2), reached_at=(5, 4), turns=2)
+    m = MethodSummary.measure([method], [base], greedy=True)
+    seconds = 0.2 + 19 / 2.5 * 0.1
+    assert m.predicted_speedup_with_prefill == pytest.approx((21 / seconds) / (21 / 1.05))
+
+
+def test_plain_decoding_predicts_no_speedup():
+    base = [_row("autoregressive", p) for p in "ab"]
+    m = MethodSummary.measure(base, base, greedy=True)
+    assert m.speedup == 1.0 and m.predicted_speedup == 1.0 and m.predicted_speedup_with_prefill == 1.0
+    assert math.isnan(m.c) and math.isnan(m.measured_over_predicted)  # nothing drafted: no draft cost
+    assert math.isnan(MethodSummary.measure([], base, greedy=True).predicted_speedup)  # nothing ran
+
+
+def test_table_columns_hold_their_numbers():
+    # the case of test_cost_model_and_predicted_speedup: the method 13 tokens in 0.6 s, the baseline 21 in 1.2 s
+    rows = [_row("autoregressive", steps=20, emitted=20, wall=1.2, verify=1.0),
+            _row("draft", steps=5, proposed=10, accepted=7, emitted=12, wall=0.6, draft=0.1, verify=0.4,
+                 acc_at=(5, 2), reached_at=(5, 4))]
+    table = format_table(summarize(rows, "draft", {"num_speculative_tokens": 2}, greedy=True))
+    lines = table.splitlines()
+    assert lines[2] == "| category | speedup | tau | alpha | predicted | c | tok/s | base tok/s | = baseline |"
+    # speedup (13 / 0.6) / 17.5, tau 12 / 5, alpha 7 / 10, predicted 2.5 * 0.05 / 0.1, c 0.01 / 0.05
+    assert lines[-1] == "| **overall** | 1.24x | 2.40 | 0.70 | 1.25x | 0.20 | 21.7 | 17.5 | 100% |"
+
+
+def test_a_prompt_result_takes_its_share_of_the_batch_times():
+    # three rows decoded together: each row's wall, draft, verify and CPU seconds are a third of the batch's
+    rows = [RowStats(new_tokens=2, steps=1, emitted=1, wall_s=0.4 * (j + 1)) for j in range(3)]
+    stats = GenerationStats(rows=rows, ttft_s=0.1, draft_s=0.3, verify_s=0.6, wall_s=1.2, cpu_s=0.9)
+    gen = Generation([[7, 8]] * 3, [[1, 2]] * 3, stats, state=None, texts=["x y"] * 3)
+    r = PromptResult.from_generations("p", "qa", "draft", 0, [gen], row=1)
+    assert (r.wall_s, r.draft_s, r.verify_s, r.cpu_s) == pytest.approx((0.4, 0.1, 0.2, 0.3))
+    assert r.latency_s == pytest.approx(0.8) and r.ttft_s == 0.1  # latencies are the row's own, not shares
 
 
 def test_hf_source_with_a_local_file(tmp_path):

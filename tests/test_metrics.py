@@ -75,6 +75,15 @@ def test_definitions_on_edge_cases():
     assert expected_tokens_per_step([0.5, float("nan")]) == pytest.approx(1.5)  # unknown positions stop it
 
 
+def test_histogram_length_follows_the_longest_draft_not_the_longest_acceptance():
+    # k = 3 was drafted but no step accepted more than one: entries 2 and 3 are still there, as zeros
+    assert acceptance_histogram([3, 2, 0], [1, 0, 0]) == [1, 1, 0, 0]
+    r = RowStats()
+    r.record(3, 1, 2)
+    r.record(2, 0, 1)
+    assert r.acceptance_histogram == [1, 1, 0, 0]
+
+
 def test_predicted_speedups_against_hand_computed_values():
     # E = 2 tokens per step; a baseline step 0.1 s, the method's step (drafting + scoring) 0.125 s
     assert predicted_speedup(2.0, 0.1, 0.125) == pytest.approx(1.6)
@@ -137,6 +146,18 @@ def test_the_summary_applies_the_same_definitions(row):
     # a block of summary.json: the histogram's draft lengths come back as numbers
     assert MethodSummary.from_dict(json.loads(json.dumps(m.to_dict()))).acceptance_histogram_by_draft_length == \
         {3: [0, 0, 1, 0], 4: [0, 1, 1, 0, 1]}
+
+
+def test_the_summary_weighs_each_position_by_the_steps_that_drafted_it(row):
+    """E = 1 + sum_i d_i prod_{j<=i} a_j with d_i over every step, the one that drafted nothing included:
+    d = proposed_at / 5 steps = (0.8, 0.8, 0.8, 0.6) and a = (1, 1, 0.5, 1)."""
+    base = RowStats()
+    for _ in range(12):
+        base.record(0, 0, 1)
+    m = MethodSummary.measure([_result(row, "draft")], [_result(base, "autoregressive")], greedy=True)
+    assert m.expected_tokens_per_step == pytest.approx(1 + 0.8 * 1 + 0.8 * 1 + 0.8 * 0.5 + 0.6 * 0.5)  # 3.3
+    # predicted = E * t_base / t_step: the baseline's 0.5 s over 12 steps, the method's 0.6 s over 5
+    assert m.predicted_speedup == pytest.approx(3.3 * (0.5 / 12) / (0.6 / 5))
 
 
 def test_decoder_does_not_count_drafts_past_max_new_tokens(engine_factory):
