@@ -87,6 +87,14 @@ MIN_KV = 64  # the smallest key bucket
 # compile every graph again (SmolLM2 at batch 1: 24 MB; a 1B Llama at batch 32: 1 GB).
 MIN_BUFFER = 1024
 RECOMPILE_LIMIT = 64  # torch's default (8) is below widths x key buckets x batch sizes x models
+# Under compile=autotune, bfloat16 on a CPU with bfloat16 units (`gemm_backends`): graphs whose matrix
+# products take at most this many rows (batch x width) autotune among inductor's C++ GEMM templates
+# alone. With oneDNN's kernels among the choices, autotuning (which times each product on its own)
+# kept some that cost more inside the graph: SmolLM2, 100 cached tokens, a 4-wide pass cost
+# 0.27-0.32x eager with the C++ templates alone, 0.41x with both; 1 and 2 wide about the same
+# (0.27-0.29x, 0.29-0.31x). Wider, the C++ templates alone are far slower (6 wide 0.73-0.85x eager
+# against 0.51x, 8 wide 1.31x against 0.52x), so wider graphs keep both (experiments/gpu/README.md).
+CPP_GEMM_ROWS = 4
 # Calls whose graph a caller has already run skip dynamo's guard evaluation (`_unguarded`): about
 # 1 ms of host time a call for SmolLM2 on this CPU (experiments/gpu). False: every call evaluates them.
 SKIP_KNOWN_GUARDS = True
@@ -134,6 +142,16 @@ def narrowest_width(device: torch.device, dtype: torch.dtype, autotune: bool = F
     if autotune or device.type == "cpu" and not cpu_has_bfloat16_units():
         return 1
     return NARROWEST.get((device.type, dtype), 1)
+
+
+def gemm_backends(device: torch.device, dtype: torch.dtype, autotune: bool, rows: int | None) -> str | None:
+    """The GEMM kernels a graph autotunes among when not inductor's default (None): under
+    `compile=autotune`, bfloat16 on a CPU with bfloat16 units, a graph whose matrix products take at
+    most `CPP_GEMM_ROWS` rows (batch x width) tunes among inductor's C++ GEMM templates only."""
+    if autotune and rows is not None and rows <= CPP_GEMM_ROWS and device.type == "cpu" \
+            and dtype == torch.bfloat16 and cpu_has_bfloat16_units():
+        return "CPP"
+    return None
 
 
 def width_bucket(t: int, least: int = 1) -> int:
@@ -301,18 +319,21 @@ def _compiled(fn, device: torch.device, backend: str, cuda_graphs: str = "trees"
 QUIET_AUTOTUNE = {"autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
 
 
-def _compiling(freezing: bool, autotune: bool):
+def _compiling(freezing: bool, autotune: bool, backends: str | None = None):
     """Inductor settings read while a graph compiles, patched around a call that may compile and left
     as they were for everything else in the process. `freezing`: read both while dynamo traces
     (weights become graph constants, guarded by identity) and while inductor compiles, so it is
     patched rather than passed as a compile option. `autotune`: what inductor prints for every matrix
     product it tunes (a table of timings, a JSON of the choices' stats: screenfuls for each graph of
-    a real model) is not printed (`QUIET_AUTOTUNE`, as far as this torch has the settings)."""
+    a real model) is not printed (`QUIET_AUTOTUNE`, as far as this torch has the settings);
+    `backends`: the GEMM kernels it tunes among (`gemm_backends`), when not its default."""
     import torch._inductor.config as inductor_config
 
     patches = {"freezing": True} if freezing else {}
     if autotune:
         patches.update({k: v for k, v in QUIET_AUTOTUNE.items() if hasattr(inductor_config, k)})
+    if autotune and backends is not None:
+        patches["max_autotune_gemm_backends"] = backends
     return inductor_config.patch(patches) if patches else contextlib.nullcontext()
 
 
@@ -428,6 +449,7 @@ class _BucketedPasses:
         self.backend = backend
         self.device = device
         self.autotune = autotune
+        self.dtype = dtype
         self.narrowest = narrowest_width(device, dtype, autotune)  # passes of fewer tokens are padded to it
         self.cuda_graphs = cuda_graphs
         # What captures an explicit graph (`CudaGraph` on CUDA; the tests give a stand-in on a CPU),
@@ -530,8 +552,9 @@ class _BucketedPasses:
         self.shapes.add((kind, b, w, view.kv_len))
         return slots, view
 
-    def _run(self, fn, model: torch.nn.Module, *args):
-        """`fn(*args)` compiled; `model` is the transformers model whose config names the attention.
+    def _run(self, fn, model: torch.nn.Module, *args, rows: int | None = None):
+        """`fn(*args)` compiled; `model` is the transformers model whose config names the attention;
+        `rows`: the most rows (batch x width) its matrix products take, where known (`gemm_backends`).
         With explicit CUDA graphs, a call of a shape captured before is a replay of its graph."""
         before, start = _graphs_compiled(), time.perf_counter()
         captures, skips = _GRAPH_CAPTURES[0], _cuda_graph_skips()
@@ -540,11 +563,12 @@ class _BucketedPasses:
         entry = _entry(fn, args)
         known = SKIP_KNOWN_GUARDS and entry in self._entries and entry not in self._guarded and _CAN_SKIP_GUARDS
         compiled = _compiled(fn, self.device, self.backend, self.cuda_graphs, self.autotune)
+        backends = gemm_backends(self.device, self.dtype, self.autotune, rows)
 
         def call(*args):
             # Settings read only while compiling: a known entry, which runs a graph that exists, skips the patch.
             with _unguarded(known), _compiling(freezes(self.device, self.backend) and not known,
-                                               self.autotune and not known), \
+                                               self.autotune and not known, backends), \
                     grouped_attention(model):
                 return compiled(*args)
 
@@ -618,7 +642,7 @@ class CompiledForward(_BucketedPasses):
             capture.active = True
         try:
             out = self._run(_forward, owner.model, owner.model, owner.layout, view, tokens, positions, owner.dtype,
-                            mask, capture)
+                            mask, capture, rows=b * w)
         finally:
             if capture is not None:
                 capture.active = False
@@ -650,7 +674,7 @@ class CompiledForward(_BucketedPasses):
         view.rows = row_index(b, 1, self.device)  # each pass of the chain writes one slot per row
         positions = _slot_positions(cache.lengths, n, owner.context_length, self.device)
         drafted = self._run(_chain, owner.model, owner.model, owner.layout, view, first[:, None], positions,
-                            view.write_pos, owner.dtype)
+                            view.write_pos, owner.dtype, rows=b)
         cache.advance([n] * b)
         return drafted.clone() if self.device.type == "cuda" else drafted
 
@@ -673,7 +697,8 @@ class CompiledForward(_BucketedPasses):
         chain_slots = to_device([[a + j for j in range(n)] for a in after], self.device)  # room checked above
         drafted = self._run(_catch_up_chain, owner.model, owner.model, owner.layout, view, _pad(chunk, w), positions,
                             to_device([c - 1 for c in counts], self.device), row_index(b, 1, self.device),
-                            _slot_positions(after, n, owner.context_length, self.device), chain_slots, owner.dtype)
+                            _slot_positions(after, n, owner.context_length, self.device), chain_slots, owner.dtype,
+                            rows=b * w)
         cache.advance(counts)
         cache.advance([n] * b)
         return drafted.clone() if self.device.type == "cuda" else drafted
@@ -727,7 +752,8 @@ class CompiledModule(_BucketedPasses):
         slots, view = begun
         positions = _pad_positions(positions, w)
         inputs = tuple(_pad(x, w) for x in inputs)
-        out = self._run(_call, self.model, self.module, *inputs, positions, masks(slots, positions, view.kv_len), view)
+        out = self._run(_call, self.model, self.module, *inputs, positions, masks(slots, positions, view.kv_len), view,
+                        rows=b * w)
         cache.advance(counts)
         out = out[:, :t]
         return out.clone() if self.device.type == "cuda" else out

@@ -171,6 +171,55 @@ def test_autotune_compiles_apart_and_reaches_every_compiled_caller(target, monke
     assert modes == [None, "max-autotune-no-cudagraphs", "max-autotune", "max-autotune-no-cudagraphs", None]
 
 
+def test_autotuned_narrow_graphs_tune_among_the_cpp_gemms_only(monkeypatch):
+    """Under compile=autotune in bfloat16 on a CPU with bfloat16 units, a graph whose products take
+    at most CPP_GEMM_ROWS rows (batch x width) autotunes among inductor's C++ GEMM templates alone
+    (where oneDNN's kernels, chosen by autotuning, cost more inside the graph); wider graphs, other
+    dtypes, CPUs and modes keep inductor's default choices."""
+    import torch._inductor.config as inductor_config
+
+    from specdec import compiled
+    from specdec.compiled import CPP_GEMM_ROWS, _compiling, gemm_backends
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
+    assert gemm_backends(cpu, torch.bfloat16, True, CPP_GEMM_ROWS) == "CPP"
+    assert gemm_backends(cpu, torch.bfloat16, True, CPP_GEMM_ROWS + 1) is None
+    assert gemm_backends(cpu, torch.bfloat16, True, None) is None  # rows unknown (a CompiledCall)
+    assert gemm_backends(cpu, torch.bfloat16, False, 1) is None
+    assert gemm_backends(cpu, torch.float32, True, 1) is None
+    assert gemm_backends(torch.device("cuda"), torch.bfloat16, True, 1) is None
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    assert gemm_backends(cpu, torch.bfloat16, True, 1) is None
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
+
+    default = inductor_config.max_autotune_gemm_backends
+    with _compiling(freezing=True, autotune=True, backends="CPP"):
+        assert inductor_config.max_autotune_gemm_backends == "CPP"
+    assert inductor_config.max_autotune_gemm_backends == default
+
+    # What each pass asks for: rows = batch x the width it runs at (1-token passes are not padded
+    # under autotune); the eager backend traces the same calls without generating kernels.
+    asked = []
+    real = compiled._compiling
+    monkeypatch.setattr(compiled, "_compiling", lambda f, a, backends=None: asked.append(backends) or real(f, a, backends))
+    engine = Engine(tiny_random_model(), tiny_random_model(seed=1), dtype="bfloat16", compile="autotune")
+    for model in (engine.target, engine.draft):
+        model.compiled = CompiledForward(model, backend="eager", autotune=True)
+    decoder = SpeculativeDecoder(engine, DraftModelProposer(engine), num_speculative_tokens=4)
+    decoder.exact_greedy = False
+    widths = []
+    for model in (engine.target, engine.draft):
+        run = model.compiled._run
+        model.compiled._run = lambda *a, run=run, **kw: widths.append(kw.get("rows")) or run(*a, **kw)
+    decoder.generate([[5, 6, 7]], max_new_tokens=6)
+    assert widths and set(widths) >= {1, 6}  # the draft's one-token passes, the target's 5 tokens at width 6
+    assert asked == [gemm_backends(cpu, torch.bfloat16, True, r) for r in widths]
+    assert "CPP" in asked and None in asked
+    SpeculativeDecoder(engine).generate([[5, 6, 7], [8, 9]], max_new_tokens=3)
+    assert widths[-1] == 2 and asked[-1] == "CPP"  # two rows of one token
+
+
 def test_compiled_speculative_equals_compiled_plain_without_fixed_width(target):
     """Widths vary with k (exact greedy off): padding to a width bucket must not change any token."""
     engine = _engine(target, target, "on")

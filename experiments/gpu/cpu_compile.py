@@ -98,9 +98,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "schedule/): constant (each method's k, every step) or one that chooses k, such as cost_aware")
     ap.add_argument("--modes", default="off,on", help=f"comma-separated compile modes, off and any of "
                     f"{', '.join(MODES[1:])}")
+    ap.add_argument("--k", default="", help="method=k pairs, comma-separated, in place of each method's "
+                    "default k (e.g. ngram=3)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     args.modes = args.modes.split(",")
+    try:
+        args.k = {**K, **{m: int(k) for m, k in (pair.split("=") for pair in args.k.split(",") if pair)}}
+    except ValueError:
+        ap.error(f"--k {args.k}: method=k pairs, such as ngram=3")
+    if set(args.k) - set(METHODS) or min(args.k.values()) < 1:
+        ap.error(f"--k {args.k}: methods from {', '.join(METHODS)}, each k >= 1")
     if args.modes[0] != "off" or len(args.modes) < 2 or not set(args.modes[1:]) <= set(MODES[1:]) \
             or len(set(args.modes)) < len(args.modes):
         ap.error(f"--modes {','.join(args.modes)}: off first (every compiled mode is measured against it), "
@@ -150,8 +158,8 @@ def build_decoders(model, tok, args) -> dict[tuple[str, str], SpeculativeDecoder
     for method in args.methods.split(","):
         for mode in args.modes:
             e = engine(ENGINE_KIND.get(method, "shared"), mode)
-            schedule = make_schedule(args.schedule, K[method]) if method != BASELINE else None
-            d = SpeculativeDecoder(e, proposer(method, e), num_speculative_tokens=K[method], tokenizer=tok,
+            schedule = make_schedule(args.schedule, args.k[method]) if method != BASELINE else None
+            d = SpeculativeDecoder(e, proposer(method, e), num_speculative_tokens=args.k[method], tokenizer=tok,
                                    eos_token_id=[], schedule=schedule)
             d.exact_greedy = False
             decoders[method, mode] = d
