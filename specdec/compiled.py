@@ -106,9 +106,10 @@ def resolve_compile(compile: str | bool, device: torch.device) -> bool:
     thread, Spec-Bench prompts) compiled plain decoding measured 1.80-1.84x eager by process CPU
     time, and the speculative methods kept their speedups within a few percent (Medusa's earlier
     10-token tree lost 4%; its 4-token default gains, 1.05x -> 1.10x), but every process first spends about
-    40 s per graph compiling (10-15 minutes for a Spec-Bench run's graphs; the on-disk cache saves
-    little with frozen weights), so a run gains only past about 30 minutes of eager decoding
-    (experiments/gpu/README.md): `auto` keeps the CPU eager.
+    40 s per graph compiling (10-15 minutes for a Spec-Bench run's graphs; inductor's on-disk graph
+    cache skips graphs whose frozen weights are packed for oneDNN, 'mkldnn tensors unpickleable'),
+    so a run gains only past about 30 minutes of eager decoding (experiments/gpu/README.md): `auto`
+    keeps the CPU eager.
     On CUDA, eager decoding is launch-bound (15% GPU busy on an H200), which is what compiling
     removes."""
     if compile is True or compile in ("on", "autotune"):
