@@ -6,6 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from specdec import compiled
+from specdec.compiled import CPP_GEMM_ROWS
+
 
 def _experiment(name: str):
     path = Path(__file__).resolve().parents[1] / "experiments" / "gpu" / f"{name}.py"
@@ -43,7 +46,10 @@ def test_widths_study_reports_each_width_in_both_modes(tmp_path):
     rows = out["contexts"][20]
     assert [r["tokens"] for r in rows] == [1, 3] and [r["width_on"] for r in rows] == [1, 4]  # float32: 1 wide
     assert all(r["ms_off"] > 0 and r["ms_on"] > 0 for r in rows) and rows[0]["on_over_t1"] == 1.0
-    assert (tmp_path / "w.json").exists()
+    assert (tmp_path / "w.json").exists() and out["cpp_gemm_rows"] == CPP_GEMM_ROWS
+    tuned = _experiment("widths").main(["--model", "tiny_random", "--dtype", "float32", "--widths", "1",
+                                        "--contexts", "20", "--repeats", "1", "--calls", "1", "--cpp-gemm-rows", "0"])
+    assert tuned["cpp_gemm_rows"] == 0 and compiled.CPP_GEMM_ROWS == CPP_GEMM_ROWS  # the study's graphs only
     for bad in ("on,off", "off", "off,fast"):  # off first: every compiled mode is reported against it
         with pytest.raises(SystemExit):
             _experiment("widths").main(["--model", "tiny_random", "--modes", bad])

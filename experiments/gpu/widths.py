@@ -11,6 +11,7 @@ k = 8) can be told what compiling does to its step.
     python experiments/gpu/widths.py --model tiny_random --dtype float32 --repeats 2 --contexts 20
     python experiments/gpu/widths.py --widths 1,2,4 --narrowest 1   # compiled passes at their own width
     python experiments/gpu/widths.py --widths 1,2,4,8 --contexts 100 --modes off,on,autotune
+    python experiments/gpu/widths.py --widths 1,2,4,6,8 --contexts 100 --modes off,autotune --cpp-gemm-rows 0
 
 One engine per mode on the same model; per context length, a prompt is prefilled once per engine,
 then each pass of T tokens is run and rolled back. Passes alternate between the modes and rotate
@@ -24,9 +25,11 @@ import argparse
 import json
 import statistics
 import time
+from unittest import mock
 
 import torch
 
+from specdec import compiled as compiled_module
 from specdec.engine import Engine
 from specdec.models import ModelSpec, load_model
 
@@ -45,15 +48,25 @@ def main(argv: list[str] | None = None) -> dict:
                     help="pad compiled passes to at least this width (default: the engine's rule, "
                          "specdec.compiled.narrowest_width)")
     ap.add_argument("--modes", default="off,on", help="off, then one or more of on, autotune (compile=)")
+    ap.add_argument("--cpp-gemm-rows", type=int, default=None,
+                    help="autotune: graphs of at most this many rows tune among the C++ GEMMs only "
+                         "(default specdec.compiled.CPP_GEMM_ROWS; 0: inductor's default choices everywhere)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     modes = args.modes.split(",")
     if modes[0] != "off" or len(modes) < 2 or not set(modes[1:]) <= set(MODES[1:]) or len(set(modes)) < len(modes):
         ap.error(f"--modes {args.modes}: off first, then one or more of {', '.join(MODES[1:])}")
-    compiled = modes[1:]
     widths = [int(t) for t in args.widths.split(",")]
     if 1 not in widths:
         ap.error(f"--widths {args.widths}: include 1, the pass every other width is reported against")
+    rows = compiled_module.CPP_GEMM_ROWS if args.cpp_gemm_rows is None else args.cpp_gemm_rows
+    with mock.patch.object(compiled_module, "CPP_GEMM_ROWS", rows):  # this study's graphs only
+        return measure(args, modes, widths)
+
+
+def measure(args: argparse.Namespace, modes: list[str], widths: list[int]) -> dict:
+    """The passes of `widths` tokens in every mode, timed as the module docstring says."""
+    compiled = modes[1:]
     torch.set_num_threads(1)
     model, _ = load_model(ModelSpec(path=args.model))
     engines = {mode: Engine(model, None, dtype=args.dtype, compile=mode) for mode in modes}
@@ -63,7 +76,7 @@ def main(argv: list[str] | None = None) -> dict:
     vocab = engines["off"].target.vocab_size
     gen = torch.Generator().manual_seed(0)
     result = {"model": args.model, "dtype": args.dtype, "torch": torch.__version__, "repeats": args.repeats,
-              "calls": args.calls, "narrowest": {m: engines[m].target.compiled.narrowest for m in compiled},
+              "calls": args.calls, "cpp_gemm_rows": compiled_module.CPP_GEMM_ROWS, "narrowest": {m: engines[m].target.compiled.narrowest for m in compiled},
               "modes": modes, "contexts": {}}
     for context in (int(c) for c in args.contexts.split(",")):
         prompt = torch.randint(100, vocab, (1, context), generator=gen)
