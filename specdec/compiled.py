@@ -91,8 +91,8 @@ RECOMPILE_LIMIT = 64  # torch's default (8) is below widths x key buckets x batc
 # products take at most this many rows (batch x width) autotune among inductor's C++ GEMM templates
 # alone. With oneDNN's kernels among the choices, autotuning (which times each product on its own)
 # kept some that cost more inside the graph: SmolLM2, 100 cached tokens, a 4-wide pass cost
-# 0.27-0.32x eager with the C++ templates alone, 0.41x with both; 1 and 2 wide about the same
-# (0.27-0.29x, 0.29-0.31x). Wider, the C++ templates alone are far slower (6 wide 0.73-0.85x eager
+# 0.27-0.32x eager with the C++ templates alone, 0.41x with both; 1 wide 0.27-0.29x against 0.31x,
+# 2 wide 0.29x either way. Wider, the C++ templates alone are far slower (6 wide 0.73-0.85x eager
 # against 0.51x, 8 wide 1.31x against 0.52x), so wider graphs keep both (experiments/gpu/README.md).
 CPP_GEMM_ROWS = 4
 # Calls whose graph a caller has already run skip dynamo's guard evaluation (`_unguarded`): about
@@ -564,7 +564,7 @@ class _BucketedPasses:
         entry = _entry(fn, args)
         known = SKIP_KNOWN_GUARDS and entry in self._entries and entry not in self._guarded and _CAN_SKIP_GUARDS
         compiled = _compiled(fn, self.device, self.backend, self.cuda_graphs, self.autotune)
-        backends = gemm_backends(self.device, self.dtype, self.autotune, rows)
+        backends = None if known else gemm_backends(self.device, self.dtype, self.autotune, rows)
 
         def call(*args):
             # Settings read only while compiling: a known entry, which runs a graph that exists, skips the patch.
