@@ -67,9 +67,9 @@ def count(method: str, overlap: str, new_tokens: int) -> tuple[float, Counter, i
     mode = _Launches()
     run = compiled._BucketedPasses._run
 
-    def outside(self, *args):  # the compiled call itself is not counted
+    def outside(self, *args, **kwargs):  # the compiled call itself is not counted
         with _pop_mode_temporarily():
-            return run(self, *args)
+            return run(self, *args, **kwargs)
 
     compiled._BucketedPasses._run = outside
     try:
