@@ -564,10 +564,11 @@ class _BucketedPasses:
         entry = _entry(fn, args)
         known = SKIP_KNOWN_GUARDS and entry in self._entries and entry not in self._guarded and _CAN_SKIP_GUARDS
         compiled = _compiled(fn, self.device, self.backend, self.cuda_graphs, self.autotune)
-        backends = None if known else gemm_backends(self.device, self.dtype, self.autotune, rows)
 
         def call(*args):
-            # Settings read only while compiling: a known entry, which runs a graph that exists, skips the patch.
+            # Settings read only while compiling: a known entry, which runs a graph that exists, skips the
+            # patch. `known` is read here, at the call, since a refused known call runs again unknown (below).
+            backends = None if known else gemm_backends(self.device, self.dtype, self.autotune, rows)
             with _unguarded(known), _compiling(freezes(self.device, self.backend) and not known,
                                                self.autotune and not known, backends), \
                     grouped_attention(model):

@@ -76,8 +76,8 @@ def measure(args: argparse.Namespace, modes: list[str], widths: list[int]) -> di
     vocab = engines["off"].target.vocab_size
     gen = torch.Generator().manual_seed(0)
     result = {"model": args.model, "dtype": args.dtype, "torch": torch.__version__, "repeats": args.repeats,
-              "calls": args.calls, "cpp_gemm_rows": compiled_module.CPP_GEMM_ROWS, "narrowest": {m: engines[m].target.compiled.narrowest for m in compiled},
-              "modes": modes, "contexts": {}}
+              "calls": args.calls, "cpp_gemm_rows": compiled_module.CPP_GEMM_ROWS,
+              "narrowest": {m: engines[m].target.compiled.narrowest for m in compiled}, "modes": modes, "contexts": {}}
     for context in (int(c) for c in args.contexts.split(",")):
         prompt = torch.randint(100, vocab, (1, context), generator=gen)
         passes = torch.randint(100, vocab, (1, max(widths)), generator=gen)
