@@ -279,11 +279,10 @@ def _tree_proposer(method: str, engine: Engine, tmp_path: Path):
     return SuffixTreeProposer(max_spec_factor=2.0, budget=8)
 
 
-def test_a_known_graph_that_no_longer_fits_recompiles_instead_of_failing(target, monkeypatch):
-    """Known entries skip dynamo's guards (`_unguarded`). A Python value the traced code reads, which
-    the host's key cannot see, may still change (a timer wrapped around a drafter's forward, say);
-    dynamo then finds no graph that fits and refuses to compile under the skipping stance. That call
-    must run again with its guards (dynamo recompiles), and so must that entry from then on."""
+def _refuse_first_known_call(monkeypatch, asked: list | None = None) -> list[int]:
+    """Make the first call to a known entry (one that skips dynamo's guards) fail as dynamo fails when
+    no graph fits under the skipping stance. Returns the list the refusal is recorded in: one item,
+    `len(asked)` at the time (the `_compiling` calls recorded before it), once it has happened."""
     import specdec.compiled as compiled_module
 
     real_compiled, real_unguarded = compiled_module._compiled, compiled_module._unguarded
@@ -301,13 +300,22 @@ def test_a_known_graph_that_no_longer_fits_recompiles_instead_of_failing(target,
 
         def call(*a):
             if skipping[0] and not refused:  # the first known call finds no graph that fits
-                refused.append(1)
+                refused.append(len(asked or ()))
                 raise RuntimeError("Recompilation triggered with skip_guard_eval_unsafe stance. This usually means ...")
             return fn(*a)
         return call
 
     monkeypatch.setattr(compiled_module, "_unguarded", unguarded)
     monkeypatch.setattr(compiled_module, "_compiled", compiled)
+    return refused
+
+
+def test_a_known_graph_that_no_longer_fits_recompiles_instead_of_failing(target, monkeypatch):
+    """Known entries skip dynamo's guards (`_unguarded`). A Python value the traced code reads, which
+    the host's key cannot see, may still change (a timer wrapped around a drafter's forward, say);
+    dynamo then finds no graph that fits and refuses to compile under the skipping stance. That call
+    must run again with its guards (dynamo recompiles), and so must that entry from then on."""
+    refused = _refuse_first_known_call(monkeypatch)
     prompts = [RAGGED_PROMPTS[0], list(range(1, 71))]  # key buckets 64 and 128: two entries
     eager = [_generate(_engine(target, None, "off"), 0, [p], max_new_tokens=12).output_ids for p in prompts]
     engine = _engine(target, None, "on")
@@ -315,6 +323,26 @@ def test_a_known_graph_that_no_longer_fits_recompiles_instead_of_failing(target,
     caller = engine.target.compiled
     assert len(refused) == 1 and len(caller._guarded) == 1 and len(caller._entries) == 2
     assert caller.unguarded_calls > 0  # the other entry still skips its guards
+
+
+def test_a_refused_known_call_recompiles_with_the_autotune_rule(monkeypatch):
+    """The call that runs again with its guards after a refusal may compile, so under autotune it
+    asks for the GEMM-kernel rule's choice (`gemm_backends`) like any call that may compile, not for
+    the nothing a known call asks for."""
+    from specdec import compiled
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
+    asked = []
+    real = compiled._compiling
+    monkeypatch.setattr(compiled, "_compiling", lambda f, a, backends=None: asked.append((a, backends)) or real(f, a, backends))
+    refused = _refuse_first_known_call(monkeypatch, asked)
+    engine = Engine(tiny_random_model(), dtype="bfloat16", compile="autotune")
+    engine.target.compiled = CompiledForward(engine.target, backend="eager", autotune=True)
+    SpeculativeDecoder(engine).generate([[5, 6, 7]], max_new_tokens=6)  # one-token passes: 1 row, "CPP"
+    assert len(refused) == 1
+    at = refused[0]
+    assert asked[at - 1] == (False, None)  # the known call: nothing may compile
+    assert asked[at] == (True, "CPP")  # its retry may compile, with the rule's kernels
 
 
 @pytest.mark.parametrize("method", ["eagle", "eagle_init", "medusa", "suffix_tree"])
