@@ -62,3 +62,9 @@ def test_output_heads_study_reports_every_shape_in_both_modes(tmp_path):
     assert set(out["ms"]) == {f"{v}x16, {r} rows" for v in (64, 32) for r in (1, 3)}
     assert all(cell["eager"] >= 0 and cell["compiled"] >= 0 for cell in out["ms"].values())
     assert (tmp_path / "h.json").exists()
+    tuned = _experiment("output_heads").main(["--vocab", "32", "--hidden", "16", "--rows", "2", "--dtype", "float32",
+                                              "--repeats", "1", "--backend", "eager", "--variants", "autotune,autotune_cpp"])
+    assert set(tuned["ms"]["32x16, 2 rows"]) == {"eager", "autotune", "autotune_cpp", "autotune_over_eager",
+                                                  "autotune_cpp_over_eager"}
+    with pytest.raises(SystemExit):
+        _experiment("output_heads").main(["--variants", "compiled,fast"])

@@ -7,17 +7,28 @@ does on a CPU) oneDNN runs it on a weight packed once. A random weight of the sh
 layer, `--rows` rows each; eager and compiled calls alternate after a warm-up, medians of
 `--repeats` of the process's CPU time per call, in milliseconds.
 
+`--variants` adds inductor's autotuning (`compile=autotune`): `autotune` with its default GEMM
+choices, `autotune_cpp` among its C++ GEMM templates alone (what `specdec.compiled.gemm_backends`
+picks for graphs of at most `CPP_GEMM_ROWS` rows). Each variant compiles its own copy of the head.
+
     python experiments/gpu/output_heads.py --out experiments/gpu/output_heads.json
+    python experiments/gpu/output_heads.py --vocab 49152 --variants compiled,autotune,autotune_cpp
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import time
 
 import torch
+
+from specdec.compiled import _compiling
+
+VARIANTS = {"compiled": (None, None), "autotune": ("max-autotune-no-cudagraphs", None),
+            "autotune_cpp": ("max-autotune-no-cudagraphs", "CPP")}  # name: (compile mode, GEMM backends)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -29,6 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--backend", default="inductor", help="torch.compile backend (eager: the tests' quick run)")
+    ap.add_argument("--variants", default="compiled", help=f"comma-separated, of {', '.join(VARIANTS)}")
     ap.add_argument("--out", default=None)
     return ap.parse_args(argv)
 
@@ -42,30 +54,37 @@ def cpu_ms(fn, x: torch.Tensor) -> float:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    variants = args.variants.split(",")
+    if not variants or not set(variants) <= set(VARIANTS):
+        raise SystemExit(f"--variants {args.variants}: comma-separated, of {', '.join(VARIANTS)}")
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     result = {"args": vars(args), "ms": {}}
     torch.manual_seed(0)
+    freezing = args.backend == "inductor"
     for vocab in map(int, args.vocab.split(",")):
         head = torch.nn.Linear(args.hidden, vocab, bias=False, dtype=dtype).eval()
-        import torch._inductor.config as inductor_config
-
-        with inductor_config.patch(freezing=args.backend == "inductor"), torch.inference_mode():
-            compiled = torch.compile(head, backend=args.backend, dynamic=False)
+        compiled = {v: torch.compile(copy.deepcopy(head), backend=args.backend, dynamic=False,
+                                     mode=VARIANTS[v][0] if freezing else None) for v in variants}
+        with torch.inference_mode():
             for rows in map(int, args.rows.split(",")):
                 x = torch.randn(1, rows, args.hidden, dtype=dtype)
-                for _ in range(3):  # warm-up; compiles the shape
-                    head(x), compiled(x)
-                torch.testing.assert_close(compiled(x), head(x), rtol=2e-2, atol=2e-2)
-                times = {"eager": [], "compiled": []}
+                for v, fn in compiled.items():  # warm-up: compiles the shape, with the variant's settings
+                    mode, backends = VARIANTS[v]
+                    with _compiling(freezing, mode is not None and freezing, backends):
+                        for _ in range(3):
+                            fn(x)
+                    torch.testing.assert_close(fn(x), head(x), rtol=2e-2, atol=2e-2)
+                times = {"eager": [], **{v: [] for v in variants}}
                 for _ in range(args.repeats):
                     times["eager"].append(cpu_ms(head, x))
-                    times["compiled"].append(cpu_ms(compiled, x))
-                cell = {k: statistics.median(v) for k, v in times.items()}
-                cell["compiled_over_eager"] = cell["compiled"] / cell["eager"]
+                    for v, fn in compiled.items():
+                        times[v].append(cpu_ms(fn, x))
+                cell = {k: statistics.median(t) for k, t in times.items()}
+                cell |= {f"{v}_over_eager": cell[v] / cell["eager"] for v in variants}
                 result["ms"][f"{vocab}x{args.hidden}, {rows} rows"] = cell
-                print(f"{vocab} x {args.hidden}, {rows} rows: eager {cell['eager']:.2f} ms, compiled "
-                      f"{cell['compiled']:.2f} ms ({cell['compiled_over_eager']:.2f}x)", flush=True)
+                print(f"{vocab} x {args.hidden}, {rows} rows: eager {cell['eager']:.2f} ms" + "".join(
+                    f", {v} {cell[v]:.2f} ms ({cell[f'{v}_over_eager']:.2f}x)" for v in variants), flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
