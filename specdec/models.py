@@ -122,6 +122,11 @@ def locate(spec: ModelSpec) -> Path | str:
         return _resolve_gguf(spec)
     if _looks_local(spec.path):
         directory = Path(spec.path).expanduser()
+        if directory.is_file():
+            raise InvalidInput(
+                f"{str(directory)!r} is a file, not a model directory. Pass the directory that holds it "
+                "(config.json and weights), or, for a GGUF file, a path ending in .gguf or gguf_file=..."
+            )
         if not directory.is_dir():
             raise MissingInput(
                 f"Model directory {str(directory)!r} does not exist. Pass a directory written by "
@@ -133,6 +138,7 @@ def locate(spec: ModelSpec) -> Path | str:
                 f"{str(directory)!r} holds no config.json, so it is not a transformers model directory. "
                 "If it holds a GGUF file, name it with gguf_file=..."
             )
+        _check_directory(directory)
         return directory
     from huggingface_hub import try_to_load_from_cache
 
@@ -154,7 +160,8 @@ def context_length_of(spec: ModelSpec) -> int | None:
     """`spec`'s context (`max_position_embeddings`) read from its config alone, so that a request too
     long for it is refused before the weights load (`specdec.config.validate`). None where only more
     would tell: a GGUF file not converted yet (parsing its metadata takes seconds, and loading converts
-    it anyway) or a config transformers cannot read (loading then says why); the check after loading
+    it anyway) or a cached hub config transformers cannot read (loading then says why; a local
+    directory's is refused by `locate`); the check after loading
     (`SpeculativeDecoder.check_request`) covers those."""
     if spec.path == "tiny_random":
         return TINY_CONTEXT
@@ -186,7 +193,48 @@ def _looks_local(path: str) -> bool:
     return path.startswith(("/", ".", "~")) or os.path.exists(path)
 
 
+# What transformers and safetensors raise for files they cannot read (a JSON error is a ValueError;
+# an unknown model_type a KeyError or ValueError; a shape the config contradicts a RuntimeError).
+_UNREADABLE = (OSError, ValueError, KeyError, TypeError, RuntimeError)
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0].rstrip(".")
+
+
+def _check_directory(directory: Path) -> None:
+    """A model directory's config and weights' headers, read without the weights, so that a damaged or
+    foreign file is refused before any model loads (`locate`): config.json is one transformers can
+    read, and every safetensors file's header is whole and matches the file's size."""
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(str(directory))
+    except _UNREADABLE as err:
+        raise InvalidInput(f"{str(directory / 'config.json')!r} is not a config transformers can read "
+                           f"({_first_line(err)}). Re-save the model with `save_pretrained`, or copy "
+                           "config.json again.") from err
+    for file in sorted(directory.glob("*.safetensors")):
+        problem = _safetensors_problem(file)
+        if problem is not None:
+            raise InvalidInput(f"{str(file)!r} is damaged or not a safetensors file ({problem}). Re-save the "
+                               "model with `save_pretrained`, or copy the file again.")
+
+
+def _safetensors_problem(file: Path) -> str | None:
+    """What is wrong with `file`'s header (None: it reads, and its tensors' extents fit the file).
+    Opening reads the header alone; the tensors are mapped, not read."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(file), "pt"):
+            return None
+    except (SafetensorError, OSError) as err:
+        return _first_line(err)
+
+
 def _from_pretrained(source: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    from safetensors import SafetensorError
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     try:
@@ -196,14 +244,31 @@ def _from_pretrained(source: str) -> tuple[PreTrainedModel, PreTrainedTokenizerB
         with torch.device("meta"):
             AttentionLayout.of(AutoModelForCausalLM.from_config(config, attn_implementation="eager"))
         attention = "eager" if eager_attention_needed(config.get_text_config()) else "sdpa"
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, attn_implementation=attention)
+        model, info = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, attn_implementation=attention,
+                                                           output_loading_info=True)
         tokenizer = AutoTokenizer.from_pretrained(source)
-    except OSError as err:
-        if _looks_local(source):  # config.json is there (`locate`), so what it or the weights hold is wrong
-            raise InvalidInput(f"{source!r} is not a model transformers can load: {str(err).rstrip('.')}. A directory written by "
-                               "`save_pretrained` holds config.json, the weights and the tokenizer.") from err
-        raise _uncached(source) from err
+    except InvalidInput:
+        raise
+    except (*_UNREADABLE, SafetensorError) as err:
+        if isinstance(err, OSError) and not _looks_local(source):
+            raise _uncached(source) from err
+        # config.json is there (`locate`), so what it, the weights or the tokenizer hold is wrong
+        raise InvalidInput(f"{source!r} is not a model transformers can load: {_first_line(err)}. A directory written by "
+                           "`save_pretrained` holds config.json, the weights and the tokenizer.") from err
+    _check_loading_info(source, info)
     return model, tokenizer
+
+
+def _check_loading_info(source: str, info: dict) -> None:
+    """Weights that config.json does not describe: transformers initialises missing ones at random
+    and drops unexpected ones with a printed report, and the run would go on with another model."""
+    for kind, what in (("missing_keys", "has no weights for"), ("unexpected_keys", "has weights config.json does not describe:"),
+                       ("mismatched_keys", "has weights of other shapes than config.json says for")):
+        keys = sorted(str(k[0] if isinstance(k, tuple) else k) for k in info.get(kind) or ())
+        if keys:
+            more = f" and {len(keys) - 3} more" if len(keys) > 3 else ""
+            raise InvalidInput(f"{source!r} {what} {', '.join(keys[:3])}{more}: its config.json and weights "
+                               "belong to different models. Re-save the model with `save_pretrained`.")
 
 
 def _resolve_gguf(spec: ModelSpec) -> Path:
@@ -262,7 +327,11 @@ def _converted_gguf(gguf: Path, target: Path) -> Path:
     """Convert `gguf` once to a float32 safetensors directory at `target` (`_gguf_entry`) and return it."""
     if _entry_problem(target) is None:
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise InvalidInput(f"cannot create the converted-model cache {str(target.parent)!r} ({err.strerror}): "
+                           "set SPECDEC_CACHE to a writable folder.") from err
     with _entry_lock(target):  # parallel jobs wait here for the first one's conversion
         problem = _entry_problem(target)
         if problem is None:
@@ -287,8 +356,9 @@ def _converted_gguf(gguf: Path, target: Path) -> Path:
 
 
 def _entry_problem(entry: Path) -> str | None:
-    """What is wrong with a cache entry (None: it is whole). Sizes only: reading ~0.5 GB to hash it
-    would cost more than the load it saves; truncation, the damage seen in practice, changes the size."""
+    """What is wrong with a cache entry (None: it is whole). Sizes and the weights' headers only:
+    reading ~0.5 GB to hash it would cost more than the load it saves; truncation, the damage seen in
+    practice, changes the size, and a header overwritten in place fails to parse."""
     if not entry.is_dir():
         return "absent"
     try:
@@ -301,6 +371,8 @@ def _entry_problem(entry: Path) -> str | None:
             return f"{path} is missing"
         if path.stat().st_size != size:
             return f"{path}: {path.stat().st_size} of {size} bytes"
+        if path.suffix == ".safetensors" and (problem := _safetensors_problem(path)) is not None:
+            return f"{path}: {problem}"
     return None
 
 

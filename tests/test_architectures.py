@@ -184,9 +184,14 @@ def test_loader_picks_eager_attention_for_soft_capped_models(tmp_path):
     assert SpeculativeDecoder(engine).generate([PROMPTS[0]], max_new_tokens=6).output_ids[0] == expected
 
 
-def test_loader_refuses_unsupported_checkpoint_before_reading_weights(tmp_path):
+def test_loader_refuses_unsupported_checkpoint_before_reading_weights(tmp_path, monkeypatch):
     _bloom().save_pretrained(tmp_path)
     tiny_random_tokenizer(VOCAB).save_pretrained(tmp_path)
-    (tmp_path / "model.safetensors").write_bytes(b"not read")  # a refusal must not get this far
+
+    def read_weights(*args, **kwargs):  # a refusal must not get this far
+        raise AssertionError("the weights were read")
+
+    monkeypatch.setattr(tf.AutoModelForCausalLM, "from_pretrained", read_weights)
     with pytest.raises(UnsupportedModelError, match="'bloom'"):
         load_model(ModelSpec(path=str(tmp_path)))
+

@@ -233,6 +233,21 @@ def test_truncated_cache_entry_is_converted_again(fake_gguf, tmp_path, caplog):
     assert torch.equal(_logits(model, ids), _logits(tiny_random_model(seed=5), ids))
 
 
+def test_a_cache_entry_whose_header_was_overwritten_is_converted_again(fake_gguf, tmp_path, caplog):
+    """Damage that keeps the size (bytes overwritten in place) shows in the weights' header."""
+    gguf, calls = fake_gguf
+    load_model(ModelSpec(gguf_file=str(gguf)))
+    (entry,) = (tmp_path / "cache").iterdir()
+    weights = entry / "model.safetensors"
+    with open(weights, "r+b") as f:
+        f.write(b"\xff" * 8)  # the header's length
+    assert context_length_of(ModelSpec(gguf_file=str(gguf))) is None  # not read from a damaged entry
+    model, _ = load_model(ModelSpec(gguf_file=str(gguf)))
+    assert len(calls) == 2 and "converting it again" in caplog.text
+    ids = torch.tensor([[5, 9, 200, 3]])
+    assert torch.equal(_logits(model, ids), _logits(tiny_random_model(seed=5), ids))
+
+
 def test_damaged_entry_that_cannot_be_replaced_says_what_to_delete(fake_gguf, tmp_path, monkeypatch):
     gguf, _ = fake_gguf
     load_model(ModelSpec(gguf_file=str(gguf)))
@@ -285,5 +300,61 @@ def test_a_local_directory_transformers_cannot_load_is_an_input_error(tmp_path):
     from specdec.errors import InputError
 
     (tmp_path / "config.json").write_text("{", encoding="utf-8")
-    with pytest.raises(InputError, match="is not a model transformers can load"):
+    with pytest.raises(InputError, match="is not a config transformers can read"):
         load_model(ModelSpec(path=str(tmp_path)))
+    (tmp_path / "config.json").write_text('{"model_type": "no_such_type"}', encoding="utf-8")
+    with pytest.raises(InputError, match="is not a config transformers can read"):
+        models.locate(ModelSpec(path=str(tmp_path)))  # found before any model loads (config.validate)
+
+
+def _saved(directory, **config):
+    tiny_random_model(seed=3, **config).save_pretrained(directory)
+    tiny_random_tokenizer(256).save_pretrained(directory)
+    return directory
+
+
+@pytest.mark.parametrize("layers, kind", [(3, "has no weights for"), (1, "does not describe")])
+def test_weights_that_config_json_does_not_describe_are_refused(tmp_path, layers, kind):
+    """A config.json from another model over these weights: transformers would start the missing
+    layers at random (or drop the extra ones) and print a report, and the run would go on."""
+    import json
+
+    from specdec.errors import InputError
+
+    directory = _saved(tmp_path / "m")
+    config = json.loads((directory / "config.json").read_text())
+    assert config["num_hidden_layers"] == 2
+    (directory / "config.json").write_text(json.dumps({**config, "num_hidden_layers": layers}))
+    with pytest.raises(InputError, match=f"{kind}.*model.layers.*different models"):
+        load_model(ModelSpec(path=str(directory)))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_a_damaged_weights_file_is_refused_before_any_model_loads(tmp_path, damage):
+    from specdec.errors import InputError
+
+    directory = _saved(tmp_path / "m")
+    weights = directory / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"\x07" * len(data))
+    with pytest.raises(InputError, match="model.safetensors.*is damaged or not a safetensors file"):
+        models.locate(ModelSpec(path=str(directory)))
+
+
+def test_a_file_given_as_a_model_directory_is_named_as_a_file(tmp_path):
+    from specdec.errors import InputError
+
+    weights = _saved(tmp_path / "m") / "model.safetensors"
+    with pytest.raises(InputError, match="is a file, not a model directory"):
+        load_model(ModelSpec(path=str(weights)))
+
+
+def test_a_cache_folder_that_cannot_be_made_says_to_set_specdec_cache(fake_gguf, tmp_path, monkeypatch):
+    from specdec.errors import InputError
+
+    gguf, calls = fake_gguf
+    (tmp_path / "a_file").write_text("")
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "a_file" / "cache"))
+    with pytest.raises(InputError, match="set SPECDEC_CACHE to a writable folder"):
+        load_model(ModelSpec(gguf_file=str(gguf)))
+    assert not calls
