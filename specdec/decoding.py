@@ -42,6 +42,22 @@ EXACT_WIDTH = 8
 OVERLAP_MODES = ("auto", "on", "off", True, False)
 
 
+def _check_proposer(engine: Engine, proposer) -> None:
+    """`proposer` is a proposer object, and one built for `engine` where it drafts with an engine's
+    models (its `engine`, and its parts' for a hybrid): one built for another engine would draft from
+    that engine's models and caches, and fail mid-generation or propose for other prompts."""
+    name = type(proposer).__name__
+    if not all(callable(getattr(proposer, f, None)) for f in ("reset", "propose", "observe")):
+        raise TypeError(f"proposer must be a proposer object (reset, propose, observe), got {proposer!r}: build "
+                        "one, e.g. NgramProposer(engine) or DraftModelProposer(engine)")
+    for part in (proposer, *getattr(proposer, "parts", {}).values()):
+        bound = getattr(part, "engine", None)
+        if bound is not None and bound is not engine:
+            raise ValueError(f"{type(part).__name__}{'' if part is proposer else f' (a part of {name})'} was built "
+                             f"for another Engine than the decoder's: build it with the decoder's engine, "
+                             f"{type(part).__name__}(engine, ...)")
+
+
 class SpeculativeDecoder:
     """Speculative decoding of a batch of prompts with any proposer (None: plain decoding).
 
@@ -72,6 +88,8 @@ class SpeculativeDecoder:
         if overlap not in OVERLAP_MODES:
             raise ValueError(f"overlap={overlap!r} is not one of: auto, on, off (or True / False)")
         self.overlap = overlap
+        if proposer is not None:
+            _check_proposer(engine, proposer)
         self.proposer = proposer or NoDraftProposer()
         self.speculative = proposer is not None
         num_speculative_tokens = check_number("num_speculative_tokens", num_speculative_tokens, integer=True)
@@ -109,7 +127,8 @@ class SpeculativeDecoder:
     def encode(self, prompts: Sequence[str] | Sequence[Sequence[int]]) -> list[list[int]]:
         """Prompts as lists of token ids, checked: each a text or a sequence of integer ids (ints,
         numpy integers, integer tensors; not bools or floats) within the vocabulary of every model."""
-        if isinstance(prompts, (str, bytes)) or (isinstance(prompts, (torch.Tensor, np.ndarray)) and prompts.ndim != 2) \
+        if prompts is None or isinstance(prompts, (str, bytes)) \
+                or (isinstance(prompts, (torch.Tensor, np.ndarray)) and prompts.ndim != 2) \
                 or (len(prompts) > 0 and isinstance(prompts[0], numbers.Integral)):
             raise TypeError("generate() takes a list of prompts: a list of strings or a list of token-id lists")
         vocab = min(m.vocab_size for m in self._models())
@@ -185,6 +204,11 @@ class SpeculativeDecoder:
             verifier = TreeVerifier(verifier)
         ids = self.encode(prompts)
         reserve = check_number("reserve", reserve, integer=True)
+        if reserve < 0:
+            raise ValueError(f"reserve must be >= 0 (cache positions to allocate at least), got {reserve}")
+        if on_tokens is not None and not callable(on_tokens):
+            raise TypeError(f"on_tokens must be a callable (for example TextStreamer(tokenizer, on_text)), "
+                            f"got {on_tokens!r}")
         max_len = self.check_request(ids, max_new_tokens, reserve)
         if past is not None and not isinstance(past, Generation):
             raise TypeError(f"past= takes the Generation returned by the previous turn's generate(), "

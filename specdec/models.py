@@ -114,7 +114,7 @@ def locate(spec: ModelSpec) -> Path | str:
         return spec.path
     if spec.path == "embedded":
         return _embedded_gguf()
-    if spec.path is None and spec.gguf_file is None:
+    if not spec.path and spec.gguf_file is None:
         raise InvalidInput(
             "ModelSpec needs a `path` (directory, hub id, embedded, tiny_random) or a `gguf_file`."
         )

@@ -197,7 +197,10 @@ class Generation:
 class Proposer(Protocol):
     """What the decoding loop needs from a way of drafting. A proposer whose `propose` returns
     `TreeProposal`s says so with a class attribute `drafts_trees = True` (absent: False), which the
-    config's validation reads before any model loads: trees take only verifiers with a tree form."""
+    config's validation reads before any model loads: trees take only verifiers with a tree form.
+    A proposer that drafts with an engine's models or caches keeps that engine as `engine`, so that
+    a decoder on another engine refuses it (`SpeculativeDecoder`); one that needs no engine (n-gram
+    lookup) may leave it out."""
 
     name: str
 

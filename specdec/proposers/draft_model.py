@@ -37,6 +37,7 @@ class DraftModelProposer:
     def __init__(self, engine: Engine):
         if engine.draft is None:
             raise ValueError("method=draft needs a draft model: set draft=self, draft=tiny_random or draft.path=...")
+        self.engine = engine
         self.draft: CachedModel = engine.draft
         # Drafts fed to the draft model by the last propose, after the committed tokens (None: it
         # did not run the draft at all).

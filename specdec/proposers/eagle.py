@@ -102,7 +102,7 @@ class EagleProposer:
         if not (budget >= 1 and topk >= 1 and width >= 1 and depth >= 1):
             raise ValueError(f"method.proposer: budget, topk, width and depth must be >= 1, got "
                              f"{budget}, {topk}, {width}, {depth}")
-        target = engine.target
+        self.engine, target = engine, engine.target
         tensors, meta = load_checkpoint(heads_path, "eagle", target.model)
         self.drafter = EagleDrafter(target.model, init_from_target=False)
         self.drafter.load_state_dict({k: v for k, v in tensors.items() if k != "vocab_ids"})

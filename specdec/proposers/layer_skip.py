@@ -70,7 +70,7 @@ class LayerSkipProposer(DraftModelProposer):
     name = "layer_skip"
 
     def __init__(self, engine: Engine, exit_layer: int = 4):
-        self.exit_layer = exit_layer
+        self.engine, self.exit_layer = engine, exit_layer
         self.draft = CachedModel(early_exit_view(engine.target.model, exit_layer), f"draft(layers 0..{exit_layer - 1})")
         engine.add_model(self.draft)
         if engine.target.compiled is not None:  # compile=on: the draft's passes compile too, as the target's do

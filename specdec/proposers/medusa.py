@@ -88,7 +88,7 @@ class MedusaProposer:
     drafts_trees = True  # its proposals are TreeProposals: only verifiers with a tree form (config checks it)
 
     def __init__(self, engine: Engine, heads_path: str, tree: list | None = None):
-        target = engine.target
+        self.engine, target = engine, engine.target
         tensors, meta = load_checkpoint(heads_path, "medusa", target.model)
         self.heads = MedusaHeads(meta["hidden_size"], meta["num_heads"])
         self.heads.load_state_dict({k: v for k, v in tensors.items() if k != "vocab_ids"})
