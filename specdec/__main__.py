@@ -8,8 +8,8 @@
 
 The configs are `conf/` at the top of the repository, shipped inside the package as `specdec.conf`
 (pyproject.toml), so the app reads the same files from a clone, an editable install or a wheel, from
-any folder. A clone used without installing it (`PYTHONPATH=.`) has no `specdec.conf`; the app then
-reads `conf/` beside the package directly.
+any folder. A clone used without installing it (`PYTHONPATH=.`) has no `specdec.conf` of its own;
+the app then reads `conf/` beside the package directly.
 
 The job body is `specdec.experiment.run`; the schema and checks are in `specdec.config`.
 """
@@ -27,10 +27,16 @@ register()  # the schema must be in the ConfigStore before Hydra composes `confi
 
 
 def config_path() -> str:
-    """Where Hydra reads the configs: the package's `specdec.conf`, or a clone's `conf/` when not installed."""
-    if importlib.util.find_spec("specdec.conf") is not None:
+    """Where Hydra reads the configs: the package's `specdec.conf`, or a clone's `conf/` when not
+    installed. A `specdec.conf` that is neither inside this `specdec` (a wheel) nor beside it (an
+    editable install of this checkout) belongs to another checkout's editable install, found because
+    this clone is on PYTHONPATH: this clone's own `conf/` is read instead."""
+    package = Path(__file__).resolve().parent
+    found = importlib.util.find_spec("specdec.conf")
+    where = [Path(p).resolve() for p in (found.submodule_search_locations or [])] if found is not None else []
+    if where and where[0] in (package / "conf", package.parent / "conf"):
         return "pkg://specdec.conf"
-    return str(Path(__file__).resolve().parents[1] / "conf")
+    return str(package.parent / "conf")
 
 
 @hydra.main(version_base="1.3", config_path=config_path(), config_name="config")

@@ -48,6 +48,22 @@ def test_the_app_reads_the_packaged_configs():
     assert cfg.data.source == "spec_bench" and cfg.data.path is None and cfg.target.path == "embedded"
 
 
+def test_a_clone_on_pythonpath_reads_its_own_configs(tmp_path):
+    """With another checkout installed editable, a clone run with PYTHONPATH=<clone> finds that
+    checkout's `specdec.conf` through the install: it must read its own conf/ (an experiment added
+    there is found), not the installed one."""
+    clone = tmp_path / "clone"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in ("specdec", "conf"):
+        shutil.copytree(REPO / name, clone / name, ignore=ignore)
+    env = {**os.environ, "PYTHONPATH": str(clone)}
+    code = "from specdec.__main__ import config_path; import specdec; print(specdec.__file__); print(config_path())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    imported, path = out.stdout.split()
+    assert Path(imported).resolve().is_relative_to(clone.resolve()) and Path(path) == clone.resolve() / "conf"
+
+
 @pytest.mark.slow
 def test_a_wheel_installed_elsewhere_runs_from_any_folder(tmp_path):
     """Build a wheel from the repository's files alone, install it into a fresh virtual environment, and
