@@ -189,6 +189,13 @@ def _check_json(path: Path, lines: list[str]) -> None:
                              "prompt's fields (data.text_field)")
 
 
+def _cause(err: BaseException) -> str:
+    """The first line of what went wrong: `datasets` wraps a parser's error in its own."""
+    cause = err.__cause__ if err.__cause__ is not None and type(err).__name__ == "DatasetGenerationError" else err
+    lines = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+
+
 def load_hf(
     path: str | None = None,
     hf_name: str | None = None,
@@ -211,21 +218,27 @@ def load_hf(
     if path is not None and Path(path).suffix.lower() == ".txt":
         return load_text(path)
     import datasets
+    from datasets.exceptions import DatasetGenerationError
 
+    # what `datasets` raises for a source it cannot read (pandas' and pyarrow's parse errors are ValueErrors)
+    unreadable = (OSError, ValueError, DatasetGenerationError)
     if path is not None and Path(path).suffix.lower() in HF_BUILDERS:
         local = _require_file(path)
         _check_local_file(local)
         builder = HF_BUILDERS[local.suffix.lower()]
-        # Naming the split in data_files lets any split name select the single file.
-        ds = datasets.load_dataset(builder, data_files={split: str(local)}, split=split)
+        try:  # naming the split in data_files lets any split name select the single file
+            ds = datasets.load_dataset(builder, data_files={split: str(local)}, split=split)
+        except unreadable as err:  # a CSV quote left open, a file of another format
+            raise InvalidInput(f"data.path={local}: not a readable {builder} file ({_cause(err)}); fix or "
+                               "replace the file") from err
         name = str(local)
     elif hf_name or path:
         name = hf_name or path
         try:
             ds = datasets.load_dataset(name, split=split)
-        except (OSError, ValueError) as err:  # offline and not cached, no such split, a folder of mixed files
+        except unreadable as err:  # offline and not cached, no such split, a folder of mixed or bad files
             key = "data.hf_name" if hf_name else "data.path"
-            raise InvalidInput(f"{key}={name}: `datasets` cannot open it here ({type(err).__name__}: {err}). "
+            raise InvalidInput(f"{key}={name}: `datasets` cannot open it here ({_cause(err)}). "
                                "This machine reads datasets offline: give a local file (data.path=<json/jsonl/"
                                "csv/parquet/txt>) or a dataset already in the local Hugging Face cache") from err
     else:

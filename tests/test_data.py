@@ -223,6 +223,25 @@ def test_hf_json_files_that_do_not_parse_name_their_line(tmp_path, hf_cache):
         load_prompts("hf", path=str(document))
 
 
+def test_hf_files_datasets_cannot_parse_are_named_in_one_line(tmp_path, hf_cache):
+    """pandas' and pyarrow's parse errors come wrapped in `datasets`' own; said as bad input naming
+    the file and the parser's first line, not a traceback of a hundred lines."""
+    from specdec.errors import InputError
+
+    quote = tmp_path / "q.csv"
+    quote.write_text('text,topic\n"What is rain?,weather\n')
+    junk = tmp_path / "q.parquet"
+    junk.write_bytes(b"\x07" * 64)
+    for file, kind in ((quote, "csv"), (junk, "parquet")):
+        with pytest.raises(InputError, match=rf"data.path={re.escape(str(file))}: not a readable {kind} file \(\w+"):
+            load_prompts("hf", path=str(file))
+    folder = tmp_path / "set"
+    folder.mkdir()
+    (folder / "a.csv").write_text('text\n"open quote\n')
+    with pytest.raises(InputError, match=r"data.path=.*set: `datasets` cannot open it here \(\w+"):
+        load_prompts("hf", path=str(folder))
+
+
 def test_hf_missing_field_lists_columns(tmp_path, hf_cache):
     csv = tmp_path / "set.csv"
     csv.write_text("question,topic\nWhat is rain?,weather\n")
