@@ -170,10 +170,13 @@ class SpeculativeDecoder:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         longest = max(len(p) for p in ids)
         need = self.positions_needed(longest, max_new_tokens)
+        extra = need - longest - max_new_tokens  # k, or exact greedy's wider scoring pass
+        room = f"k ({self.k})" if extra == self.k else \
+            f"{extra} positions of scoring room (exact greedy scores {self.score_width} positions a pass)"
         for model in self._models():
             if model.context_length is not None and need > model.context_length:
                 raise ValueError(
-                    f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) + k ({self.k}) "
+                    f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) + {room} "
                     f"= {need} exceeds the {model.name}'s context of {model.context_length} tokens; "
                     "shorten the prompt or lower max_new_tokens."
                 )

@@ -109,6 +109,31 @@ def test_greedy_equals_generate_at_batch_one_and_ragged(arch, drafter, unrelated
     assert ragged == reference, f"{name} ragged batch"
 
 
+EAGLE_LAYOUTS = {"llama", "qwen2_sliding", "mistral_sliding", "gemma2", "phi3"}  # the rest: refused
+
+
+def test_eagle_drafts_losslessly_or_is_refused_when_built(arch, tmp_path):
+    """The EAGLE drafter copies the target's layer, norm and rotary classes: on a Llama-like layout
+    (a drafter started from the target's last layer) it gives transformers' greedy tokens; on
+    another (GPT-NeoX's, Gemma-3's rotary that takes each layer's type) it is refused as it is built,
+    not at the first draft."""
+    from specdec.proposers.eagle import EagleDrafter, EagleProposer
+    from specdec.proposers.heads import save_checkpoint
+
+    name, model, reference = arch
+    engine = Engine(model, dtype="float32")
+    if name not in EAGLE_LAYOUTS:
+        with pytest.raises(ValueError, match="method=eagle needs a Llama-like target"):
+            EagleDrafter(model)
+        return
+    path = tmp_path / "eagle.safetensors"
+    save_checkpoint(str(path), "eagle", EagleDrafter(model).state_dict(),
+                    {"hidden_size": model.config.hidden_size, "vocab_size": VOCAB})
+    decoder = SpeculativeDecoder(engine, EagleProposer(engine, str(path), budget=4, topk=2, width=2, depth=2),
+                                 num_speculative_tokens=2)
+    assert decoder.generate(PROMPTS, max_new_tokens=NEW_TOKENS).output_ids == reference, name
+
+
 @torch.inference_mode()
 def test_ragged_step_logits_equal_each_row_alone(arch):
     """One ragged step (rows at lengths 13, 2, 7) gives each row the logits of transformers' own

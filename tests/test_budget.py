@@ -38,6 +38,22 @@ def test_a_request_at_exactly_the_context_runs_and_one_token_more_is_refused(eng
         dec.generate([[5] * (longest + 1)], max_new_tokens=new)
 
 
+@pytest.mark.parametrize("k", [3, 10])
+def test_the_refusal_adds_up(engine_factory, k):
+    """The message's terms sum to its total: k, or exact greedy's scoring room where that is wider."""
+    import re
+
+    dec = _decoder(engine_factory("self"), k)
+    with pytest.raises(ValueError) as err:
+        dec.generate([[5] * (CONTEXT - 4)], max_new_tokens=5)
+    terms = re.match(r"prompt \((\d+) tokens\) \+ max_new_tokens \((\d+)\) \+ (?:k \((\d+)\)|(\d+) positions of "
+                     r"scoring room \(exact greedy scores \d+ positions a pass\)) = (\d+) exceeds", str(err.value))
+    assert terms, str(err.value)
+    prompt, new, k_term, room, total = terms.groups()
+    assert (k_term is not None) == (k + 1 >= dec.score_width)  # k is named only where it is the room
+    assert int(prompt) + int(new) + int(k_term or room) == int(total) == dec.positions_needed(CONTEXT - 4, 5)
+
+
 def test_reserve_makes_room_for_the_next_turn_to_continue_the_cache(engine_factory):
     dec = _decoder(engine_factory("self"), 2)
     first = [[5, 6, 7, 8]]

@@ -51,6 +51,22 @@ from specdec.tree import TokenTree, TreeProposal
 _LAYOUT = AttentionLayout("eagle", ("full_attention",), None, "cache")
 
 
+def _check_layout(model: torch.nn.Module, decoder: torch.nn.Module) -> None:
+    """The drafter copies the target's decoder layer, norm and rotary classes: a Llama-like layout
+    (`layers`, `norm`, `rotary_emb` called with the hidden states and positions alone). Others
+    (GPT-2, GPT-NeoX; Gemma-3, whose rotary takes each layer's type) are refused here rather than
+    failing at the first draft."""
+    rotary = getattr(decoder, "rotary_emb", None)
+    required = [] if rotary is None else [
+        n for n, p in list(inspect.signature(rotary.forward).parameters.items())[2:]
+        if p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if not isinstance(getattr(decoder, "layers", None), torch.nn.ModuleList) or getattr(decoder, "norm", None) is None \
+            or rotary is None or required:
+        raise ValueError(f"method=eagle needs a Llama-like target (model.layers, model.norm, a rotary embedding of "
+                         f"the positions alone: Llama, Qwen2, Mistral, Gemma-2, Phi-3, ...); {type(model).__name__} "
+                         "has another layout")
+
+
 class EagleDrafter(torch.nn.Module):
     """fc: [2H -> H] over (token embedding, feature); one decoder layer of the target's class; a norm.
 
@@ -61,6 +77,7 @@ class EagleDrafter(torch.nn.Module):
     def __init__(self, target_model: torch.nn.Module, init_from_target: bool = True):
         super().__init__()
         decoder = target_model.get_decoder()
+        _check_layout(target_model, decoder)
         config = target_model.config
         h = config.hidden_size
         self.fc = torch.nn.Linear(2 * h, h, bias=False)
