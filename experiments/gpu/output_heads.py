@@ -62,6 +62,9 @@ def main(argv: list[str] | None = None) -> dict:
     result = {"args": vars(args), "ms": {}}
     torch.manual_seed(0)
     freezing = args.backend == "inductor"
+    config = torch._dynamo.config  # one graph per variant, head and row count, all of one code object
+    limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, limit, max(getattr(config, limit), 64))
     for vocab in map(int, args.vocab.split(",")):
         head = torch.nn.Linear(args.hidden, vocab, bias=False, dtype=dtype).eval()
         compiled = {v: torch.compile(copy.deepcopy(head), backend=args.backend, dynamic=False,
