@@ -59,7 +59,10 @@ def _make_prompt(prompt_id: str, category: str, turns: Any, where: str) -> Promp
     """Build a Prompt from raw fields, refusing empty turns or non-text turns."""
     if isinstance(turns, str):
         turns = [turns]
-    if not isinstance(turns, (list, tuple)) or not turns:
+    if turns is not None and not isinstance(turns, (list, tuple)):
+        raise InvalidInput(f"{where}: prompt {prompt_id!r} is {type(turns).__name__}, not text (a string, or "
+                           "a list of strings for several turns)")
+    if not turns:
         raise InvalidInput(f"{where}: prompt {prompt_id!r} has no turns")
     for i, turn in enumerate(turns):
         if not isinstance(turn, str):

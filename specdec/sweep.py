@@ -287,6 +287,8 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if not args:
         raise SystemExit("usage: python -m specdec.sweep <multirun folder> [swept key ...]")
+    if not Path(args[0]).is_dir():
+        raise SystemExit(f"Error: {args[0]} is not a folder; give a sweep's multirun folder (multirun/<date>/<time>)")
     keys, rows = collect(Path(args[0]), args[1:] or None)
     csv_path, png_path = summarize_sweep(args[0], keys)
     print(f"{format_rows(keys, rows)}\nwrote {csv_path}" + (f" and {png_path}" if png_path else ""))

@@ -303,6 +303,10 @@ def test_bad_prompt_files_are_input_errors(tmp_path):
     with pytest.raises(FileNotFoundError) as err:
         load_prompts("spec_bench", path=str(tmp_path / "nope.jsonl"))
     assert isinstance(err.value, InputError)
+    numbers = tmp_path / "numbers.jsonl"
+    numbers.write_text('{"text": 5}\n', encoding="utf-8")
+    with pytest.raises(InputError, match=r"prompt '0' is int, not text \(a string, or a list of strings"):
+        load_prompts("hf", path=str(numbers))
 
 
 def test_an_uncached_dataset_name_says_the_machine_reads_offline(monkeypatch):

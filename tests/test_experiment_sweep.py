@@ -169,6 +169,10 @@ def test_job_overrides_expand_as_the_basic_sweeper_does():
 def test_a_folder_with_no_job_says_so(tmp_path):
     with pytest.raises(FileNotFoundError, match="no jobs under"):
         summarize_sweep(tmp_path)
+    from specdec.sweep import main
+
+    with pytest.raises(SystemExit, match="Error: .*nope is not a folder; give a sweep's multirun folder"):
+        main([str(tmp_path / "nope")])
 
 
 def test_submitit_local_launcher_runs_a_job(tmp_path, request):
