@@ -1,9 +1,9 @@
-"""Bad input, told apart from a fault in specdec: what the user fixes (a value, a file, a model).
+"""Bad input, told apart from a fault in specdec: what the user fixes (a value, a file, a model, a full disk).
 
 A command ends on an `InputError` with its message as `Error: <message>` and status 1
 (`reported`), without the traceback that would bury it: the message already says what is wrong and
 what to do. Each kind is also the built-in exception that a library caller expects (ValueError,
-FileNotFoundError, ModuleNotFoundError), so code that catches those goes on working.
+FileNotFoundError, ModuleNotFoundError, OSError), so code that catches those goes on working.
 """
 
 import contextlib
@@ -24,6 +24,11 @@ class MissingInput(InputError, FileNotFoundError):
 
 class MissingPackage(InputError, ModuleNotFoundError):
     """A package that the input needs and the installation lacks."""
+
+
+class NoSpace(InputError, OSError):
+    """No room left to write a run's files (a full disk, a quota): the user frees space or picks
+    another folder; what was written before stays as it was."""
 
 
 @contextlib.contextmanager

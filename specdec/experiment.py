@@ -28,6 +28,7 @@ The decoding loop knows nothing of Hydra or W&B; this module knows nothing of KV
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import sys
 from collections.abc import Iterator
@@ -43,13 +44,14 @@ from specdec.config import ConfigError, method_configs, model_spec, resolve_path
 from specdec.data import Prompt, build_turn_input, load_prompts, select_prompts
 from specdec.decoding import Generation, SpeculativeDecoder
 from specdec.engine import Engine
+from specdec.errors import InputError, NoSpace
 from specdec.metrics import speedup
 from specdec.models import check_tokenizers_compatible, describe_model, load_model
 from specdec.report import BASELINE, format_comparison, format_table, make_plots, summarize
 from specdec.results import PromptResult
-from specdec.run_dirs import check_no_results
+from specdec.run_dirs import check_no_results, release_run_dir
 from specdec.schedules import make_schedule
-from specdec.tracking import make_tracker, sigterm_raises, write_local_results
+from specdec.tracking import make_tracker, sigterm_raises, write_atomic, write_local_results
 
 log = logging.getLogger("specdec")
 
@@ -394,9 +396,13 @@ def job_identity(method_name: str) -> tuple[str, str | None]:
 
 def run(cfg: DictConfig, out_dir: str | Path) -> ExperimentResult:
     """One experiment; writes results.jsonl, summary.json, plots and table.md into `out_dir`."""
-    validate(cfg)
-    prompts = load_data(cfg)  # a missing file or unknown category fails here, before models load
     out_dir = Path(out_dir)
+    try:
+        validate(cfg)
+        prompts = load_data(cfg)  # a missing file or unknown category fails here, before models load
+    except InputError:
+        release_run_dir(out_dir)  # a refused run leaves no folder that looks like a failed one
+        raise
     check_no_results(out_dir, "out_dir")  # never over another run's results (specdec.run_dirs)
     out_dir.mkdir(parents=True, exist_ok=True)
     if cfg.threads is not None:
@@ -413,16 +419,19 @@ def run(cfg: DictConfig, out_dir: str | Path) -> ExperimentResult:
                            init_timeout=lg.init_timeout)
     config = OmegaConf.to_container(cfg, resolve=True)
     info = run_info(cfg)
-    saved: list[PromptResult] = []  # the rows of the last save: what a failure leaves behind
+    saved: list[PromptResult] = []  # the rows of the last save that was written: what a failure leaves behind
     exact: dict[str, str] = {}  # per method, whether exact greedy applied (known once the decoders are built)
 
     def save(rows: list[PromptResult], complete: bool = False, error: str | None = None) -> dict:
-        saved[:] = rows
+        """`rows` is `saved` when a failure is recorded: results.jsonl holds them (once one was written),
+        so only the summary is rewritten."""
         summary = summarize(rows, method_names or [BASELINE], info, greedy, exact)
         summary["complete"] = complete
         if error is not None:
             summary["error"] = error  # how the run ended early; a sweep marks the job failed
-        write_local_results(out_dir, [r.to_dict() for r in rows], summary)
+        with _room_to_write(out_dir, saved):
+            write_local_results(out_dir, None if rows is saved and saved else [r.to_dict() for r in rows], summary)
+        saved[:] = rows
         return summary
 
     # A SIGTERM (Slurm, `timeout`) raises here like any failure: partial results are saved with
@@ -442,25 +451,43 @@ def run(cfg: DictConfig, out_dir: str | Path) -> ExperimentResult:
             if cfg.warmup:
                 warm_up([*setup.methods.values(), setup.baseline], prompts[0], cfg, setup.tokenizer)
             rows = measure(setup, prompts, cfg, on_batch=save)
+            summary = save(rows, complete=True)
         except BaseException as exc:  # every way out, Ctrl-C and SIGTERM included; re-raised below
             try:
-                partial = save(list(saved), error=f"{type(exc).__name__}: {exc}".removesuffix(": "))
-            except OSError as write_error:  # a full disk: the last batch's files are what is left
-                log.warning("could not record the failure in %s (%s)", out_dir, write_error)
+                partial = save(saved, error=f"{type(exc).__name__}: {exc}".removesuffix(": "))
+            except OSError as write_error:  # a full disk: the last save's files are what is left
+                if not isinstance(exc, NoSpace):  # whose message says so already
+                    log.warning("could not record the failure in %s (%s)", out_dir, write_error)
             else:
                 tracker.log_summary(partial, [r.to_dict() for r in saved], {})
             raise
-        summary = save(rows, complete=True)
         plots = _plots(summary, out_dir) if cfg.plots else {}
         table = format_table(summary)
         if len(method_names) > 1:
             table += "\n\n" + format_comparison(summary)
-        (out_dir / "table.md").write_text(table + "\n", encoding="utf-8")
+        with _room_to_write(out_dir, rows):
+            write_atomic({out_dir / "table.md": table + "\n"})
         tracker.log_rows(per_prompt(rows, method_name))
         tracker.log_summary(summary, [r.to_dict() for r in rows], plots)
     print(table, flush=True)
     log.info("results in %s", out_dir)
     return ExperimentResult(out_dir, summary, rows, tracker.run_dir, table)
+
+
+@contextlib.contextmanager
+def _room_to_write(out_dir: Path, kept: list[PromptResult]) -> Iterator[None]:
+    """A full disk (or quota) while writing into `out_dir` is a NoSpace error that says what is kept:
+    the files of the last save (`kept`), whole, since a failed write changes none of them."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        n = len({r.prompt_id for r in kept})
+        what = (f"results.jsonl and summary.json keep the results up to prompt {n}" if n else
+                "no results were written")
+        raise NoSpace(f"no space left writing {out_dir} ({err.strerror}); {what}; free some space, or pick "
+                      "another hydra.run.dir, and run again") from err
 
 
 def per_prompt(rows: list[PromptResult], method_name: str) -> list[dict]:

@@ -11,6 +11,10 @@
 - A sweep's job folders are unique when `hydra.sweep.subdir` names the job (`${hydra.job.num}`, the
   default); a sweep whose jobs would share folders is refused before its first job.
 - `experiment.run`, which the Python API calls directly, refuses a folder that holds results.
+- A run refused before it began (a config value, a missing prompt file) takes back what Hydra wrote
+  into its folder (`release_run_dir`).
+- A folder that cannot be made (a file in its way, a read-only file system, /proc) stops the command
+  with one `Error:` line naming the setting, before Hydra or any model touches it.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 RESULT_FILES = ("results.jsonl", "summary.json", "table.md")
+HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")  # what Hydra writes into `.hydra/`
+_made: set[Path] = set()  # the run folders `claim_run_dir` created, not made in advance
 JOB_KEYS = ("hydra.job.num", "hydra.job.id")  # what makes a job's subdir its own
 
 
@@ -46,6 +52,8 @@ def claim_run_dir(folder: str | Path, output_subdir: str | None = ".hydra") -> P
     """Make `folder` this run's, before Hydra writes into it; raise FolderInUseError if it is taken."""
     folder = Path(folder)
     check_no_results(folder, "hydra.run.dir")
+    if not folder.exists():
+        _made.add(folder.resolve())
     folder.mkdir(parents=True, exist_ok=True)
     marker = folder / (output_subdir or ".hydra")
     try:
@@ -57,6 +65,40 @@ def claim_run_dir(folder: str | Path, output_subdir: str | None = ".hydra") -> P
             f"delete {folder} if you no longer need it."
         ) from None
     return folder
+
+
+def release_run_dir(folder: str | Path) -> None:
+    """Remove what Hydra wrote into the folder of a job refused before it began: its `.hydra/` files and
+    its empty job log, then the folder if the run made it (`claim_run_dir`, or Hydra for a sweep's job)
+    and that leaves it empty; a folder made in advance is kept. The refusal was printed and nothing ran,
+    so nothing is lost; kept, the folder would be listed as a failed run by `specdec.compare`, one more
+    for every mistyped value. A folder holding anything else Hydra would not write (a non-empty log,
+    more files in `.hydra/`) is left as it is, and so is any folder other than the Hydra job's own."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    folder = Path(folder)
+    hc = HydraConfig.instance().cfg
+    output_dir = OmegaConf.select(hc, "hydra.runtime.output_dir", default=None) if hc is not None else None
+    if output_dir is None or Path(output_dir).resolve() != folder.resolve():
+        return
+    subdir = folder / (hc.hydra.output_subdir or ".hydra")
+    ours = [subdir / name for name in HYDRA_FILES] if hc.hydra.output_subdir else []
+    log = folder / f"{hc.hydra.job.name}.log"
+    if log.is_file():
+        if log.stat().st_size:
+            return
+        ours.append(log)
+    if subdir.is_dir() and {p.name for p in subdir.iterdir()} - set(HYDRA_FILES):
+        return
+    for path in ours:
+        path.unlink(missing_ok=True)
+    made = folder.resolve() in _made or hc.hydra.mode == RunMode.MULTIRUN
+    for path in (subdir, folder) if made else (subdir,):
+        try:
+            path.rmdir()
+        except OSError:  # not empty (files of the user's own), or not there
+            pass
 
 
 def claim_sweep_dir(folder: str | Path) -> Path:
@@ -90,6 +132,12 @@ def check_sweep_subdir(hydra_cfg: DictConfig) -> None:
         )
 
 
+def cannot_create(key: str, folder: Any, err: OSError) -> str:
+    """The one-line refusal of a `key` folder that the OS would not make, with the OS's reason."""
+    why = "a file of that name is in the way" if isinstance(err, FileExistsError) else err.strerror
+    return f"Error: {key}={folder}: cannot create it ({why}); pick a writable folder"
+
+
 class RunFolders(Callback):
     """Claims the run's or the sweep's folder before Hydra writes into it (see the module docstring).
 
@@ -102,6 +150,8 @@ class RunFolders(Callback):
             claim_run_dir(config.hydra.run.dir, config.hydra.output_subdir)
         except FolderInUseError as err:
             raise SystemExit(f"Error: {err}") from None
+        except OSError as err:
+            raise SystemExit(cannot_create("hydra.run.dir", config.hydra.run.dir, err)) from None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:
@@ -109,3 +159,5 @@ class RunFolders(Callback):
             claim_sweep_dir(config.hydra.sweep.dir)
         except FolderInUseError as err:
             raise SystemExit(f"Error: {err}") from None
+        except OSError as err:
+            raise SystemExit(cannot_create("hydra.sweep.dir", config.hydra.sweep.dir, err)) from None

@@ -3,9 +3,11 @@
 An experiment's results must survive whatever happens to the tracker, so the two are kept apart:
 
 - `write_local_results` writes `results.jsonl` (one line per prompt) and `summary.json` into the job's
-  output folder. It needs nothing but the standard library and is called whether or not W&B works.
+  output folder, both or neither (`write_atomic`). It needs nothing but the standard library and is
+  called whether or not W&B works.
 - `Tracker` is the no-op logger (`logger=none`); `WandbTracker` sends the same numbers to W&B, offline by
-  default. Any exception from W&B is caught, logged as a warning, and turns the tracker into a no-op:
+  default. A run that cannot start online is logged offline instead, for a later `wandb sync`. Any
+  other exception from W&B is caught, logged as a warning, and turns the tracker into a no-op:
   W&B may lose a run, the run never loses its results.
 - `read_offline_summary` reads the summary of an offline run back, so tests can check that W&B saw
   what `summary.json` holds.
@@ -56,20 +58,33 @@ def _jsonable(obj: Any) -> Any:
     return str(obj)
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """Write via a temporary file and `os.replace`, so a crash never leaves a half-written file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+def write_atomic(files: Mapping[Path, str]) -> None:
+    """Write every file via a temporary file, then `os.replace` them all, so a crash never leaves a
+    half-written file and a failed write (a full disk) changes none of them: files that must agree,
+    such as results.jsonl and summary.json, are never left one new and one old. The temporary files
+    of a failed write are removed."""
+    tmps = {path: path.with_name(path.name + ".tmp") for path in files}
+    try:
+        for path, text in files.items():
+            tmps[path].write_text(text, encoding="utf-8")
+    except BaseException:
+        for tmp in tmps.values():
+            tmp.unlink(missing_ok=True)
+        raise
+    for path, tmp in tmps.items():
+        os.replace(tmp, path)
 
 
-def write_local_results(out_dir: Path, rows: list[dict], summary: dict) -> None:
-    """Write `results.jsonl` (one JSON line per row) and `summary.json` into `out_dir`; NaN/inf -> null."""
+def write_local_results(out_dir: Path, rows: list[dict] | None, summary: dict) -> None:
+    """Write `results.jsonl` (one JSON line per row) and `summary.json` into `out_dir`; NaN/inf -> null.
+    `rows` None keeps the results.jsonl that holds them already: on a full disk, the summary alone may
+    still fit. On an OSError both files are left as they were."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    lines = "".join(json.dumps(_jsonable(row), allow_nan=False) + "\n" for row in rows)
-    _write_atomic(out_dir / "results.jsonl", lines)
-    _write_atomic(out_dir / "summary.json", json.dumps(_jsonable(summary), indent=2, allow_nan=False) + "\n")
+    files = {out_dir / "summary.json": json.dumps(_jsonable(summary), indent=2, allow_nan=False) + "\n"}
+    if rows is not None:
+        files[out_dir / "results.jsonl"] = "".join(json.dumps(_jsonable(row), allow_nan=False) + "\n" for row in rows)
+    write_atomic(files)
 
 
 def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
@@ -169,6 +184,7 @@ class WandbTracker(Tracker):
     itself would refuse it only at `init`, after the run began, and the run would go on untracked)."""
 
     MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")  # what wandb.init takes as `mode`
+    LOCAL_MODES = ("offline", "dryrun", "disabled")  # need no server: a failure has no offline fallback
 
     @staticmethod
     def resolve_mode(mode: str | None) -> str:
@@ -197,12 +213,19 @@ class WandbTracker(Tracker):
     def run_dir(self) -> Path | None:
         return self._run_dir
 
+    @staticmethod
+    def _reason(exc: Exception) -> str:
+        """The exception's first line: W&B appends advice in its own API's terms (`wandb.init(settings=...)`),
+        which a specdec user sets as `logger.*` instead."""
+        lines = str(exc).strip().splitlines()
+        return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
     def _fail(self, during: str, exc: Exception) -> None:
         log.warning(
-            "W&B failed during %s (%s: %s); continuing without W&B. Local results are still written in %s",
+            "W&B failed during %s (%s); continuing without W&B (logger=none turns it off). Local results are "
+            "still written in %s",
             during,
-            type(exc).__name__,
-            exc,
+            self._reason(exc),
             self._out_dir,
         )
         run, self._run = self._run, None
@@ -213,28 +236,49 @@ class WandbTracker(Tracker):
                 pass
 
     def start(self, config: dict, name: str, group: str | None, out_dir: Path) -> None:
+        """Start the W&B run. One that cannot start online (no network, no valid key) is started offline
+        instead, so that `wandb sync` can upload it later; any other failure leaves the tracker a no-op."""
         self._out_dir = Path(out_dir)
         os.environ.setdefault("WANDB_ERROR_REPORTING", "false")  # else it phones home even offline
         os.environ.setdefault("WANDB_SILENT", "true")
         try:
             import wandb
-
+        except Exception as exc:  # not installed, or broken
+            log.warning("logger=wandb, but wandb cannot be imported (%s): pip install wandb, or logger=none; "
+                        "continuing without W&B. Local results are still written in %s", exc, self._out_dir)
+            return
+        init: dict[str, Any] = dict(
+            project=self.project,
+            entity=self.entity,
+            name=name,
+            group=group,
+            tags=self.tags,
+            config=_jsonable(config),
+            dir=self._out_dir,
+            reinit="create_new",  # a new run per job, even with a previous run still open
+        )
+        try:
             self._out_dir.mkdir(parents=True, exist_ok=True)
-            self._run = wandb.init(
-                project=self.project,
-                entity=self.entity,
-                name=name,
-                group=group,
-                tags=self.tags,
-                config=_jsonable(config),
-                dir=self._out_dir,
-                mode=self.mode,
-                reinit="create_new",  # a new run per job, even with a previous run still open
-                settings=wandb.Settings(init_timeout=self.init_timeout),
-            )
+            self._run = wandb.init(**init, mode=self.mode, settings=wandb.Settings(init_timeout=self.init_timeout))
             self._run_dir = Path(self._run.dir).parent  # .../wandb/offline-run-*/files -> the run folder
+            return
         except Exception as exc:
-            self._fail("init", exc)
+            error = exc
+        if self.mode in self.LOCAL_MODES:  # nothing to fall back to
+            self._fail("init", error)
+            return
+        try:
+            self._run = wandb.init(**init, mode="offline", settings=wandb.Settings(init_timeout=self.init_timeout))
+            self._run_dir = Path(self._run.dir).parent
+        except Exception as exc:
+            self._fail(f"init ({self.mode}: {self._reason(error)}; then offline)", exc)
+            return
+        log.warning(
+            "W&B could not start %s (%s); this run is logged offline instead, `wandb sync %s` uploads it "
+            "later. logger.mode=offline (or WANDB_MODE=offline) skips trying, logger.init_timeout=<seconds> "
+            "(now %g) waits longer for the server, logger=none turns W&B off",
+            self.mode, self._reason(error), self._run_dir, self.init_timeout,
+        )
 
     def log_rows(self, rows: list[dict]) -> None:
         if self._run is None:

@@ -5,6 +5,7 @@ failing W&B loses no local result. Plus the summary arithmetic on hand-made rows
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import math
@@ -21,6 +22,7 @@ from hydra import compose, initialize_config_dir
 from specdec import experiment
 from specdec.data import Prompt, build_turn_input
 from specdec.decoding import Generation
+from specdec.errors import NoSpace
 from specdec.metrics import GenerationStats, RowStats, expected_tokens_per_step
 from specdec.report import format_comparison, format_table, summarize
 from specdec.results import MethodSummary, PromptResult, Totals
@@ -192,6 +194,28 @@ def test_partial_results_survive_a_crash(tmp_path, monkeypatch):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["complete"] is False and summary["error"] == "RuntimeError: boom"
     assert summary["num_prompts"] == 1
+
+
+def test_a_full_disk_mid_run_keeps_consistent_files_and_says_what_is_kept(tmp_path, monkeypatch):
+    real_write, batches = Path.write_text, []
+
+    def disk_full_at_third_batch(self, text, *args, **kwargs):
+        if self.name == "results.jsonl.tmp":
+            batches.append(1)
+        if self.name == "results.jsonl.tmp" and len(batches) >= 3:  # the summary alone still fits
+            real_write(self, text[:100], *args, **kwargs)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", disk_full_at_third_batch)
+    with pytest.raises(NoSpace, match=r"no space left writing .*run .*up to prompt 2; free some space") as raised:
+        _run(tmp_path)
+    assert isinstance(raised.value, OSError)
+    out = tmp_path / "run"
+    summary = json.loads((out / "summary.json").read_text())
+    assert len(_rows(out)) == 4 and summary["num_prompts"] == 2  # the two files agree
+    assert summary["complete"] is False and summary["error"].startswith("NoSpace: no space left")
+    assert not list(out.glob("*.tmp"))
 
 
 # ---------------------------------------------------------------- what each number means

@@ -101,6 +101,36 @@ def test_a_second_run_into_a_folder_is_refused_before_anything_is_written(tmp_pa
     assert _snapshot(earlier) == before and "Launching" not in proc.stdout + proc.stderr
 
 
+def test_a_folder_that_cannot_be_made_is_one_error_line(tmp_path):
+    from omegaconf import OmegaConf
+
+    from specdec.run_dirs import RunFolders
+
+    (tmp_path / "a_file").write_text("")
+    bad = tmp_path / "a_file" / "sub"
+    proc = _specdec(tmp_path, *TINY, f"hydra.run.dir={bad}")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and "UserWarning" not in proc.stderr
+    assert f"Error: hydra.run.dir={bad}: cannot create it (Not a directory); pick a writable folder" in proc.stderr
+    config = OmegaConf.create({"hydra": {"run": {"dir": str(tmp_path / "a_file")}, "output_subdir": ".hydra",
+                                         "sweep": {"dir": str(bad), "subdir": "${hydra.job.num}"}}})
+    with pytest.raises(SystemExit, match=r"hydra.run.dir=.*a_file: cannot create it \(a file of that name is in"):
+        RunFolders().on_run_start(config)
+    with pytest.raises(SystemExit, match=r"hydra.sweep.dir=.*: cannot create it \(Not a directory\); pick a writable"):
+        RunFolders().on_multirun_start(config)
+
+
+def test_a_refused_run_leaves_no_run_folder(tmp_path):
+    proc = _specdec(tmp_path, *TINY, "method.num_speculative_tokens=-1")
+    assert proc.returncode == 1 and "Error: method.num_speculative_tokens" in proc.stderr
+    assert not list(tmp_path.glob("outputs/*/*"))  # neither the run's folder nor Hydra's files in it
+    made = tmp_path / "made_in_advance"
+    made.mkdir()
+    (made / "notes.txt").write_text("mine")
+    proc = _specdec(tmp_path, *TINY, "data=hf", f"data.path={tmp_path / 'missing.jsonl'}", f"hydra.run.dir={made}")
+    assert proc.returncode == 1 and "Error: data.path: file not found" in proc.stderr
+    assert _snapshot(made) == {"notes.txt": b"mine"} and not (made / ".hydra").exists()
+
+
 def test_python_api_refuses_a_folder_that_holds_results(tmp_path, monkeypatch):
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=TINY)
