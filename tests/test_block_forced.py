@@ -350,8 +350,9 @@ def test_forced_checks_its_curve():
     ForcedVerifier(0.5).check_k(16)  # one number: every position
     with pytest.raises(ValueError, match="acceptance"):
         make_verifier("forced", SamplingParams())
+    engine = _engine()
     with pytest.raises(ValueError, match="k = 4"):
-        SpeculativeDecoder(_engine(), DraftModelProposer(_engine()), 4, verifier="forced",
+        SpeculativeDecoder(engine, DraftModelProposer(engine), 4, verifier="forced",
                            verifier_args={"acceptance": [0.5]}).generate([[1, 2]], max_new_tokens=4)
 
 
