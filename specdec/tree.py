@@ -191,8 +191,10 @@ class StaticTree:
 def static_tree(paths) -> StaticTree:
     """A `StaticTree` from a list of rank paths, e.g. `[[0], [1], [0, 0]]`; checked and cached."""
     try:
+        if isinstance(paths, str) or any(isinstance(p, str) or isinstance(r, (str, float)) for p in paths for r in p):
+            raise TypeError(paths)  # "abc" and [["0"]] would pass int(); 0.5 would be cut to 0
         key = tuple(tuple(int(r) for r in p) for p in paths)
-    except TypeError as e:
+    except (TypeError, ValueError) as e:
         raise ValueError(f"method.tree must be a list of lists of child ranks, e.g. [[0], [1], [0, 0]]; got {paths!r}") from e
     return _static_tree(key)
 

@@ -44,6 +44,9 @@ def test_ragged_trees_pad_with_unreachable_nodes():
     ([[0], [0]], "twice"),
     ([[0], [-1]], "ranks >= 0"),
     ([0, 1], "list of lists"),
+    ("abc", "list of lists of child ranks.*got 'abc'"),  # method.tree=abc on the command line
+    ([["0"]], "list of lists"),
+    ([[0.5]], "list of lists"),
 ])
 def test_bad_static_trees_are_refused_with_the_fix(paths, message):
     with pytest.raises(ValueError, match=message):
