@@ -292,6 +292,11 @@ def _resolve_gguf(spec: ModelSpec) -> Path:
             ) from err
     if not file.is_file():
         raise MissingInput(f"GGUF file {str(file)!r} does not exist. Check `path` and `gguf_file`.")
+    with open(file, "rb") as f:  # the magic bytes: an empty file or another format, told before loading
+        if f.read(4) != b"GGUF":
+            raise InvalidInput(f"{str(file)!r} is not a GGUF file (it does not begin with GGUF's magic bytes"
+                               f"{'; it is empty' if file.stat().st_size == 0 else ''}). Check the file or "
+                               "download it again.")
     return file
 
 

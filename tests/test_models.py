@@ -294,6 +294,16 @@ def test_gguf_with_a_valid_header_and_a_garbage_body_is_named(tmp_path, monkeypa
     assert not [p for p in (tmp_path / "cache").iterdir() if ".tmp-" in p.name or p.suffix == ".lock"]
 
 
+@pytest.mark.parametrize("content, says", [(b"", "; it is empty"), (b"PK\x03\x04 a zip file", "")])
+def test_a_file_that_is_not_gguf_is_named_before_loading(tmp_path, content, says):
+    from specdec.errors import InputError
+
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(content)
+    with pytest.raises(InputError, match=rf"is not a GGUF file \(it does not begin with GGUF's magic bytes{says}\)"):
+        models.locate(ModelSpec(gguf_file=str(bad)))
+
+
 def test_a_local_directory_transformers_cannot_load_is_an_input_error(tmp_path):
     """config.json is there but is not JSON: said as bad input naming the directory, not transformers'
     OSError with a traceback."""
