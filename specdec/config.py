@@ -541,6 +541,10 @@ def _validate_method(key: str, m: DictConfig, cfg: DictConfig, params: Any) -> N
             verifier.check_k(m.num_speculative_tokens)
     except (ValueError, TypeError) as err:
         _fail(f"{key}.verifier", str(err))
+    if m.proposer is None and m.decoder is None and (m.verifier != "auto" or m.verifier_args):
+        # a warning, not an error: a sweep over methods may set one verifier for all of them
+        log.warning("%s.verifier=%s: plain decoding (%s) drafts nothing, so it verifies nothing; the verifier "
+                    "setting is ignored", key, m.verifier, m.name)
     from specdec.registry import target_of
 
     proposer = target_of(m.proposer._target_, f"{key}.proposer") if m.proposer is not None else None

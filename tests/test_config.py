@@ -314,6 +314,15 @@ def test_top_p_and_top_k_at_temperature_0_are_said_to_be_ignored(caplog):
     assert "ignores" not in caplog.text
 
 
+def test_a_verifier_set_for_plain_decoding_is_said_to_be_ignored(caplog):
+    validate(_compose([*TINY, "method=autoregressive", "method.verifier=typical"]))
+    assert "method.verifier=typical: plain decoding (autoregressive) drafts nothing" in caplog.text
+    caplog.clear()
+    validate(_compose([*TINY, "method=autoregressive"]))
+    validate(_compose([*TINY, "method=ngram", "method.verifier=typical"]))
+    assert "verifies nothing" not in caplog.text
+
+
 def test_max_new_tokens_past_the_context_is_refused_before_any_model_loads(tmp_path, monkeypatch):
     """The target's and the used draft's config.json tell their context; no weights are read."""
     short = tmp_path / "short"
