@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 
 RESULT_FILES = ("results.jsonl", "summary.json", "table.md")
 HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")  # what Hydra writes into `.hydra/`
-_made: set[Path] = set()  # the run folders `claim_run_dir` created, not made in advance
+_made: set[Path] = set()  # the run folders `claim_run_dir` created (and their new parents), not made in advance
 JOB_KEYS = ("hydra.job.num", "hydra.job.id")  # what makes a job's subdir its own
 
 
@@ -52,8 +52,7 @@ def claim_run_dir(folder: str | Path, output_subdir: str | None = ".hydra") -> P
     """Make `folder` this run's, before Hydra writes into it; raise FolderInUseError if it is taken."""
     folder = Path(folder)
     check_no_results(folder, "hydra.run.dir")
-    if not folder.exists():
-        _made.add(folder.resolve())
+    _made.update(p.resolve() for p in (folder, *folder.parents) if not p.exists())  # outputs/<date> too
     folder.mkdir(parents=True, exist_ok=True)
     marker = folder / (output_subdir or ".hydra")
     try:
@@ -94,11 +93,15 @@ def release_run_dir(folder: str | Path) -> None:
     for path in ours:
         path.unlink(missing_ok=True)
     made = folder.resolve() in _made or hc.hydra.mode == RunMode.MULTIRUN
-    for path in (subdir, folder) if made else (subdir,):
+    # then the folders above it that the run made (a new outputs/<date>/), as far as they are empty
+    above = [p for p in folder.resolve().parents if p in _made] if made else []
+    for path in (subdir, folder, *above) if made else (subdir,):
         try:
             path.rmdir()
-        except OSError:  # not empty (files of the user's own), or not there
-            pass
+        except FileNotFoundError:  # no `.hydra/` (hydra.output_subdir=null)
+            continue
+        except OSError:  # not empty: files of the user's own, another run's folder
+            break
 
 
 def claim_sweep_dir(folder: str | Path) -> Path:

@@ -122,7 +122,12 @@ def test_a_folder_that_cannot_be_made_is_one_error_line(tmp_path):
 def test_a_refused_run_leaves_no_run_folder(tmp_path):
     proc = _specdec(tmp_path, *TINY, "method.num_speculative_tokens=-1")
     assert proc.returncode == 1 and "Error: method.num_speculative_tokens" in proc.stderr
-    assert not list(tmp_path.glob("outputs/*/*"))  # neither the run's folder nor Hydra's files in it
+    assert not (tmp_path / "outputs").exists()  # neither the run's folder, Hydra's files in it, nor outputs/<date>
+    kept = tmp_path / "outputs" / "2020-01-01" / "an_earlier_run"
+    kept.mkdir(parents=True)
+    proc = _specdec(tmp_path, *TINY, "method.num_speculative_tokens=-1",
+                    f"hydra.run.dir={tmp_path / 'outputs' / '2020-01-01' / 'refused'}")
+    assert proc.returncode == 1 and [p.name for p in kept.parent.iterdir()] == ["an_earlier_run"]
     made = tmp_path / "made_in_advance"
     made.mkdir()
     (made / "notes.txt").write_text("mine")
