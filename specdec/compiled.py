@@ -299,6 +299,14 @@ def freezes(device: torch.device, backend: str) -> bool:
 _COMPILED: dict[tuple, object] = {}
 
 
+def allow_recompiles(limit: int = RECOMPILE_LIMIT) -> None:
+    """Let dynamo keep at least `limit` graphs per code object (`RECOMPILE_LIMIT`); the setting was
+    `cache_size_limit` before torch 2.7."""
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, max(getattr(config, name), limit))
+
+
 def _compiled(fn, device: torch.device, backend: str, cuda_graphs: str = "trees", autotune: bool = False):
     """One compiled `fn` per device type, backend, CUDA-graph mode and autotuning (dynamo keeps one
     cache per code object; graphs for the target and the draft, and for each shape, are entries of
@@ -307,9 +315,7 @@ def _compiled(fn, device: torch.device, backend: str, cuda_graphs: str = "trees"
     trees; `explicit` without them (specdec captures its own, `specdec.cuda_graphs`)."""
     key = (fn, device.type, backend, cuda_graphs, autotune)
     if key not in _COMPILED:
-        config = torch._dynamo.config
-        name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # before 2.7
-        setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
+        allow_recompiles()
         trees = device.type == "cuda" and backend == "inductor" and cuda_graphs == "trees"
         mode = {(True, False): "reduce-overhead", (True, True): "max-autotune",
                 (False, True): "max-autotune-no-cudagraphs"}.get((trees, autotune and backend == "inductor"))

@@ -35,7 +35,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from specdec.errors import InvalidInput, MissingInput
+from specdec.errors import InvalidInput, MissingInput, described
 
 # The `data.*` settings a source's reader is given when it names them (besides data.source_args).
 READER_SETTINGS = ("path", "hf_name", "split", "text_field", "category_field", "id_field")
@@ -195,8 +195,7 @@ def _check_json(path: Path, lines: list[str]) -> None:
 def _cause(err: BaseException) -> str:
     """The first line of what went wrong: `datasets` wraps a parser's error in its own."""
     cause = err.__cause__ if err.__cause__ is not None and type(err).__name__ == "DatasetGenerationError" else err
-    lines = str(cause).strip().splitlines()
-    return f"{type(cause).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    return described(cause)
 
 
 def load_hf(

@@ -31,6 +31,18 @@ class NoSpace(InputError, OSError):
     another folder; what was written before stays as it was."""
 
 
+def first_line(err: BaseException) -> str:
+    """The first line of `err`'s message (the type's name for an empty one): libraries append
+    tracebacks, and advice in their own API's terms, below it, which a one-line message leaves out."""
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else type(err).__name__
+
+
+def described(err: BaseException) -> str:
+    """`Type: first line` of `err` (the type alone for an empty message)."""
+    return f"{type(err).__name__}: {first_line(err)}" if str(err).strip() else type(err).__name__
+
+
 @contextlib.contextmanager
 def reported() -> Iterator[None]:
     """Around a command's body: an `InputError` ends the command as `Error: <message>`, status 1.

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from specdec.attention import AttentionLayout, eager_attention_needed
-from specdec.errors import InvalidInput, MissingInput, MissingPackage
+from specdec.errors import InvalidInput, MissingInput, MissingPackage, first_line
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -198,10 +198,6 @@ def _looks_local(path: str) -> bool:
 _UNREADABLE = (OSError, ValueError, KeyError, TypeError, RuntimeError)
 
 
-def _first_line(err: BaseException) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0].rstrip(".")
-
-
 def _check_directory(directory: Path) -> None:
     """A model directory's config and weights' headers, read without the weights, so that a damaged or
     foreign file is refused before any model loads (`locate`): config.json is one transformers can
@@ -212,7 +208,7 @@ def _check_directory(directory: Path) -> None:
         AutoConfig.from_pretrained(str(directory))
     except _UNREADABLE as err:
         raise InvalidInput(f"{str(directory / 'config.json')!r} is not a config transformers can read "
-                           f"({_first_line(err)}). Re-save the model with `save_pretrained`, or copy "
+                           f"({first_line(err).rstrip('.')}). Re-save the model with `save_pretrained`, or copy "
                            "config.json again.") from err
     for file in sorted(directory.glob("*.safetensors")):
         problem = _safetensors_problem(file)
@@ -230,7 +226,7 @@ def _safetensors_problem(file: Path) -> str | None:
         with safe_open(str(file), "pt"):
             return None
     except (SafetensorError, OSError) as err:
-        return _first_line(err)
+        return first_line(err).rstrip('.')
 
 
 def _from_pretrained(source: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -253,7 +249,7 @@ def _from_pretrained(source: str) -> tuple[PreTrainedModel, PreTrainedTokenizerB
         if isinstance(err, OSError) and not _looks_local(source):
             raise _uncached(source) from err
         # config.json is there (`locate`), so what it, the weights or the tokenizer hold is wrong
-        raise InvalidInput(f"{source!r} is not a model transformers can load: {_first_line(err)}. A directory written by "
+        raise InvalidInput(f"{source!r} is not a model transformers can load: {first_line(err).rstrip('.')}. A directory written by "
                            "`save_pretrained` holds config.json, the weights and the tokenizer.") from err
     _check_loading_info(source, info)
     return model, tokenizer

@@ -36,6 +36,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from specdec.errors import described
+
 log = logging.getLogger("specdec")
 
 SCALAR = (bool, int, float, str)
@@ -213,19 +215,12 @@ class WandbTracker(Tracker):
     def run_dir(self) -> Path | None:
         return self._run_dir
 
-    @staticmethod
-    def _reason(exc: Exception) -> str:
-        """The exception's first line: W&B appends advice in its own API's terms (`wandb.init(settings=...)`),
-        which a specdec user sets as `logger.*` instead."""
-        lines = str(exc).strip().splitlines()
-        return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
-
     def _fail(self, during: str, exc: Exception) -> None:
         log.warning(
             "W&B failed during %s (%s); continuing without W&B (logger=none turns it off). Local results are "
             "still written in %s",
             during,
-            self._reason(exc),
+            described(exc),
             self._out_dir,
         )
         run, self._run = self._run, None
@@ -271,13 +266,13 @@ class WandbTracker(Tracker):
             self._run = wandb.init(**init, mode="offline", settings=wandb.Settings(init_timeout=self.init_timeout))
             self._run_dir = Path(self._run.dir).parent
         except Exception as exc:
-            self._fail(f"init ({self.mode}: {self._reason(error)}; then offline)", exc)
+            self._fail(f"init ({self.mode}: {described(error)}; then offline)", exc)
             return
         log.warning(
             "W&B could not start %s (%s); this run is logged offline instead, `wandb sync %s` uploads it "
             "later. logger.mode=offline (or WANDB_MODE=offline) skips trying, logger.init_timeout=<seconds> "
             "(now %g) waits longer for the server, logger=none turns W&B off",
-            self.mode, self._reason(error), self._run_dir, self.init_timeout,
+            self.mode, described(error), self._run_dir, self.init_timeout,
         )
 
     def log_rows(self, rows: list[dict]) -> None:

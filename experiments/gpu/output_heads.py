@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from specdec.compiled import _compiling
+from specdec.compiled import _compiling, allow_recompiles
 
 VARIANTS = {"compiled": (None, None), "autotune": ("max-autotune-no-cudagraphs", None),
             "autotune_cpp": ("max-autotune-no-cudagraphs", "CPP")}  # name: (compile mode, GEMM backends)
@@ -62,9 +62,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = {"args": vars(args), "ms": {}}
     torch.manual_seed(0)
     freezing = args.backend == "inductor"
-    config = torch._dynamo.config  # one graph per variant, head and row count, all of one code object
-    limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
-    setattr(config, limit, max(getattr(config, limit), 64))
+    allow_recompiles()  # one graph per variant, head and row count, all of one code object
     for vocab in map(int, args.vocab.split(",")):
         head = torch.nn.Linear(args.hidden, vocab, bias=False, dtype=dtype).eval()
         compiled = {v: torch.compile(copy.deepcopy(head), backend=args.backend, dynamic=False,
