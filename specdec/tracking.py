@@ -26,6 +26,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -252,8 +253,10 @@ class WandbTracker(Tracker):
             dir=self._out_dir,
             reinit="create_new",  # a new run per job, even with a previous run still open
         )
+        before: set[Path] = set()
         try:
             self._out_dir.mkdir(parents=True, exist_ok=True)
+            before = _run_folders(self._out_dir)
             self._run = wandb.init(**init, mode=self.mode, settings=wandb.Settings(init_timeout=self.init_timeout))
             self._run_dir = Path(self._run.dir).parent  # .../wandb/offline-run-*/files -> the run folder
             return
@@ -262,6 +265,10 @@ class WandbTracker(Tracker):
         if self.mode in self.LOCAL_MODES:  # nothing to fall back to
             self._fail("init", error)
             return
+        # The failed attempt may have left its own run folder (run-*, a few debug logs and an empty
+        # .wandb file): `wandb sync <out_dir>/wandb` would upload it as a second, empty run.
+        for folder in _run_folders(self._out_dir) - before:
+            shutil.rmtree(folder, ignore_errors=True)
         try:
             self._run = wandb.init(**init, mode="offline", settings=wandb.Settings(init_timeout=self.init_timeout))
             self._run_dir = Path(self._run.dir).parent
@@ -312,6 +319,11 @@ class WandbTracker(Tracker):
         except Exception as exc:
             self._fail("finish", exc)
         self._run = None
+
+
+def _run_folders(out_dir: Path) -> set[Path]:
+    """The W&B run folders (`run-*`, `offline-run-*`) under `out_dir`/wandb."""
+    return {p for p in (out_dir / "wandb").glob("*run-*") if p.is_dir() and not p.is_symlink()}
 
 
 def _table(wandb: Any, rows: list[dict]) -> Any:

@@ -209,6 +209,10 @@ def test_online_without_network_fails_fast_and_logs_offline(
     assert "logger.init_timeout=" in caplog.text and "wandb.init(" not in caplog.text
     assert tracker.run_dir.is_relative_to(out) and tracker.run_dir.name.startswith("offline-run-")
     assert read_offline_summary(tracker.run_dir)["draft/overall/speedup"] == 1.4
+    # the failed online attempt's own run folder is gone, so `wandb sync out/wandb` uploads one run
+    assert [p.resolve() for p in (out / "wandb").iterdir() if p.is_dir() and not p.is_symlink()] == [
+        tracker.run_dir.resolve()
+    ]
 
 
 def test_missing_wandb_says_how_to_get_it(
