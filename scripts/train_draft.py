@@ -3,8 +3,8 @@
     python scripts/train_draft.py [key=value ...]        # config: conf/train_draft.yaml
 
 The recipe and the draft's shape are described in `specdec/training.py`. The script prints each
-phase's progress and time, the KL loss as it trains, and finally the draft's acceptance and speedup
-on held-out Spec-Bench prompts (untrained and trained); it writes the draft to `out` (a directory
+phase's progress and time, the KL loss as it trains, and finally the trained draft's acceptance and speedup
+on held-out Spec-Bench prompts (with `eval.init=true` the untrained draft's too); it writes the draft to `out` (a directory
 that `draft.path=` loads) with `train_report.json` beside the weights. Weights are never committed:
 `outputs/` is git-ignored.
 """

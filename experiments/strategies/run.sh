@@ -7,7 +7,7 @@ set -euo pipefail
 DRAFT=${DRAFT:-outputs/drafts/smollm2-135m-distilled-2l}
 RUNS=${RUNS:-experiments/strategies/runs}
 [ -d "$DRAFT" ] || python scripts/train_draft.py          # the distilled draft (see README)
-COMMON="data=spec_bench data.limit=2 generation.max_new_tokens=64 logger=none plots=false"
+COMMON="~experiment data=spec_bench data.limit=2 generation.max_new_tokens=64 logger=none plots=false"
 D="method=draft draft.path=$DRAFT draft.name=distilled-2l"
 run() { local name=$1; shift; python -m specdec -m $COMMON hydra.sweep.dir="$RUNS/$name" "$@"; }
 
