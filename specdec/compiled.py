@@ -94,6 +94,7 @@ RECOMPILE_LIMIT = 64  # torch's default (8) is below widths x key buckets x batc
 # 0.27-0.32x eager with the C++ templates alone, 0.41x with both; 1 wide 0.27-0.29x against 0.31x,
 # 2 wide 0.29x either way. Wider, the C++ templates alone are far slower (6 wide 0.73-0.85x eager
 # against 0.51x, 8 wide 1.31x against 0.52x), so wider graphs keep both (experiments/gpu/README.md).
+# In float32 the C++ templates alone cost what the default choices cost (1-4 wide), so it keeps those.
 CPP_GEMM_ROWS = 4
 # Calls whose graph a caller has already run skip dynamo's guard evaluation (`_unguarded`): about
 # 1 ms of host time a call for SmolLM2 on this CPU (experiments/gpu). False: every call evaluates them.
