@@ -15,7 +15,6 @@ import copy
 import hashlib
 import json
 import logging
-import pickle
 from pathlib import Path
 
 import hydra
@@ -26,8 +25,9 @@ from omegaconf import DictConfig, OmegaConf
 from specdec.config import resolve_path
 from specdec.data import load_builtin, load_spec_bench
 from specdec.engine import Engine
-from specdec.errors import reported
+from specdec.errors import InvalidInput, reported
 from specdec.models import ModelSpec, cache_dir, load_model
+from specdec.script_checks import check_at_least, check_cache_folder, check_choice, check_dtype, check_out_dir
 from specdec.training import (
     Example,
     PhaseTimer,
@@ -35,7 +35,9 @@ from specdec.training import (
     evaluate_draft,
     first_turn_ids,
     generate_continuations,
+    load_cache,
     make_draft,
+    save_cache,
     save_draft,
     split_prompts,
     take_per_category,
@@ -46,8 +48,38 @@ from specdec.training import (
 log = logging.getLogger("train_draft")
 
 
+def check_config(cfg: DictConfig) -> None:
+    """The values a run cannot work with, and an `out` it must not write, refused before the target
+    loads (InvalidInput naming the key: `Error: <message>` on the command line)."""
+    p = cfg.prompts
+    check_at_least("prompts.holdout_per_category", p.holdout_per_category, 0)
+    check_at_least("prompts.train_per_category", p.train_per_category, 1, optional=True)
+    check_at_least("prompts.eval_per_category", p.eval_per_category, 0, optional=True)
+    check_at_least("generation.max_new_tokens", cfg.generation.max_new_tokens, 1)
+    check_at_least("generation.batch_size", cfg.generation.batch_size, 1)
+    check_dtype("generation.dtype", cfg.generation.dtype)
+    check_at_least("draft.num_layers", cfg.draft.num_layers, 1)
+    t = cfg.train
+    check_at_least("train.max_seq_len", t.max_seq_len, 2)
+    check_choice("train.loss_on", t.loss_on, ("all", "continuation"))
+    check_at_least("train.epochs", t.epochs, 1)
+    check_at_least("train.lr", t.lr, 0, integer=False, strict=True)
+    check_at_least("train.max_tokens", t.max_tokens, 1)
+    check_choice("train.autocast", t.autocast, (None, "bfloat16", "float16"))
+    check_at_least("eval.k", cfg.eval.k, 1)
+    check_at_least("eval.max_new_tokens", cfg.eval.max_new_tokens, 1)
+    check_dtype("dtype", cfg.dtype)
+    check_at_least("threads", cfg.threads, 1, optional=True)
+    target = cfg.target.path
+    keep = resolve_path(target) if target and target not in ("embedded", "tiny_random") else None
+    check_out_dir(resolve_path(cfg.out), cfg.overwrite, keep)
+    if cfg.generation.cache:
+        check_cache_folder(cache_dir() / "train_draft")
+
+
 def run(cfg: DictConfig) -> dict:
     """The whole recipe; returns the report (also written next to the draft)."""
+    check_config(cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
@@ -64,10 +96,14 @@ def run(cfg: DictConfig) -> dict:
     if p.builtin:
         train += load_builtin()
     if not train:
-        raise ValueError("prompts: no training prompts (set prompts.builtin=true or prompts.spec_bench)")
+        raise InvalidInput("prompts: no training prompts (set prompts.builtin=true or prompts.spec_bench)")
     evaluation = take_per_category(held, p.eval_per_category, cmap, cfg.seed) if p.eval_per_category else []
     target, tokenizer = load_model(ModelSpec(path=cfg.target.path, gguf_file=cfg.target.gguf_file))
     target = Engine(target, dtype=cfg.dtype).target.model
+    layers = getattr(getattr(target, "model", None), "layers", None)
+    if layers is not None and not 1 <= cfg.draft.num_layers < len(layers):  # before generating: the slow part
+        allowed = f"must be in [1, {len(layers) - 1}]" if len(layers) > 1 else "no draft is shallower than"
+        raise InvalidInput(f"draft.num_layers={cfg.draft.num_layers}: {allowed} for this {len(layers)}-layer target")
     # The training text may come from a lower-precision copy of the target (twice as fast here);
     # evaluation always uses the target in `dtype`.
     writer = target
@@ -136,13 +172,10 @@ def cached_continuations(cfg: DictConfig, writer, prompt_ids: list[list[int]], e
                                      cfg.generation.max_new_tokens, prompt_ids]).encode()).hexdigest()[:16]
     path = cache_dir() / "train_draft" / f"continuations-{key}.pt"
     if cfg.generation.cache and path.is_file():
-        try:
-            # Lists of ints only: weights_only refuses anything that would run code, whatever torch's default.
-            cached = torch.load(path, weights_only=True)
-        except pickle.UnpicklingError as err:
-            log.warning("%s is not plain data (%s); generating the continuations again", path,
-                        str(err).splitlines()[0])
-        else:
+        # Lists of ints only: weights_only refuses anything that would run code, whatever torch's default;
+        # a file that is not plain data, or is cut short, is generated again.
+        cached = load_cache(path, log)
+        if cached is not None:
             log.info("continuations from %s", path)
             return [Example(torch.tensor(t), s) for t, s in cached]
     engine = Engine(writer, dtype=writer.dtype)
@@ -150,7 +183,7 @@ def cached_continuations(cfg: DictConfig, writer, prompt_ids: list[list[int]], e
                                       cfg.generation.batch_size, eos, cfg.progress)
     if cfg.generation.cache:
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save([(e.tokens.tolist(), e.start) for e in examples], path)
+        save_cache([(e.tokens.tolist(), e.start) for e in examples], path)
     return examples
 
 

@@ -31,7 +31,7 @@ from specdec.config import resolve_path
 from specdec.data import build_turn_input, load_builtin, load_spec_bench
 from specdec.decoding import SpeculativeDecoder
 from specdec.engine import Engine
-from specdec.errors import reported
+from specdec.errors import InvalidInput, reported
 from specdec.head_training import (
     FamilyPlan,
     check_disjoint,
@@ -49,17 +49,76 @@ from specdec.models import ModelSpec, cache_dir, load_model
 from specdec.proposers.eagle import EagleDrafter, EagleProposer
 from specdec.proposers.heads import frequent_tokens, save_checkpoint
 from specdec.proposers.medusa import MedusaHeads, MedusaProposer
+from specdec.script_checks import (
+    check_at_least,
+    check_cache_folder,
+    check_choice,
+    check_dtype,
+    check_out_file,
+)
 from specdec.tracking import make_tracker
-from specdec.training import Example, PhaseTimer, generate_continuations, teacher_targets, truncate
+from specdec.training import (
+    Example,
+    PhaseTimer,
+    generate_continuations,
+    load_cache,
+    save_cache,
+    teacher_targets,
+    truncate,
+)
 
 log = logging.getLogger("train_heads")
 METHODS = ("medusa", "eagle")
+FAMILIES = ("written", "math", "qa", "follow_ups", "passages", "code", "derived")
+
+
+def check_config(cfg: DictConfig) -> None:
+    """The values a run cannot work with, and an `out` it must not write, refused before the target
+    loads (InvalidInput naming the key: `Error: <message>` on the command line)."""
+    check_choice("kind", cfg.kind, METHODS)
+    p = cfg.prompts
+    check_at_least("prompts.held_out", p.held_out, 1)
+    if p.families:
+        unknown = sorted(set(p.families) - set(FAMILIES))
+        if unknown:
+            raise InvalidInput(f"prompts.families: unknown {', '.join(unknown)}; the families are {', '.join(FAMILIES)}")
+        for name in FAMILIES:
+            check_at_least(f"prompts.families.{name}", p.families.get(name), 0, optional=name == "derived")
+    else:
+        check_at_least("prompts.count", p.count, 1)
+        check_at_least("prompts.target_written", p.target_written, 0)
+        if p.held_out >= p.count + p.target_written:
+            raise InvalidInput(f"prompts.held_out={p.held_out}: must be below the {p.count + p.target_written} "
+                               "prompts (prompts.count + prompts.target_written), which training needs too")
+    check_at_least("generation.max_new_tokens", cfg.generation.max_new_tokens, 1)
+    check_at_least("generation.batch_size", cfg.generation.batch_size, 1)
+    check_at_least("heads.num_heads", cfg.heads.num_heads, 1)
+    check_at_least("heads.vocab", cfg.heads.vocab, 1, optional=True)
+    t = cfg.train
+    shortest = cfg.heads.num_heads + 2 if cfg.kind == "medusa" else 3
+    check_at_least("train.max_seq_len", t.max_seq_len, shortest)
+    check_at_least("train.epochs", t.epochs, 1)
+    check_at_least("train.lr", t.lr, 0, integer=False, strict=True)
+    check_at_least("train.max_tokens", t.max_tokens, 1)
+    check_at_least("train.decay", t.decay, 0, integer=False, strict=True)
+    check_choice("train.autocast", t.autocast, (None, "bfloat16", "float16"))
+    check_at_least("train.unroll", t.unroll, 1)
+    check_at_least("train.noise", t.noise, 0, integer=False)
+    check_at_least("eval.prompts", cfg.eval.prompts, 1)
+    if cfg.eval.prompts > p.held_out:
+        raise InvalidInput(f"eval.prompts={cfg.eval.prompts}: the decoding check uses held-out prompts only; "
+                           f"at most prompts.held_out={p.held_out}")
+    check_at_least("eval.max_new_tokens", cfg.eval.max_new_tokens, 1)
+    check_dtype("dtype", cfg.dtype)
+    check_at_least("threads", cfg.threads, 1, optional=True)
+    check_out_file(resolve_path(cfg.out), ".safetensors", cfg.overwrite, companion="report .json")
+    if cfg.generation.cache:
+        check_cache_folder(cache_dir() / "train_heads")
 
 
 def run(cfg: DictConfig) -> dict:
     """The whole recipe; returns the report (also written beside the checkpoint)."""
-    if cfg.kind not in METHODS:
-        raise ValueError(f"kind={cfg.kind!r}: scripts/train_heads.py trains {', '.join(METHODS)}")
+    check_config(cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
@@ -87,7 +146,7 @@ def run(cfg: DictConfig) -> dict:
         raw = None
     held_n = cfg.prompts.held_out
     if not 0 < held_n < len(texts):
-        raise ValueError(f"prompts.held_out={held_n} must be in [1, {len(texts) - 1}] for {len(texts)} prompts")
+        raise InvalidInput(f"prompts.held_out={held_n} must be in [1, {len(texts) - 1}] for {len(texts)} prompts")
     if raw is None:
         prompt_ids = [build_turn_input(tokenizer, [], t) for t in texts]
         phase("prompts")
@@ -126,6 +185,7 @@ def run(cfg: DictConfig) -> dict:
             "train_tokens": train_tokens, "command": " ".join(sys.argv)}
     if vocab_ids is not None:
         tensors["vocab_ids"] = vocab_ids
+    out.with_suffix(".json").unlink(missing_ok=True)  # overwrite=true: never an old report beside new heads
     save_checkpoint(out, cfg.kind, {n: t.to(torch.bfloat16) if t.is_floating_point() else t
                                       for n, t in tensors.items()}, meta)
     phase("save")
@@ -148,7 +208,9 @@ def run(cfg: DictConfig) -> dict:
     run_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else out.parent
     (run_dir / "train_report.json").write_text(text)
     plots = _plots(losses, curve, run_dir)
-    with make_tracker(cfg.logger) as tracker:
+    lg = cfg.logger
+    settings = {k: lg.get(k) for k in ("project", "entity", "mode", "init_timeout")}
+    with make_tracker(lg.kind, **settings, tags=list(lg.get("tags") or [])) as tracker:
         tracker.start(report["config"], f"train_heads-{cfg.kind}", "train_heads", run_dir)
         tracker.log_summary({k: v for k, v in report.items() if k not in ("loss_steps", "config")}, [], plots)
     log.info("heads saved to %s (use them with method=%s method.heads_path=%s); %.0f s in all",
@@ -232,7 +294,7 @@ def _continuations(cfg: DictConfig, engine, prompt_ids: list[list[int]], eos) ->
     key = hashlib.sha256(json.dumps([cfg.target.path, cfg.target.gguf_file, str(engine.dtype),
                                      cfg.generation.max_new_tokens]).encode()).hexdigest()[:16]
     path = cache_dir() / "train_heads" / f"continuations-{key}.pt"
-    store: dict[str, list[int]] = torch.load(path, weights_only=True) if cfg.generation.cache and path.is_file() else {}
+    store: dict[str, list[int]] = (load_cache(path, log) if cfg.generation.cache and path.is_file() else None) or {}
     names = [hashlib.sha256(json.dumps(ids).encode()).hexdigest() for ids in prompt_ids]
     missing = [i for i, name in enumerate(names) if name not in store]
     log.info("continuations: %d cached, %d to generate", len(names) - len(missing), len(missing))
@@ -243,7 +305,7 @@ def _continuations(cfg: DictConfig, engine, prompt_ids: list[list[int]], eos) ->
             store[names[i]] = example.tokens[example.start :].tolist()
         if cfg.generation.cache:
             path.parent.mkdir(parents=True, exist_ok=True)
-            torch.save(store, path)
+            save_cache(store, path)
     return [Example(torch.tensor(ids + store[name]), len(ids)) for ids, name in zip(prompt_ids, names)]
 
 

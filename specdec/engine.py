@@ -38,6 +38,7 @@ def resolve_device(device: str) -> torch.device:
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
            "float64": torch.float64}
+DTYPE_NAMES = tuple(_DTYPES)  # what `dtype=` takes besides auto
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:

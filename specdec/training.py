@@ -28,16 +28,39 @@ from __future__ import annotations
 
 import copy
 import math
+import os
+import pickle
 import random
+import shutil
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from specdec.data import Prompt, build_turn_input
+from specdec.tracking import write_whole
+
+
+def load_cache(path: Path, log):
+    """A continuation cache file as plain data (`torch.load(weights_only=True)`), or None (with a
+    warning) for a file that is not plain data or is cut short: the caller generates again."""
+    try:
+        return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as err:
+        log.warning("%s is not plain data (%s); generating the continuations again", path, str(err).splitlines()[0])
+    except (RuntimeError, EOFError, OSError) as err:
+        log.warning("%s cannot be read (%s); generating the continuations again", path,
+                    (str(err).splitlines() or [type(err).__name__])[0])
+    return None
+
+
+def save_cache(data, path: Path) -> None:
+    """`torch.save`, whole or not at all (`write_whole`): an interrupted write never leaves a file cut short."""
+    write_whole(path, lambda tmp: torch.save(data, tmp))
 
 
 @dataclass
@@ -316,6 +339,20 @@ def evaluate_draft(target, draft, tokenizer, prompts: list[Prompt], k: int = 4, 
 
 
 def save_draft(draft, tokenizer, path) -> None:
-    """A directory that `ModelSpec(path=...)` / `draft.path=` loads: config, weights, tokenizer."""
-    draft.save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    """A directory that `ModelSpec(path=...)` / `draft.path=` loads: config, weights, tokenizer. Written
+    into a temporary folder beside `path` and renamed into place, so an interrupted save leaves
+    `path` as it was (a folder there before, replaced only once the new one is complete)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    old = path.with_name(f".{path.name}.old{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        draft.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if path.exists():
+            os.replace(path, old)
+        os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)

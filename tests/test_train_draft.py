@@ -2,6 +2,7 @@
 and the saved directory loads with `load_model` and drafts losslessly for the target."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from hydra import compose, initialize_config_dir
 from specdec.data import Prompt
 from specdec.decoding import SpeculativeDecoder
 from specdec.engine import Engine
+from specdec.errors import InvalidInput
 from specdec.models import ModelSpec, load_model, tiny_random_model
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.training import distill, make_draft, split_prompts, take_per_category, teacher_targets
@@ -96,3 +98,66 @@ def test_held_out_prompts_are_the_first_of_each_category():
     assert [p.prompt_id for p in held] == ["0", "1", "2", "3"]  # a: 0, 1; b: 2, 3 (c counts as a)
     assert [p.prompt_id for p in train] == ["4", "5", "6", "7"]
     assert len(take_per_category(train, 1, {"c": "a"})) == 2
+
+
+def _cfg(out, *overrides):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose("train_draft", overrides=["target.path=tiny_random", "prompts.builtin=true",
+                                                 "prompts.spec_bench=false", "draft.num_layers=1",
+                                                 "generation.cache=false", f"out={out}", "progress=false",
+                                                 *overrides])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["draft.num_layers=0"], "draft.num_layers=0: must be >= 1"),
+    (["train.epochs=0"], "train.epochs=0: must be >= 1"),
+    (["train.loss_on=bogus"], "train.loss_on='bogus': must be one of all, continuation"),
+    (["eval.k=0"], "eval.k=0: must be >= 1"),
+    (["dtype=nonsense"], "dtype='nonsense'"),
+])
+def test_bad_configs_fail_before_loading(tmp_path, monkeypatch, overrides, message):
+    script = _script()
+    monkeypatch.setattr(script, "load_model", lambda *a, **k: pytest.fail("loaded the target"))
+    with pytest.raises(InvalidInput, match=re.escape(message)):
+        script.run(_cfg(tmp_path / "draft", *overrides))
+
+
+def test_too_deep_a_draft_is_refused_before_generating(tmp_path, monkeypatch):
+    script = _script()
+    monkeypatch.setattr(script, "cached_continuations", lambda *a, **k: pytest.fail("generated"))
+    with pytest.raises(InvalidInput, match=r"draft.num_layers=2: must be in \[1, 1\] for this 2-layer target"):
+        script.run(_cfg(tmp_path / "draft", "draft.num_layers=2"))
+
+
+def test_an_existing_folder_and_the_target_are_never_overwritten(tmp_path, monkeypatch):
+    script = _script()
+    monkeypatch.setattr(script, "load_model", lambda *a, **k: pytest.fail("loaded the target"))
+    out = tmp_path / "draft"
+    out.mkdir()
+    (out / "model.safetensors").write_bytes(b"earlier draft")
+    with pytest.raises(InvalidInput, match="exists and is not empty; pass overwrite=true"):
+        script.run(_cfg(out))
+    with pytest.raises(InvalidInput, match="the target's own folder"):
+        script.run(_cfg(out, f"target.path={out}", "overwrite=true"))
+    assert (out / "model.safetensors").read_bytes() == b"earlier draft"
+
+
+def test_an_interrupted_save_keeps_the_earlier_draft(tmp_path, monkeypatch):
+    from specdec.models import tiny_random_tokenizer
+    from specdec.training import save_draft
+
+    out = tmp_path / "draft"
+    draft = make_draft(tiny_random_model(seed=0), 1)
+    save_draft(draft, tiny_random_tokenizer(), out)
+    before = sorted(p.name for p in out.iterdir())
+
+    def interrupted(path, **kwargs):
+        Path(path).mkdir(parents=True, exist_ok=True)
+        (Path(path) / "config.json").write_text("{}")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(draft, "save_pretrained", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        save_draft(draft, tiny_random_tokenizer(), out)
+    assert sorted(p.name for p in out.iterdir()) == before and [p.name for p in tmp_path.iterdir()] == ["draft"]
+    assert load_model(ModelSpec(path=str(out)))[0].config.num_hidden_layers == 1

@@ -52,3 +52,19 @@ def test_a_crafted_cache_file_is_not_unpickled(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(script, "generate_continuations", lambda *a, **k: pytest.fail("regenerated"))
     reread = script.cached_continuations(cfg, writer, prompts, eos=None)
     assert [e.tokens.tolist() for e in reread] == [e.tokens.tolist() for e in first]
+
+
+def test_a_cache_file_cut_short_is_generated_again(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("train_draft", overrides=["target.path=tiny_random", "generation.max_new_tokens=4",
+                                                "generation.batch_size=2", "progress=false"])
+    script = _script()
+    writer = tiny_random_model(seed=0)
+    first = script.cached_continuations(cfg, writer, [[5, 6, 7], [8, 9]], eos=None)
+    (cached,) = (tmp_path / "cache" / "train_draft").glob("continuations-*.pt")
+    cached.write_bytes(cached.read_bytes()[:100])  # an interrupted write of an older version
+    again = script.cached_continuations(cfg, writer, [[5, 6, 7], [8, 9]], eos=None)
+    assert "cannot be read" in caplog.text and str(cached) in caplog.text
+    assert [e.tokens.tolist() for e in again] == [e.tokens.tolist() for e in first]
+    assert [p.name for p in cached.parent.iterdir()] == [cached.name]  # no temporary file left

@@ -3,6 +3,7 @@ falls and the held-out agreement rises; the checkpoint loads as `method=medusa` 
 the target's greedy output at batch size 1 and in a ragged batch; a checkpoint for another target,
 a missing one and a bad tree are refused before any decoding."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from specdec import experiment
 from specdec.config import ConfigError, validate
 from specdec.decoding import SpeculativeDecoder
 from specdec.engine import Engine
+from specdec.errors import InvalidInput
 from specdec.head_training import check_disjoint, medusa_labels, training_prompts, vocab_index
 from specdec.models import tiny_random_model
 from specdec.proposers.medusa import MedusaHeads, MedusaProposer
@@ -118,3 +120,54 @@ def test_training_prompts_are_distinct_and_disjoint_from_evaluation_sets():
     check_disjoint(prompts, [t for p in load_spec_bench() + load_builtin() for t in p.turns])
     with pytest.raises(ValueError, match="training prompts are evaluation prompts"):
         check_disjoint(prompts[:3] + ["What is  the capital of France?"], ["what is the capital of france?"])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["kind=hydra"], "kind='hydra': must be one of medusa, eagle"),
+    (["prompts.held_out=52"], "prompts.held_out=52: must be below the 52 prompts"),
+    (["heads.num_heads=0"], "heads.num_heads=0: must be >= 1"),
+    (["train.epochs=-1"], "train.epochs=-1: must be >= 1"),
+    (["train.lr=-1"], "train.lr=-1: must be > 0"),
+    (["eval.prompts=9"], "at most prompts.held_out=8"),
+    (["prompts.families={writen: 4}"], "prompts.families: unknown writen"),
+    (["out=heads.json"], "must end in .safetensors"),
+])
+def test_bad_training_configs_fail_before_loading(tmp_path, monkeypatch, overrides, message):
+    script = _script()
+    monkeypatch.setattr(script, "load_model", lambda *a, **k: pytest.fail("loaded the target"))
+    cfg = _train_cfg(tmp_path / "medusa.safetensors", *overrides)
+    with pytest.raises(InvalidInput, match=re.escape(message)):
+        script.run(cfg)
+
+
+def test_an_existing_checkpoint_is_kept_unless_overwrite(tmp_path, monkeypatch):
+    script = _script()
+    out = tmp_path / "medusa.safetensors"
+    out.write_bytes(b"earlier heads")
+    monkeypatch.setattr(script, "load_model", lambda *a, **k: pytest.fail("loaded the target"))
+    with pytest.raises(InvalidInput, match="exists; pass overwrite=true"):
+        script.run(_train_cfg(out))
+    assert out.read_bytes() == b"earlier heads"
+    script.check_config(_train_cfg(out, "overwrite=true"))  # asked for: accepted
+
+
+def test_logger_is_a_config_group():
+    assert _train_cfg(Path("x.safetensors")).logger.kind == "none"
+    assert _train_cfg(Path("x.safetensors"), "logger=wandb").logger.kind == "wandb"
+
+
+def test_a_checkpoint_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    from specdec.proposers import heads
+
+    out = tmp_path / "h.safetensors"
+    heads.save_checkpoint(out, "medusa", {"w": torch.ones(2)}, {"hidden_size": 2})
+    before = out.read_bytes()
+
+    def interrupted(tensors, path, metadata):
+        Path(path).write_bytes(b"cut sh")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(heads, "save_file", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        heads.save_checkpoint(out, "medusa", {"w": torch.zeros(2)}, {"hidden_size": 2})
+    assert out.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["h.safetensors"]

@@ -24,6 +24,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
 
 from specdec.errors import InvalidInput, MissingInput
+from specdec.tracking import write_whole
 
 
 class OutputHead:
@@ -64,11 +65,12 @@ def frequent_tokens(sequences: list[torch.Tensor], n: int, vocab_size: int) -> t
 
 
 def save_checkpoint(path: str | Path, kind: str, tensors: dict[str, torch.Tensor], meta: dict) -> Path:
-    """Write `tensors` and `meta` (JSON-able) as one safetensors file; returns the path."""
+    """Write `tensors` and `meta` (JSON-able) as one safetensors file, via a temporary file renamed
+    into place: an interrupted write never leaves a file cut short at `path`; returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(path),
-              metadata={"kind": kind, "meta": json.dumps(meta)})
+    write_whole(path, lambda tmp: save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp),
+                                           metadata={"kind": kind, "meta": json.dumps(meta)}))
     return path
 
 
