@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from specdec.config import resolve_path
 from specdec.data import load_builtin, load_spec_bench
 from specdec.engine import Engine
-from specdec.errors import InvalidInput, reported
+from specdec.errors import InvalidInput, MissingInput, reported
 from specdec.models import ModelSpec, cache_dir, load_model
 from specdec.script_checks import check_at_least, check_cache_folder, check_choice, check_dtype, check_out_dir
 from specdec.training import (
@@ -52,6 +52,9 @@ def check_config(cfg: DictConfig) -> None:
     """The values a run cannot work with, and an `out` it must not write, refused before the target
     loads (InvalidInput naming the key: `Error: <message>` on the command line)."""
     p = cfg.prompts
+    if isinstance(p.spec_bench, str) and not resolve_path(p.spec_bench).is_file():
+        raise MissingInput(f"prompts.spec_bench={p.spec_bench}: file not found (true reads the questions "
+                           "shipped in the package; a path, another file in Spec-Bench's question.jsonl format)")
     check_at_least("prompts.holdout_per_category", p.holdout_per_category, 0)
     check_at_least("prompts.train_per_category", p.train_per_category, 1, optional=True)
     check_at_least("prompts.eval_per_category", p.eval_per_category, 0, optional=True)

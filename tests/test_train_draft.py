@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from specdec.data import Prompt
 from specdec.decoding import SpeculativeDecoder
 from specdec.engine import Engine
-from specdec.errors import InvalidInput
+from specdec.errors import InputError, InvalidInput
 from specdec.models import ModelSpec, load_model, tiny_random_model
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.training import distill, make_draft, split_prompts, take_per_category, teacher_targets
@@ -114,11 +114,12 @@ def _cfg(out, *overrides):
     (["train.loss_on=bogus"], "train.loss_on='bogus': must be one of all, continuation"),
     (["eval.k=0"], "eval.k=0: must be >= 1"),
     (["dtype=nonsense"], "dtype='nonsense'"),
+    (["prompts.spec_bench=/nonexistent/q.jsonl"], "prompts.spec_bench=/nonexistent/q.jsonl: file not found"),
 ])
 def test_bad_configs_fail_before_loading(tmp_path, monkeypatch, overrides, message):
     script = _script()
     monkeypatch.setattr(script, "load_model", lambda *a, **k: pytest.fail("loaded the target"))
-    with pytest.raises(InvalidInput, match=re.escape(message)):
+    with pytest.raises(InputError, match=re.escape(message)):
         script.run(_cfg(tmp_path / "draft", *overrides))
 
 
