@@ -200,7 +200,7 @@ def run(cfg: DictConfig) -> dict:
     log.info("decoding held-out prompts: %s", check)
     phase("decode_check")
 
-    report = {**meta, "held_out_prompts": held_n, "prompts": texts, "vocab": cfg.heads.vocab, "loss_by_epoch": loss_by_epoch,
+    report = {**meta, "held_out_prompts": held_n, "prompts": texts, "vocab": len(vocab_ids) if vocab_ids is not None else vocab_size, "loss_by_epoch": loss_by_epoch,
               "loss_steps": losses, "held_out_curve": curve, "decode_check": check, "seconds": times,
               "total_s": round(sum(times.values()), 1), "config": OmegaConf.to_container(cfg, resolve=True)}
     text = json.dumps(report, indent=2)
