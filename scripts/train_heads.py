@@ -56,7 +56,7 @@ from specdec.script_checks import (
     check_dtype,
     check_out_file,
 )
-from specdec.tracking import make_tracker
+from specdec.tracking import TRACKER_SETTINGS, make_tracker
 from specdec.training import (
     Example,
     PhaseTimer,
@@ -209,8 +209,9 @@ def run(cfg: DictConfig) -> dict:
     (run_dir / "train_report.json").write_text(text)
     plots = _plots(losses, curve, run_dir)
     lg = cfg.logger
-    settings = {k: lg.get(k) for k in ("project", "entity", "mode", "init_timeout")}
-    with make_tracker(lg.kind, **settings, tags=list(lg.get("tags") or [])) as tracker:
+    settings = {k: lg.get(k) for k in TRACKER_SETTINGS}
+    settings["tags"] = list(settings["tags"] or [])
+    with make_tracker(lg.kind, **settings) as tracker:
         tracker.start(report["config"], f"train_heads-{cfg.kind}", "train_heads", run_dir)
         tracker.log_summary({k: v for k, v in report.items() if k not in ("loss_steps", "config")}, [], plots)
     log.info("heads saved to %s (use them with method=%s method.heads_path=%s); %.0f s in all",

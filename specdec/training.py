@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from specdec.data import Prompt, build_turn_input
+from specdec.errors import first_line
 from specdec.tracking import write_whole
 
 
@@ -51,10 +52,9 @@ def load_cache(path: Path, log):
     try:
         return torch.load(path, weights_only=True)
     except pickle.UnpicklingError as err:
-        log.warning("%s is not plain data (%s); generating the continuations again", path, str(err).splitlines()[0])
+        log.warning("%s is not plain data (%s); generating the continuations again", path, first_line(err))
     except (RuntimeError, EOFError, OSError) as err:
-        log.warning("%s cannot be read (%s); generating the continuations again", path,
-                    (str(err).splitlines() or [type(err).__name__])[0])
+        log.warning("%s cannot be read (%s); generating the continuations again", path, first_line(err))
     return None
 
 
