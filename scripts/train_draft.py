@@ -27,7 +27,14 @@ from specdec.data import load_builtin, load_spec_bench
 from specdec.engine import Engine
 from specdec.errors import InvalidInput, MissingInput, reported
 from specdec.models import ModelSpec, cache_dir, load_model
-from specdec.script_checks import check_at_least, check_cache_folder, check_choice, check_dtype, check_out_dir
+from specdec.script_checks import (
+    check_at_least,
+    check_cache_folder,
+    check_choice,
+    check_dtype,
+    check_out_dir,
+    checked,
+)
 from specdec.training import (
     Example,
     PhaseTimer,
@@ -82,7 +89,7 @@ def check_config(cfg: DictConfig) -> None:
 
 def run(cfg: DictConfig) -> dict:
     """The whole recipe; returns the report (also written next to the draft)."""
-    check_config(cfg)
+    checked(check_config, cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)

@@ -55,6 +55,7 @@ from specdec.script_checks import (
     check_choice,
     check_dtype,
     check_out_file,
+    checked,
 )
 from specdec.tracking import TRACKER_SETTINGS, make_tracker
 from specdec.training import (
@@ -118,7 +119,7 @@ def check_config(cfg: DictConfig) -> None:
 
 def run(cfg: DictConfig) -> dict:
     """The whole recipe; returns the report (also written beside the checkpoint)."""
-    check_config(cfg)
+    checked(check_config, cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)

@@ -4,13 +4,15 @@
 training text before they train; a value they cannot work with (a count of 0, a negative learning
 rate, an `out` that exists or is the target's own folder) is refused first, as an `InvalidInput`
 naming the config key (one `Error:` line on the command line), so that nothing is lost or overwritten.
+A refused run takes back the run folder Hydra made for it (`checked`), as the experiment command does.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from specdec.engine import DTYPE_NAMES
 from specdec.errors import InvalidInput
@@ -90,3 +92,19 @@ def check_dtype(key: str, value) -> None:
     """A dtype name `specdec.engine.resolve_dtype` takes: auto, float32, bfloat16, float16, float64."""
     check_choice(key, value, ("auto", *DTYPE_NAMES))
 
+
+
+def checked(check: Callable[[Any], None], cfg: Any) -> None:
+    """Run a script's config `check` on `cfg`; if it refuses, first remove what Hydra wrote into the
+    run's folder (`specdec.run_dirs.release_run_dir`): nothing ran, and a folder per mistyped value
+    would pile up beside the real runs. Outside a Hydra run (the Python API) it only checks."""
+    try:
+        check(cfg)
+    except InvalidInput:
+        from hydra.core.hydra_config import HydraConfig
+
+        from specdec.run_dirs import release_run_dir
+
+        if HydraConfig.initialized():
+            release_run_dir(HydraConfig.get().runtime.output_dir)
+        raise

@@ -136,6 +136,22 @@ def test_a_refused_run_leaves_no_run_folder(tmp_path):
     assert _snapshot(made) == {"notes.txt": b"mine"} and not (made / ".hydra").exists()
 
 
+
+@pytest.mark.parametrize("script", ["train_heads", "train_draft"])
+def test_a_refused_training_run_leaves_no_run_folder(tmp_path, script):
+    """The training scripts refuse a bad value before loading (specdec.script_checks) and take back
+    the folder Hydra made for the run, as the experiment command does; a folder made in advance stays."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, str(REPO / "scripts" / f"{script}.py"), "train.epochs=-1"]
+    proc = subprocess.run(command, cwd=tmp_path, env=env, text=True, capture_output=True, timeout=300)
+    assert proc.returncode == 1 and "Error: train.epochs=-1: must be >= 1" in proc.stderr
+    assert list(tmp_path.iterdir()) == []  # no outputs/train_*/<time>/ with a log and .hydra/
+    made = tmp_path / "made_in_advance"
+    made.mkdir()
+    proc = subprocess.run([*command, f"hydra.run.dir={made}"], cwd=tmp_path, env=env, text=True,
+                          capture_output=True, timeout=300)
+    assert proc.returncode == 1 and list(made.iterdir()) == [] and [p.name for p in tmp_path.iterdir()] == [made.name]
+
 def test_python_api_refuses_a_folder_that_holds_results(tmp_path, monkeypatch):
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=TINY)
