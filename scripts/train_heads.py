@@ -47,7 +47,7 @@ from specdec.head_training import (
 )
 from specdec.models import ModelSpec, cache_dir, load_model
 from specdec.proposers.eagle import EagleDrafter, EagleProposer
-from specdec.proposers.heads import frequent_tokens, save_checkpoint
+from specdec.proposers.heads import frequent_tokens, save_checkpoint, target_signature
 from specdec.proposers.medusa import MedusaHeads, MedusaProposer
 from specdec.script_checks import (
     check_at_least,
@@ -188,7 +188,7 @@ def run(cfg: DictConfig) -> dict:
         tensors["vocab_ids"] = vocab_ids
     out.with_suffix(".json").unlink(missing_ok=True)  # overwrite=true: never an old report beside new heads
     save_checkpoint(out, cfg.kind, {n: t.to(torch.bfloat16) if t.is_floating_point() else t
-                                      for n, t in tensors.items()}, meta)
+                                      for n, t in tensors.items()}, {**meta, "target_signature": target_signature(target)})
     phase("save")
 
     # 5. the checkpoint as a method, on held-out prompts, against plain decoding

@@ -50,6 +50,8 @@ def test_train_heads_script_end_to_end(tmp_path):
     assert report["decode_check"]["equal_to_plain"] == 1.0
     assert out.with_suffix(".json").is_file() and report["train_prompts"] > 40
     _decodes_like_plain_greedy(out)
+    with pytest.raises(InvalidInput, match="another model of this target's shape"):  # same shape, other weights
+        MedusaProposer(Engine(tiny_random_model(seed=1), dtype="float32"), str(out))
 
 
 def _decodes_like_plain_greedy(path: Path):
@@ -95,6 +97,21 @@ def test_checkpoint_for_another_target_or_too_shallow_is_refused():
     engine = Engine(tiny_random_model(seed=0), dtype="float32")
     with pytest.raises(ValueError, match="4 deep but the checkpoint has 3 heads"):
         MedusaProposer(engine, str(TINY_MEDUSA), tree=[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]])
+
+
+def test_heads_for_another_model_of_the_same_shape_are_refused(tmp_path):
+    """The shapes of two seeds' tiny models agree; the recorded sample of the output head tells them
+    apart, and still accepts the model the heads were trained for in bfloat16."""
+    from specdec.proposers.heads import save_checkpoint, target_signature
+
+    trained_for = tiny_random_model(seed=0)
+    path = save_checkpoint(tmp_path / "medusa.safetensors", "medusa", MedusaHeads(64, 2).state_dict(),
+                           {"hidden_size": 64, "vocab_size": 256, "num_heads": 2, "target": "tiny_random seed 0",
+                            "target_signature": target_signature(trained_for)})
+    MedusaProposer(Engine(tiny_random_model(seed=0), dtype="bfloat16"), str(path))
+    with pytest.raises(InvalidInput, match=r"another model of this target's shape \(tiny_random seed 0\): its "
+                                           r"output-head weights correlate -?0\.\d\d with this target's"):
+        MedusaProposer(Engine(tiny_random_model(seed=1), dtype="float32"), str(path))
 
 
 def test_untrained_heads_start_as_the_targets_own_head():

@@ -10,7 +10,9 @@ only those tokens. Verification is unchanged, so this costs acceptance, never co
 A checkpoint is one safetensors file (`embedded`: the one shipped for the embedded target): the trained tensors, `vocab_ids` when reduced, and metadata
 (`kind`, shapes, and the name and size of the target it was trained for), checked against the target
 before anything runs, so a checkpoint for another target fails with a message and not with a shape
-error deep in a matmul.
+error deep in a matmul. Since heads trained for one model would still run on another of the same shape
+(losslessly, at an acceptance near zero), a checkpoint also records a sample of the target's output-head
+weights (`target_signature`), which must correlate with the target's own.
 """
 
 from __future__ import annotations
@@ -64,6 +66,30 @@ def frequent_tokens(sequences: list[torch.Tensor], n: int, vocab_size: int) -> t
     return torch.sort(torch.topk(counts, min(n, vocab_size)).indices).values
 
 
+SIGNATURE_SIZE = 256  # output-head weights sampled by `target_signature`
+MIN_SIGNATURE_CORRELATION = 0.5  # the same model in bfloat16 or 4-bit GGUF: ~0.99; another of its shape: ~0
+
+
+def target_signature(target_model: torch.nn.Module) -> list[float]:
+    """`SIGNATURE_SIZE` weights of the target's output head at positions fixed by its shape, as floats:
+    what tells two models of one shape apart (other weights, another seed) while the same model in
+    another dtype or quantisation keeps them, up to rounding."""
+    weight = target_model.get_output_embeddings().weight.detach()
+    gen = torch.Generator().manual_seed(0)
+    rows = torch.randint(weight.shape[0], (SIGNATURE_SIZE,), generator=gen)
+    cols = torch.randint(weight.shape[1], (SIGNATURE_SIZE,), generator=gen)
+    return [round(float(x), 6) for x in weight[rows.to(weight.device), cols.to(weight.device)].float().cpu()]
+
+
+def signature_correlation(recorded: list[float], target_model: torch.nn.Module) -> float:
+    """Pearson correlation of a checkpoint's recorded signature with the target's (1: the same weights)."""
+    a = torch.tensor(recorded, dtype=torch.float64)
+    b = torch.tensor(target_signature(target_model), dtype=torch.float64)
+    if a.shape != b.shape or a.std() == 0 or b.std() == 0:
+        return 0.0
+    return float(torch.corrcoef(torch.stack([a, b]))[0, 1])
+
+
 def save_checkpoint(path: str | Path, kind: str, tensors: dict[str, torch.Tensor], meta: dict) -> Path:
     """Write `tensors` and `meta` (JSON-able) as one safetensors file, via a temporary file renamed
     into place: an interrupted write never leaves a file cut short at `path`; returns the path."""
@@ -112,4 +138,12 @@ def load_checkpoint(path: str | Path, kind: str, target_model: torch.nn.Module) 
     if got != want:
         raise InvalidInput(f"method.heads_path={path} was trained for a target with {got} "
                          f"({meta.get('target', 'unknown')}), this target has {want}")
+    if "target_signature" in meta:  # checkpoints written before it was recorded are checked by shape only
+        r = signature_correlation(meta["target_signature"], target_model)
+        if r < MIN_SIGNATURE_CORRELATION:
+            raise InvalidInput(
+                f"method.heads_path={path} was trained for another model of this target's shape "
+                f"({meta.get('target', 'unknown')}): its output-head weights correlate {r:.2f} with this "
+                f"target's (the same model in another dtype or quantisation: ~1); train heads for this target "
+                f"with scripts/train_heads.py target.path=<this target>")
     return load_file(str(path)), meta
