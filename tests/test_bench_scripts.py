@@ -102,6 +102,17 @@ def test_device_check_runs_its_checks_on_cpu(tmp_path):
     assert cases["eagle k=4 ragged"]["compile"]["eagle drafter"]["compiled_calls"] > 0
 
 
+def test_device_check_leaves_out_cases_past_its_checks_budget(tmp_path, capsys):
+    """No case starts past --checks-budget-s: with none left, every case is named as skipped (not
+    failed), the command passes, and the line says which were left out."""
+    check = _load("device_check")
+    assert check.main(["--device", "cpu", "--skip-bench", "--backend", "eager", "--checks-budget-s", "0",
+                       "--out-dir", str(tmp_path)]) == 0
+    cases = json.loads((tmp_path / "checks.json").read_text())["compiled_equals_eager"]
+    assert len(cases) == 10 and all("skipped" in case for case in cases.values())
+    assert "compiled_equals_eager: ok (skipped for time: plain k=1 ragged, draft k=4 ragged" in capsys.readouterr().out
+
+
 def test_device_check_counts_only_the_callers_that_ran():
     """On a GPU, explicit graphs need a capture per caller that ran compiled; the engine's draft under
     plain decoding never runs and must not fail the check. inductor's trees: no caller may skip."""
