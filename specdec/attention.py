@@ -9,12 +9,15 @@ engine builds the 4-D masks itself, one per kind of attention layer the model ha
 - `sliding_attention`: query at position p sees keys p-w+1..p (w = `config.sliding_window`; the
   same rule as transformers' `sliding_window_overlay`, `kv_idx > q_idx - w`).
 
-`AttentionLayout.of(model)` reads that layout from the config and refuses up front, naming the
-model type, what the engine cannot serve exactly: position schemes that ignore `position_ids`
-(ALiBi: Bloom, MPT, Falcon with `alibi=True`; recurrent models), attention kinds other than the two
-above (chunked, linear, hybrid state-space layers), non-causal models, attention implementations
-that take no 4-D mask (flash, flex), and soft-capped attention logits under an implementation that
-drops the cap (only `eager` computes it).
+`AttentionLayout.of(model)` reads that layout from the config (a multimodal wrapper's: from its
+text config, whose layers are the ones that meet the cache) and refuses up front, naming the model
+type, what the engine cannot serve exactly: position schemes that ignore `position_ids` (ALiBi:
+Bloom, MPT, Falcon with `alibi=True`; recurrent models), attention kinds other than the two above
+(chunked, linear, hybrid state-space layers), non-causal models (among them BERT-style encoders
+loaded as causal LMs without `is_decoder=True`, which attend both ways and skip the cache), models
+that build their own masks and take no 4-D one (XLM), attention implementations that take no 4-D
+mask (flash, flex), and soft-capped attention logits under an implementation that drops the cap
+(only `eager` computes it).
 
 Everything that depends on transformers' calling convention is in `AttentionLayout.call`, because
 it changed within 5.x and is what breaks first on another version:
@@ -60,6 +63,16 @@ MASKED_IMPLEMENTATIONS = ("eager", "sdpa")
 # `position_ids` argument (caught generically); Falcon has one but ignores it when `alibi=True`.
 _ALIBI_MODEL_TYPES = ("bloom", "mpt", "jais")
 
+# Model types that build their attention masks themselves and read `attention_mask` as a 2-D padding
+# mask: a 4-D mask is misread (XLM asserts on it), so ragged rows cannot be masked.
+_OWN_MASK_MODEL_TYPES = ("xlm",)
+
+# Model types whose `sliding_window` transformers applies through its cache alone: Moshi builds plain
+# causal masks, while the cache built from its config keeps only a window of keys, so a prompt's pass
+# attends to the whole prompt and each later pass to the window. No per-row mask reproduces that once
+# a sequence outgrows the window; a window of the whole context (the released checkpoints') never binds.
+_CACHE_WINDOWED_MODEL_TYPES = ("moshi",)
+
 
 class UnsupportedModelError(InvalidInput):
     """The model's attention layout cannot be run exactly by specdec's engine."""
@@ -92,15 +105,17 @@ class AttentionLayout:
     def of(cls, model: torch.nn.Module) -> AttentionLayout:
         """Read the layout of `model`; raise `UnsupportedModelError` (naming the model type and why) if
         the engine cannot run it exactly."""
-        config = model.config
-        model_type = getattr(config, "model_type", type(model).__name__)
+        model_type = getattr(model.config, "model_type", type(model).__name__)
+        # A multimodal wrapper (Gemma-3, Fuyu, GOT-OCR2) keeps its language model's layout in its text
+        # config, and the top-level config has no `num_hidden_layers`; a text-only config is its own.
+        config = model.config.get_text_config(decoder=True)
 
         def refuse(why: str, fix: str = "use a model with rotary or learned positions and full or sliding-window "
                                          "attention (Llama, Qwen2/3, Mistral, Gemma-2/3, Phi-3, GPT-NeoX, ...)"):
             return UnsupportedModelError(f"specdec cannot run model type {model_type!r} ({type(model).__name__}): "
                                          f"{why}; {fix}.")
 
-        if getattr(config, "is_encoder_decoder", False):
+        if getattr(model.config, "is_encoder_decoder", False) or getattr(config, "is_encoder_decoder", False):
             raise refuse("it is an encoder-decoder model; specdec serves decoder-only causal LMs")
         params = inspect.signature(model.forward).parameters
         if model_type in _ALIBI_MODEL_TYPES or getattr(config, "alibi", False):
@@ -114,8 +129,22 @@ class AttentionLayout:
                          "or otherwise cache-less model)")
         if not getattr(config, "is_causal", True) or getattr(config, "use_bidirectional_attention", False):
             raise refuse("its attention is not causal")
+        if model_type in _OWN_MASK_MODEL_TYPES:
+            raise refuse("it builds its own attention masks from per-row lengths and takes `attention_mask` as a 2-D "
+                         "padding mask, not the per-row 4-D masks of ragged batches")
+        # BERT-style encoders (BERT, RoBERTa, ELECTRA, XLM-R, ...) become causal only with
+        # `is_decoder=True`; without it their layers attend both ways and do not use the cache, so
+        # every pass would see only the tokens it is fed. Their layers carry the flag as `is_decoder`.
+        if not getattr(config, "is_decoder", False) and any(getattr(m, "is_decoder", None) is False
+                                                            for m in model.modules()):
+            raise refuse("its layers attend both ways unless the config sets is_decoder=True (an encoder loaded as a "
+                         "causal LM)", "set is_decoder=True in its config (config.json, or from_pretrained(path, "
+                         "is_decoder=True)) to use it as a causal LM")
 
-        num_layers = config.num_hidden_layers
+        num_layers = getattr(config, "num_hidden_layers", None)
+        if num_layers is None:  # Byte Latent Transformer: local encoder, global and local decoder stacks
+            raise refuse("its config has no num_hidden_layers, so it has no single stack of decoder layers for the "
+                         "cache to follow")
         window = getattr(config, "sliding_window", None)
         declared = getattr(config, "layer_types", None)
         if declared is not None:
@@ -131,6 +160,11 @@ class AttentionLayout:
             raise refuse("it uses chunked attention")
         if SLIDING in layer_types and not window:
             raise refuse("it has sliding-window layers but no config.sliding_window")
+        context = getattr(config, "max_position_embeddings", None)
+        if model_type in _CACHE_WINDOWED_MODEL_TYPES and window and (context is None or window < context):
+            raise refuse(f"transformers applies its sliding window ({window}) through the cache but not the masks, so "
+                         "a pass over a prompt longer than the window sees more keys than the passes after it",
+                         f"use a config whose sliding_window is at least max_position_embeddings ({context})")
 
         implementation = getattr(config, "_attn_implementation", None) or "eager"
         if implementation == GROUPED_SDPA:  # read inside a generation, which holds the swap (`grouped_attention`)

@@ -132,7 +132,7 @@ class CachedModel:
         self._hidden_source: torch.nn.Module | None = None  # set by keep_hidden_states
         self.cache: RowCache | None = None
         self.compiled: CompiledForward | None = None  # set by Engine(compile=on)
-        cfg = model.config
+        cfg = model.config.get_text_config(decoder=True)  # a multimodal wrapper's language model
         self.num_layers = cfg.num_hidden_layers
         self.vocab_size = model.get_output_embeddings().out_features
         self.context_length: int | None = getattr(cfg, "max_position_embeddings", None)

@@ -3,11 +3,14 @@
 Each tiny random model is built in-process from its config (float32, 3 layers, vocabulary 128) and
 covers one attention layout: rotary Llama; Qwen2 with full and sliding-window layers mixed; Mistral
 with one sliding window for all layers; Gemma-2 and Gemma-3 with alternating sliding and full layers
-and soft-capped logits (eager attention); Phi-3 with fused projections; GPT-NeoX with partial rotary
-and parallel residuals. The windows (4) are far shorter than the prompts, so a mask that ignores
-them changes the logits from the first ragged step on. A layout the engine cannot serve (ALiBi,
-attention kinds it does not mask, implementations that take no 4-D mask, soft-capping under SDPA)
-is refused when the engine is built, naming the model type.
+and soft-capped logits (eager attention); Gemma-3 inside its multimodal wrapper, whose layout is in
+the text config (SDPA, the vision tower unused); Phi-3 with fused projections; GPT-NeoX with partial
+rotary and parallel residuals; BERT as a decoder (learned absolute positions, post-norm layers). The
+windows (4) are far shorter than the prompts, so a mask that ignores them changes the logits from the
+first ragged step on. A layout the engine cannot serve (ALiBi, attention kinds it does not mask,
+implementations that take no 4-D mask, soft-capping under SDPA, an encoder without `is_decoder`,
+a model that builds its own masks, a window applied by the cache alone) is refused when the engine
+is built, naming the model type.
 """
 
 from __future__ import annotations
@@ -34,23 +37,39 @@ _GQA = dict(num_key_value_heads=2)
 _GEMMA = dict(_GQA, head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=16,
               attn_logit_softcapping=5.0, final_logit_softcapping=10.0)
 
-# name -> (config class, arguments on top of _COMMON, attention implementation)
+
+
+def _gemma3_multimodal(**text):
+    """Gemma-3 with its (tiny) vision tower: `text` goes to the text config, where the layout is."""
+    vision = tf.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                   image_size=28, patch_size=14)
+    return tf.Gemma3Config(text_config=tf.Gemma3TextConfig(**text), vision_config=vision, mm_tokens_per_image=4,
+                           image_token_id=VOCAB - 1, boi_token_index=VOCAB - 3, eoi_token_index=VOCAB - 2,
+                           tie_word_embeddings=False)
+
+
+_SLIDING_FULL_SLIDING = ["sliding_attention", "full_attention", "sliding_attention"]
+
+# name -> (config class or builder, arguments on top of _COMMON, attention implementation)
 ARCHITECTURES = {
     "llama": (tf.LlamaConfig, _GQA, "sdpa"),
     "qwen2_sliding": (tf.Qwen2Config, dict(_GQA, use_sliding_window=True, sliding_window=WINDOW,
                                            max_window_layers=1), "sdpa"),
     "mistral_sliding": (tf.MistralConfig, dict(_GQA, sliding_window=WINDOW), "sdpa"),
     "gemma2": (tf.Gemma2Config, _GEMMA, "eager"),
-    "gemma3": (tf.Gemma3TextConfig, dict(_GEMMA, layer_types=["sliding_attention", "full_attention",
-                                                               "sliding_attention"]), "eager"),
+    "gemma3": (tf.Gemma3TextConfig, dict(_GEMMA, layer_types=_SLIDING_FULL_SLIDING), "eager"),
+    "gemma3_multimodal": (_gemma3_multimodal, dict(_GQA, head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=16,
+                                                   layer_types=_SLIDING_FULL_SLIDING), "sdpa"),
     "phi3": (tf.Phi3Config, _GQA, "sdpa"),
     "gpt_neox": (tf.GPTNeoXConfig, dict(rotary_pct=0.5), "sdpa"),
+    "bert_decoder": (tf.BertConfig, dict(is_decoder=True), "sdpa"),
 }
 EXPECTED_LAYERS = {
     "qwen2_sliding": ("full_attention", "sliding_attention", "sliding_attention"),
     "mistral_sliding": ("sliding_attention",) * 3,
     "gemma2": ("sliding_attention", "full_attention", "sliding_attention"),
     "gemma3": ("sliding_attention", "full_attention", "sliding_attention"),
+    "gemma3_multimodal": ("sliding_attention", "full_attention", "sliding_attention"),
 }
 
 
@@ -63,7 +82,7 @@ def build(name: str, seed: int = 0) -> torch.nn.Module:
         torch.manual_seed(seed)
         model = tf.AutoModelForCausalLM.from_config(config).eval().requires_grad_(False)
         head = model.get_output_embeddings()
-        head.weight.normal_(0.0, 3.0 / config.hidden_size**0.5)
+        head.weight.normal_(0.0, 3.0 / head.in_features**0.5)
     return model.float()
 
 
@@ -134,6 +153,28 @@ def test_eagle_drafts_losslessly_or_is_refused_when_built(arch, tmp_path):
     assert decoder.generate(PROMPTS, max_new_tokens=NEW_TOKENS).output_ids == reference, name
 
 
+def test_medusa_drafts_losslessly_on_every_layout(arch, tmp_path):
+    """Medusa's heads read the target's last hidden state through a hook on its decoder and end in its
+    output head: on every layout (a multimodal wrapper's language model too) untrained heads, which
+    propose the target's own next-token guesses, give transformers' greedy tokens. BERT's head, which
+    has a bias, is refused as the proposer is built."""
+    from specdec.errors import InvalidInput
+    from specdec.proposers.heads import save_checkpoint
+    from specdec.proposers.medusa import MedusaHeads, MedusaProposer
+
+    name, model, reference = arch
+    hidden = model.get_output_embeddings().in_features
+    path = save_checkpoint(tmp_path / "medusa.safetensors", "medusa", MedusaHeads(hidden, 2).state_dict(),
+                           {"hidden_size": hidden, "vocab_size": VOCAB, "num_heads": 2})
+    engine = Engine(model, dtype="float32")
+    if name == "bert_decoder":
+        with pytest.raises(InvalidInput, match="reuse a bias-free output head"):
+            MedusaProposer(engine, str(path))
+        return
+    decoder = SpeculativeDecoder(engine, MedusaProposer(engine, str(path)), num_speculative_tokens=2)
+    assert decoder.generate(PROMPTS, max_new_tokens=NEW_TOKENS).output_ids == reference, name
+
+
 @torch.inference_mode()
 def test_ragged_step_logits_equal_each_row_alone(arch):
     """One ragged step (rows at lengths 13, 2, 7) gives each row the logits of transformers' own
@@ -180,18 +221,47 @@ def _linear_attention_layers():
     return model
 
 
+def _bert_encoder():
+    """BERT loaded as a causal LM without is_decoder=True: its layers attend both ways, skip the cache."""
+    config = tf.BertConfig(**_COMMON)
+    return tf.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+
+
+def _xlm():
+    config = tf.XLMConfig(vocab_size=VOCAB, emb_dim=64, n_layers=2, n_heads=4, causal=True)
+    return tf.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+
+
+def _moshi_short_window():
+    config = tf.MoshiConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, ffn_dim=128, max_position_embeddings=256, sliding_window=WINDOW)
+    return tf.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+
+
 @pytest.mark.parametrize("make, model_type, reason", [
     (_bloom, "bloom", "ALiBi"),
     (_falcon_alibi, "falcon", "ALiBi"),
     (_gemma2_under_sdpa, "gemma2", "attn_implementation='eager'"),
     (_llama_flash, "llama", "attn_implementation='sdpa' or 'eager'"),
     (_linear_attention_layers, "qwen2", "linear_attention"),
-], ids=["bloom", "falcon_alibi", "gemma2_sdpa", "flash", "linear_layers"])
+    (_bert_encoder, "bert", "is_decoder=True"),
+    (_xlm, "xlm", "2-D padding mask"),
+    (_moshi_short_window, "moshi", "through the cache but not the masks"),
+], ids=["bloom", "falcon_alibi", "gemma2_sdpa", "flash", "linear_layers", "bert_encoder", "xlm", "moshi_window"])
 def test_unsupported_layout_refused_when_the_engine_is_built(make, model_type, reason):
     model = make()
     with pytest.raises(UnsupportedModelError, match=rf"model type '{model_type}'.*") as err:
         Engine(model, dtype="float32")
     assert reason in str(err.value)
+
+
+def test_model_without_one_decoder_stack_refused():
+    """The Byte Latent Transformer (local encoder, global and local decoders) has no num_hidden_layers
+    for the cache to follow: refused from its skeleton, as the loader checks it, not an AttributeError."""
+    with torch.device("meta"):
+        model = tf.AutoModelForCausalLM.from_config(tf.BltConfig(), attn_implementation="eager")
+    with pytest.raises(UnsupportedModelError, match="model type 'blt'.*num_hidden_layers"):
+        AttentionLayout.of(model)
 
 
 def test_loader_picks_eager_attention_for_soft_capped_models(tmp_path):

@@ -132,7 +132,7 @@ def load_checkpoint(path: str | Path, kind: str, target_model: torch.nn.Module) 
     path = resolve_heads_path(path, kind)
     info = checkpoint_info(path, kind)
     meta = json.loads(info.get("meta", "{}"))
-    cfg = target_model.config
+    cfg = target_model.config.get_text_config(decoder=True)  # a multimodal wrapper: its language model's
     want = {"hidden_size": cfg.hidden_size, "vocab_size": target_model.get_output_embeddings().out_features}
     got = {k: meta.get(k) for k in want}
     if got != want:
