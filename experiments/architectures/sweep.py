@@ -1,0 +1,393 @@
+"""Which Hugging Face causal LMs specdec decodes token-identically to transformers, and which it refuses.
+
+Each model type in transformers' `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`, and each config variant in
+VARIANTS, is built tiny and random (seed 0): its default config's sizes shrunk by name (for a
+multimodal wrapper, its text config; the other sub-configs get one small layer), with 3 layers, else
+4, 6 or the default count when `layer_types` has more kinds or a build fails. transformers' greedy
+`generate()` gives the reference: 12 new tokens for each of 3 prompts (13, 2 and 7 tokens), each
+alone. specdec decodes them with plain decoding and with self-drafting (`DraftModelProposer` on the
+target, k = 3), at batch 1 and as one ragged batch of 3. Classes: MATCH (all four runs give the
+reference), REFUSED (`Engine` raised an `InvalidInput` such as `UnsupportedModelError`), CRASH (any
+other error in specdec), MISMATCH (other tokens), SKIP (not built at that size, or transformers' own
+`generate()` failed; `AttentionLayout.of` is then asked about the default config on a meta-device
+skeleton). Types run in a worker subprocess, replaced after a hard crash, each stopped after
+--timeout-s. `TYPE:key=json,...` adds config overrides.
+
+    python experiments/architectures/sweep.py --out experiments/architectures/results.jsonl \\
+        --table experiments/architectures/table.md --timeout-s 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import traceback
+import warnings
+from collections import Counter
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+from transformers.utils import logging as hf_logging
+
+from specdec.attention import AttentionLayout
+from specdec.decoding import SpeculativeDecoder
+from specdec.engine import Engine
+from specdec.errors import InvalidInput
+from specdec.proposers.draft_model import DraftModelProposer
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17], [3, 4], [20, 21, 22, 23, 24, 25, 26]]
+NEW_TOKENS = 12
+VOCAB = 128
+CLASSES = ("MATCH", "REFUSED", "CRASH", "MISMATCH", "SKIP")
+VARIANTS = [
+    *(f"{t}:is_decoder=true" for t in ("bert", "roberta", "xmod", "electra", "big_bird")),  # encoders as decoders
+    "xlm:causal=true",  # XLM's own causal mode
+    "moshi:sliding_window=256",  # a window as long as the context
+    "deepseek_v2:num_key_value_heads=2",  # latent attention with fewer key heads than query heads
+]
+NOT_BUILT = {"blt": "not built: its full-size default sub-configs run out of memory (the worker is killed)"}
+# Set wherever the (text) config has the field: common sizes, encoder-decoder stacks, per-layer inputs
+# (Gemma-3n), mixture of experts, latent attention (MLA), state-space, recurrent and local attention.
+SIZES = {
+    "vocab_size": VOCAB, "hidden_size": 64, "n_embd": 64, "d_model": 64, "dim": 64, "embed_dim": 64,
+    "num_attention_heads": 4, "n_head": 4, "n_heads": 4, "num_heads": 4, "intermediate_size": 128,
+    "ffn_dim": 128, "n_inner": 128, "ffn_hidden_size": 128, "inner_hidden_size": 128, "head_dim": 16,
+    "kv_channels": 16, "attention_head_dim": 16, "max_position_embeddings": 256, "n_positions": 256,
+    "n_ctx": 256, "seq_length": 256, "max_seq_len": 256, "initializer_range": 0.1, "init_std": 0.1,
+    "pad_token_id": 0, "bos_token_id": None, "eos_token_id": None, "decoder_start_token_id": None,
+    "tie_word_embeddings": False, "rotary_dim": 8,
+    "decoder_layers": 3, "encoder_layers": 2, "decoder_attention_heads": 4, "encoder_attention_heads": 4,
+    "decoder_ffn_dim": 128, "encoder_ffn_dim": 128, "vocab_size_per_layer_input": VOCAB,
+    "hidden_size_per_layer_input": 16, "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4,
+    "moe_num_experts": 4, "num_experts_per_tok": 2, "moe_topk": 2, "top_k": 2, "moe_k": 2,
+    "num_selected_experts": 2, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
+    "expert_intermediate_size": 32, "n_shared_experts": 1, "num_shared_experts": 1, "moe_num_shared_experts": 1,
+    "n_group": 1, "topk_group": 1, "q_lora_rank": 32, "kv_lora_rank": 16, "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 8, "v_head_dim": 16, "qk_head_dim": 16, "state_size": 8, "mamba_d_state": 8,
+    "ssm_state_size": 8, "mamba_n_heads": 4, "mamba_d_head": 16, "mamba_head_dim": 16, "mamba_expand": 2,
+    "n_mamba_heads": 2, "time_step_rank": 8, "conv_kernel": 4, "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16, "lru_width": 64,
+    "attention_window_size": 4, "sliding_window": 4,
+}
+SUB_SIZES = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "depth": 1,
+             "num_attention_heads": 2, "num_heads": 2, "num_key_value_heads": 2, "head_dim": 16, "embed_dim": 32}
+KV_HEADS = ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num")
+LAYERS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+# A field the config's validation rejects is dropped (back to its default) and the build retried.
+REJECTED_FIELD = (r"Validation error for field '(\w+)'", r"property '(\w+)' of '\w+' object has no setter")
+
+
+class Skip(Exception):
+    """The model could not be built, or transformers could not decode it: the type is a SKIP."""
+
+
+class Timeout(BaseException):
+    """A type ran past --timeout-s (not an Exception, so that no `except Exception` swallows it)."""
+
+
+def parse_type(spec: str) -> tuple[str, dict]:
+    """`bert:is_decoder=true,x=2` -> ("bert", {"is_decoder": True, "x": 2})."""
+    model_type, _, extra = spec.partition(":")
+    return model_type, {k: json.loads(v) for k, v in (item.split("=", 1) for item in extra.split(",") if item)}
+
+
+def has(obj, name: str) -> bool:
+    """hasattr that takes a property raising anything (some per-layer ones do) as absent."""
+    try:
+        return hasattr(obj, name)
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def first_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0][:300] if lines else ''}"
+
+
+def where(err: BaseException) -> str:
+    """The innermost three frames of the traceback, innermost first."""
+    frames = reversed(traceback.extract_tb(err.__traceback__)[-3:])
+    return " <- ".join(f"{os.path.basename(f.filename)}:{f.lineno} {f.name}" for f in frames)
+
+
+def shrink_kwargs(text, n_layers: int | None, overrides: dict) -> dict | None:
+    """Fields that make the config `text` tiny with `n_layers` layers (None: the default count), or None
+    when its `layer_types` has more distinct kinds than `n_layers`."""
+    kw = {k: v for k, v in SIZES.items() if has(text, k)}
+    mla = has(text, "kv_lora_rank")  # latent attention: one key per head, as in the released checkpoints
+    kw.update({k: 4 if mla else 2 for k in KV_HEADS if has(text, k)})
+    if mla:
+        kw["head_dim"] = kw["qk_rope_head_dim"]
+    kw.update({k: n_layers for k in LAYERS if has(text, k) and n_layers is not None})
+    kw.update(overrides)
+    kinds = getattr(text, "layer_types", None) if has(text, "layer_types") else None
+    if n_layers is not None and isinstance(kinds, (list, tuple)) and kinds:
+        distinct, head = list(dict.fromkeys(kinds)), list(kinds[:n_layers])
+        if len(distinct) > n_layers:
+            return None
+        # the pattern's first layers if they hold every kind, else each kind once and then the pattern's start
+        kw["layer_types"] = head if set(head) == set(distinct) else distinct + head[:n_layers - len(distinct)]
+    return kw
+
+
+def make_config(model_type: str, default, text, kw: dict):
+    """`model_type`'s config with `kw` set on its text config (`text`, found in `default`)."""
+    if text is default:
+        return AutoConfig.for_model(model_type, **kw)
+    text_key = next(k for k in default.sub_configs if getattr(default, k, None) is text)
+    subs = {text_key: type(text)(**{**text.to_dict(), **kw})}
+    for key in default.sub_configs:  # a wrapper's other parts (vision, audio, ...): small
+        other = getattr(default, key, None)
+        if key != text_key and other is not None and hasattr(other, "to_dict"):
+            subs[key] = type(other)(**{**other.to_dict(), **{k: v for k, v in SUB_SIZES.items() if has(other, k)}})
+    config = AutoConfig.for_model(model_type, **subs)
+    for key in ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id", "tie_word_embeddings"):
+        if hasattr(config, key) and key in kw:
+            setattr(config, key, kw[key])
+    return config
+
+
+def build(model_type: str, overrides: dict, max_params: int):
+    """A tiny random model (seed 0), its attention implementation (SDPA, else eager) and notes."""
+    default = AutoConfig.for_model(model_type)
+    text = default.get_text_config()
+    errors = []
+    for n_layers in (3, 4, 6, None):
+        kw = shrink_kwargs(text, n_layers, overrides)
+        for _ in range(6 if kw is not None else 0):  # each try may drop one rejected field
+            model = None
+            try:
+                config = make_config(model_type, default, text, kw)
+                for impl in ("sdpa", "eager"):
+                    try:
+                        torch.manual_seed(0)
+                        model = AutoModelForCausalLM.from_config(config, attn_implementation=impl)
+                        break
+                    except (ValueError, ImportError, NotImplementedError) as err:
+                        errors.append(f"{impl}: {first_line(err)[:150]}")
+            except Exception as err:  # noqa: BLE001
+                found = [m.group(1) for p in REJECTED_FIELD if (m := re.search(p, str(err)))]
+                if found and found[0] in kw and found[0] not in overrides:
+                    kw.pop(found[0])
+                    continue
+                errors.append(f"L={n_layers}: {first_line(err)[:200]}")
+            if model is None:
+                break
+            n_params = sum(p.numel() for p in model.parameters())
+            if n_params > max_params:
+                raise Skip(f"build: too big after shrinking ({n_params / 1e6:.0f}M params)")
+            return model, impl, ["default layer count kept"] if n_layers is None else []
+    raise Skip("build: " + "; ".join(errors[-2:]))
+
+
+def prepare(model):
+    """float32 eval mode, an output head wide enough for varied greedy tokens, no special tokens."""
+    model = model.eval().requires_grad_(False).float()
+    head = model.get_output_embeddings()
+    if head is not None and hasattr(head, "weight"):
+        head.weight.normal_(0.0, 3.0 / head.weight.shape[1] ** 0.5)
+    for key in ("eos_token_id", "bos_token_id", "forced_eos_token_id", "forced_bos_token_id"):
+        if hasattr(model.generation_config, key):
+            setattr(model.generation_config, key, None)
+    model.generation_config.pad_token_id = 0
+    if hasattr(model, "set_default_language"):  # X-MOD: adapters per language
+        model.set_default_language("en_XX")
+    return model
+
+
+def reference(model) -> list[list[int]]:
+    """transformers' greedy tokens for each prompt alone."""
+    out = []
+    for prompt in PROMPTS:
+        ids = torch.tensor([prompt])
+        gen = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=NEW_TOKENS,
+                             min_new_tokens=NEW_TOKENS, pad_token_id=0)
+        out.append(gen[0, len(prompt):].tolist())
+    return out
+
+
+def probe(model_type: str) -> str:
+    """What AttentionLayout.of says about the default config, on a meta-device skeleton (no weights)."""
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type), attn_implementation="eager")
+    except Exception as err:  # noqa: BLE001
+        return "probe could not build: " + first_line(err)[:150]
+    try:
+        return f"default config accepted: {sorted(set(AttentionLayout.of(model).layer_types))}"
+    except InvalidInput as err:
+        return "default config refused: " + str(err).split(": ", 1)[-1][:160]
+    except Exception as err:  # noqa: BLE001
+        return "default config crashes AttentionLayout.of: " + first_line(err)
+
+
+def decode_runs(model, ref) -> dict:
+    """Plain decoding and self-drafting, at batch 1 and ragged, against `ref`: the class and outcomes."""
+    runs = {}
+    for drafter in ("plain", "self"):
+        try:
+            engine = Engine(model, model if drafter == "self" else None, dtype="float32")
+        except InvalidInput as err:
+            return {"cls": "REFUSED", "why": f"{type(err).__name__}: {err}"}
+        except Exception as err:  # noqa: BLE001
+            return {"cls": "CRASH", "why": "Engine(): " + first_line(err), "where": where(err)}
+        decoder = (SpeculativeDecoder(engine, DraftModelProposer(engine), num_speculative_tokens=3)
+                   if drafter == "self" else SpeculativeDecoder(engine))
+        for mode in ("b1", "ragged"):
+            batches = [[p] for p in PROMPTS] if mode == "b1" else [PROMPTS]
+            try:
+                got = [ids for b in batches for ids in decoder.generate(b, max_new_tokens=NEW_TOKENS).output_ids]
+                runs[f"{drafter}/{mode}"] = "ok" if got == ref else {"got": got}
+            except Exception as err:  # noqa: BLE001
+                runs[f"{drafter}/{mode}"] = {"crash": first_line(err), "where": where(err)}
+    bad = [v for v in runs.values() if v != "ok"]
+    return {"runs": runs, "cls": "MISMATCH" if any("got" in v for v in bad) else "CRASH" if bad else "MATCH"}
+
+
+def check_type(spec: str, max_params: int = 100_000_000) -> dict:
+    """The record of one `TYPE[:key=json,...]`, checked in this process."""
+    start = time.time()
+    model_type, overrides = parse_type(spec)
+    res = {"type": spec}
+    try:
+        if model_type in NOT_BUILT:
+            raise Skip(NOT_BUILT[model_type])
+        try:
+            model, impl, notes = build(model_type, overrides, max_params)
+        except Skip:
+            raise
+        except Exception as err:  # noqa: BLE001
+            raise Skip("config: " + first_line(err)) from err
+        res.update(impl=impl, model_class=type(model).__name__, notes=notes)
+        model = prepare(model)
+        try:
+            ref = reference(model)
+        except Exception as err:  # noqa: BLE001
+            res["where"] = where(err)
+            raise Skip("reference generate failed: " + first_line(err)) from err
+    except Skip as skip:
+        return {**res, "cls": "SKIP", "why": str(skip), "probe": probe(model_type)}
+    res.update(ref=ref, degenerate=[len(set(r)) == 1 for r in ref])
+    try:
+        layout = AttentionLayout.of(model)
+        res["layout"] = [layout.layer_types, layout.sliding_window, layout.cache_kwarg]
+    except Exception as err:  # noqa: BLE001
+        res["layout"] = first_line(err)
+    return {**res, **decode_runs(model, ref), "secs": round(time.time() - start, 1)}
+
+
+def worker(types: list[str], timeout_s: int, max_params: int) -> None:
+    """Check `types` in turn, printing {"start": type} and then its record, one JSON line each."""
+    warnings.filterwarnings("ignore")
+    hf_logging.set_verbosity_error()
+    torch.set_num_threads(1)
+
+    def on_alarm(*_):
+        raise Timeout(f"over {timeout_s}s")
+
+    signal.signal(signal.SIGALRM, on_alarm)
+    for spec in types:
+        print(json.dumps({"start": spec}), flush=True)
+        signal.alarm(timeout_s)
+        try:
+            res = check_type(spec, max_params)
+        except Timeout as err:
+            res = {"type": spec, "cls": "SKIP", "why": f"timeout {err}"}
+        except Exception as err:  # noqa: BLE001
+            res = {"type": spec, "cls": "CRASH", "why": "sweep: " + first_line(err), "where": where(err)}
+        finally:
+            signal.alarm(0)
+        print(json.dumps(res), flush=True)
+
+
+def sweep(types: list[str], out: str, timeout_s: int, max_params: int) -> list[dict]:
+    """Check `types` in worker subprocesses, appending each record to `out` and printing a line for it; a
+    worker that dies is replaced, and the type it was on is a SKIP."""
+    rows, todo = [], list(types)
+
+    def record(res: dict) -> None:
+        with open(out, "a") as f:
+            f.write(json.dumps(res) + "\n")
+        todo.remove(res["type"])
+        rows.append(res)
+        print(f"{res['type']:34s} {res['cls']:9s} {reason(res)[:110]}", flush=True)
+
+    while todo:
+        cmd = [sys.executable, __file__, "--worker", f"--timeout-s={timeout_s}", f"--max-params={max_params}", *todo]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        current, left = None, len(todo)
+        for line in proc.stdout:
+            try:
+                msg = json.loads(line)
+            except json.JSONDecodeError:  # anything else a model printed
+                continue
+            if "start" in msg:
+                current = msg["start"]
+            elif "cls" in msg:
+                current = None
+                record(msg)
+        rc = proc.wait()
+        if current is not None:
+            record({"type": current, "cls": "SKIP", "why": f"worker died (rc {rc})"})
+        elif len(todo) == left:
+            raise SystemExit(f"the worker exited with {rc} before checking any type")
+    return rows
+
+
+def reason(res: dict) -> str:
+    """A record's class in one short line."""
+    why = res.get("why", "")
+    if res["cls"] == "REFUSED":  # "...Error: specdec cannot run model type 'x' (Class): REASON; use/set ..."
+        why = why.split("): ", 1)[-1].split("; use a model", 1)[0].split("; set is_decoder", 1)[0]
+    elif res["cls"] == "SKIP" and res.get("probe"):
+        why = f"{why} [{res['probe']}]"
+    elif res["cls"] in ("CRASH", "MISMATCH") and "runs" in res:
+        bad = {k: v for k, v in res["runs"].items() if v != "ok"}
+        kinds = sorted({"crash: " + v["crash"] if "crash" in v else "other tokens" for v in bad.values()})
+        why = f"{', '.join(bad)}: {'; '.join(kinds)}"
+    elif res["cls"] == "MATCH" and any(res["degenerate"]):
+        why = f"{sum(res['degenerate'])} reference row(s) a single repeated token"
+    return why.replace("|", "/").replace("\n", " ")
+
+
+def write_table(rows: list[dict], path: str) -> None:
+    """Markdown: the counts per class, then model type -> class and reason."""
+    counts = Counter(r["cls"] for r in rows)
+    lines = ["| class | types |", "|---|---:|", *(f"| {c} | {counts[c]} |" for c in CLASSES if counts[c]),
+             f"| total | {len(rows)} |", "", "| model type | class | reason |", "|---|---|---|"]
+    lines += [f"| `{r['type']}` | {r['cls']} | {reason(r)} |" for r in rows]
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> list[dict] | None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("types", nargs="*", help="TYPE or TYPE:key=json,... (default: every causal LM type and VARIANTS)")
+    ap.add_argument("--out", default="results.jsonl", help="JSON lines, one record per type (overwritten)")
+    ap.add_argument("--table", default=None, help="markdown table of model type -> class and reason")
+    ap.add_argument("--timeout-s", type=int, default=200, help="per type")
+    ap.add_argument("--max-params", type=int, default=100_000_000, help="a larger shrunk model is a SKIP")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        return worker(args.types, args.timeout_s, args.max_params)
+    types = args.types or [*MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, *VARIANTS]
+    open(args.out, "w").close()
+    start = time.time()
+    rows = sorted(sweep(types, args.out, args.timeout_s, args.max_params), key=lambda r: types.index(r["type"]))
+    counts = Counter(r["cls"] for r in rows)
+    print(f"{len(rows)} types in {time.time() - start:.0f} s:", ", ".join(f"{c} {counts[c]}" for c in CLASSES))
+    if args.table:
+        write_table(rows, args.table)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
