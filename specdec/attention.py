@@ -37,13 +37,15 @@ it changed within 5.x and is what breaks first on another version:
 Models loaded with SDPA run every pass, eager or compiled, through `grouped_sdpa` (`grouped_attention`
 swaps it in around a call): grouped-query attention over the cache's key heads as they are, where
 transformers would copy them to every query head (`repeat_kv`) or take SDPA's slow grouped kernel
-for one query in bfloat16 on a CPU.
+for one query in bfloat16 on a CPU. A model whose own code picks SDPA by the implementation's name
+(Falcon's attention) keeps plain SDPA (`names_sdpa`): under the swap it would run its other branch.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
+import re
 import threading
 from dataclasses import dataclass
 
@@ -272,6 +274,33 @@ class _Swap:
                 self.config._attn_implementation = "sdpa"
 
 
+_NAMES_SDPA: dict[type, bool] = {}  # model class -> whether a module of it branches on the name "sdpa"
+_SDPA_BY_NAME = re.compile(r"""_attn_implementation\s*==\s*["']sdpa["']""")
+
+
+def names_sdpa(model: torch.nn.Module) -> bool:
+    """Whether one of `model`'s modules branches on `config._attn_implementation == "sdpa"` in its own
+    forward instead of dispatching through transformers' attention interface (Falcon's attention, in
+    transformers 5.24). Under the swap to GROUPED_SDPA such a module takes its other branch, its own
+    eager attention, which adds the mask to the scores as an additive float mask, while transformers'
+    mask helpers still build SDPA's boolean masks for it: `True` (attend) adds 1, `False` 0, and the
+    model attends to every key, future ones included, in every pass whose mask it builds itself (a
+    prefill, rows at equal lengths). Such models keep plain SDPA. Read once per model class."""
+    cls = type(model)
+    if cls not in _NAMES_SDPA:
+        found = False
+        for module_class in {type(m) for m in model.modules()}:
+            try:
+                source = inspect.getsource(module_class.forward)
+            except (OSError, TypeError):  # built-in or generated: no source to read
+                continue
+            if _SDPA_BY_NAME.search(source):
+                found = True
+                break
+        _NAMES_SDPA[cls] = found
+    return _NAMES_SDPA[cls]
+
+
 def grouped_attention(model: torch.nn.Module):
     """A context in which `model` (and modules built from its config, such as EAGLE's drafter layer)
     runs its SDPA layers through `grouped_sdpa`, with the masks transformers builds for SDPA. Models
@@ -284,6 +313,8 @@ def grouped_attention(model: torch.nn.Module):
     one leaves, whichever thread it is in."""
     config = model.config
     if getattr(config, "_attn_implementation", None) not in ("sdpa", GROUPED_SDPA):  # not SDPA: keep it
+        return contextlib.nullcontext()
+    if names_sdpa(model):  # its own code picks SDPA by name: the swap would change what it computes
         return contextlib.nullcontext()
     if GROUPED_SDPA not in AttentionInterface._global_mapping:
         AttentionInterface.register(GROUPED_SDPA, grouped_sdpa)

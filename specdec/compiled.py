@@ -171,9 +171,27 @@ class _BucketLayer(CacheLayerMixin):
     """One layer of a `_BucketView`: writes each row at its own positions, returns the bucketed view."""
 
     def __init__(self, view: _BucketView, index: int):
-        super().__init__()
         self.view, self.index = view, index
+        super().__init__()
         self.is_initialized = True
+
+    # The row cache's buffers, which a model may read as a layer's state: Mllama asks every layer
+    # whether `keys.numel() > 0` (cross-attention states cached) before it runs it.
+    @property
+    def keys(self) -> torch.Tensor:
+        return self.view.cache.layers[self.index].keys
+
+    @keys.setter
+    def keys(self, value) -> None:  # the mixin's `__init__` sets None; the buffers are the row cache's
+        pass
+
+    @property
+    def values(self) -> torch.Tensor:
+        return self.view.cache.layers[self.index].values
+
+    @values.setter
+    def values(self, value) -> None:
+        pass
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         """Never called: the buffers are the row cache's, allocated by its first (eager) pass."""

@@ -5,7 +5,10 @@ covers one attention layout: rotary Llama; Qwen2 with full and sliding-window la
 with one sliding window for all layers; Gemma-2 and Gemma-3 with alternating sliding and full layers
 and soft-capped logits (eager attention); Gemma-3 inside its multimodal wrapper, whose layout is in
 the text config (SDPA, the vision tower unused); Phi-3 with fused projections; GPT-NeoX with partial
-rotary and parallel residuals; BERT as a decoder (learned absolute positions, post-norm layers). The
+rotary and parallel residuals; BERT as a decoder (learned absolute positions, post-norm layers);
+Falcon (multi-query, its attention choosing SDPA by the implementation's name, so it keeps plain
+SDPA rather than specdec's grouped form, under which it took its other branch and misread SDPA's
+boolean masks). The
 windows (4) are far shorter than the prompts, so a mask that ignores them changes the logits from the
 first ragged step on. A layout the engine cannot serve (ALiBi, attention kinds it does not mask,
 implementations that take no 4-D mask, soft-capping under SDPA, an encoder without `is_decoder`,
@@ -63,6 +66,8 @@ ARCHITECTURES = {
     "phi3": (tf.Phi3Config, _GQA, "sdpa"),
     "gpt_neox": (tf.GPTNeoXConfig, dict(rotary_pct=0.5), "sdpa"),
     "bert_decoder": (tf.BertConfig, dict(is_decoder=True), "sdpa"),
+    # multi-query attention that picks SDPA by the implementation's name, its own attention code otherwise
+    "falcon": (tf.FalconConfig, dict(multi_query=True), "sdpa"),
 }
 EXPECTED_LAYERS = {
     "qwen2_sliding": ("full_attention", "sliding_attention", "sliding_attention"),
@@ -151,6 +156,82 @@ def test_eagle_drafts_losslessly_or_is_refused_when_built(arch, tmp_path):
     decoder = SpeculativeDecoder(engine, EagleProposer(engine, str(path), budget=4, topk=2, width=2, depth=2),
                                  num_speculative_tokens=2)
     assert decoder.generate(PROMPTS, max_new_tokens=NEW_TOKENS).output_ids == reference, name
+
+
+def _qwen2_moe_dense_first():
+    """Qwen2-MoE whose first layer has a dense MLP and the others experts (`mlp_only_layers`)."""
+    return tf.Qwen2MoeConfig(**_COMMON, **_GQA, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                             shared_expert_intermediate_size=32, mlp_only_layers=[0])
+
+
+def _cohere2_moe_layer_norm():
+    """Cohere2-MoE with its default final norm, a LayerNorm whose epsilon is `layer_norm_eps`
+    (`rms_norm_eps=None`)."""
+    return tf.Cohere2MoeConfig(**_COMMON, **_GQA, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                               layer_types=["full_attention"] * 3)
+
+
+def _got_ocr2():
+    """GOT-OCR2: a Qwen2 language model inside a multimodal wrapper (a tiny vision tower, unused),
+    whose top-level config has no `hidden_size`; transformers gives it no SDPA."""
+    vision = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, mlp_dim=64, output_channels=32,
+                  global_attn_indexes=(0,))
+    return tf.GotOcr2Config(text_config=dict(model_type="qwen2", **_COMMON, **_GQA), vision_config=vision,
+                            image_token_index=VOCAB - 1, tie_word_embeddings=False)
+
+
+def _longcat_flash():
+    """LongCat-Flash: two latent attentions a decoder layer, at cache indices 2i and 2i + 1 (one key per
+    head, as in the released checkpoints)."""
+    return tf.LongcatFlashConfig(vocab_size=VOCAB, hidden_size=64, num_layers=3, num_attention_heads=4,
+                                 num_key_value_heads=4, ffn_hidden_size=128, expert_ffn_hidden_size=32,
+                                 n_routed_experts=4, zero_expert_num=2, moe_topk=2, q_lora_rank=32, kv_lora_rank=16,
+                                 qk_nope_head_dim=8, qk_rope_head_dim=8, head_dim=8, v_head_dim=16,
+                                 max_position_embeddings=256, initializer_range=0.1, bos_token_id=None,
+                                 eos_token_id=None, pad_token_id=0, tie_word_embeddings=False)
+
+
+@pytest.mark.parametrize("make, attention", [(_qwen2_moe_dense_first, "sdpa"), (_cohere2_moe_layer_norm, "sdpa"),
+                                             (_got_ocr2, "eager"), (_longcat_flash, "sdpa")],
+                         ids=["dense_first", "layer_norm", "wrapper", "two_attentions"])
+def test_eagle_drafter_copies_the_targets_last_layer_and_norm(make, attention, tmp_path):
+    """The drafter's layer is of the target's last layer's kind (a mixture of experts after a dense
+    first layer: built at index 0 it was dense, and copying the last layer's weights into it failed),
+    its norm is the target's final norm with that norm's epsilon (a LayerNorm reads `layer_norm_eps`;
+    built from `rms_norm_eps`, None here, its first pass raised a TypeError), its sizes come from the
+    language model's config (a multimodal wrapper's top-level config has none: an AttributeError), and
+    its cache has a layer for each attention of the layer (LongCat-Flash's second attention wrote past
+    a one-layer cache: an IndexError). All decode with transformers' greedy tokens."""
+    from specdec.proposers.eagle import EagleDrafter, EagleProposer
+    from specdec.proposers.heads import save_checkpoint
+
+    config = make()
+    hidden = config.get_text_config(decoder=True).hidden_size
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = tf.AutoModelForCausalLM.from_config(config, attn_implementation=attention)
+        model = model.eval().requires_grad_(False)
+        model.get_output_embeddings().weight.normal_(0.0, 3.0 / hidden**0.5)
+    model = model.float()
+    decoder = model.get_decoder()
+    drafter = EagleDrafter(model)
+    assert drafter.layer.state_dict().keys() == decoder.layers[-1].state_dict().keys()
+    assert type(drafter.norm) is type(decoder.norm)
+    assert getattr(drafter.norm, "variance_epsilon", None) == getattr(decoder.norm, "variance_epsilon", None)
+    assert all(p.requires_grad for p in drafter.parameters())  # trainable, though the target is frozen
+    reference = []
+    for prompt in PROMPTS:
+        ids = torch.tensor([prompt])
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                             max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, pad_token_id=0)
+        reference.append(out[0, len(prompt):].tolist())
+    path = tmp_path / "eagle.safetensors"
+    save_checkpoint(str(path), "eagle", drafter.state_dict(), {"hidden_size": hidden, "vocab_size": VOCAB})
+    engine = Engine(model, dtype="float32")
+    decoder = SpeculativeDecoder(engine, EagleProposer(engine, str(path), budget=4, topk=2, width=2, depth=2),
+                                 num_speculative_tokens=2)
+    assert decoder.generate(PROMPTS, max_new_tokens=NEW_TOKENS).output_ids == reference
+    assert drafter.cache_layers == (2 if isinstance(config, tf.LongcatFlashConfig) else 1)
 
 
 def test_medusa_drafts_losslessly_on_every_layout(arch, tmp_path):

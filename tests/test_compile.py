@@ -438,6 +438,52 @@ def test_known_calls_skip_the_guards(target, monkeypatch):
     assert engine.compile_report()["target"]["unguarded_calls"] == final["unguarded_calls"]
 
 
+def test_compiled_falcon_equals_generate():
+    """Falcon's attention picks SDPA by the implementation's name and runs its own attention code
+    otherwise: under specdec's grouped-SDPA swap it took that branch and added SDPA's boolean masks
+    to its scores as numbers (no causal masking) in every pass whose mask it builds itself, the eager
+    prefill of a compiled generation among them, so compile=on gave other tokens. It keeps plain SDPA."""
+    import transformers as tf
+
+    config = tf.FalconConfig(vocab_size=128, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                             max_position_embeddings=256, initializer_range=0.1, bos_token_id=None,
+                             eos_token_id=None, pad_token_id=0)
+    torch.manual_seed(0)
+    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval().requires_grad_(False)
+    model.get_output_embeddings().weight.normal_(0.0, 3.0 / 64**0.5)
+    engine = _engine(model, None, "on")
+    steps = 0
+    for prompt in ([5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17], [3, 4], [20, 21, 22, 23, 24, 25, 26]):
+        ids = torch.tensor([prompt])
+        expected = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=12,
+                                  min_new_tokens=12, pad_token_id=0)[0, len(prompt):].tolist()
+        out = _generate(engine, 0, [prompt], max_new_tokens=12)
+        assert out.output_ids == [expected], prompt
+        steps += out.stats.steps
+    assert engine.compile_report()["target"]["compiled_calls"] == steps
+
+
+def test_compiled_pass_shows_the_models_its_cache_buffers():
+    """A model may read a cache layer's buffers: Mllama's text model asks each layer whether it holds
+    cached cross-attention states (`keys.numel() > 0`) before running it. The compiled pass's view of
+    the cache hands it the row cache's buffers (it had none: an AttributeError on `None.numel`)."""
+    import transformers as tf
+
+    config = tf.MllamaTextConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                                 num_attention_heads=4, num_key_value_heads=2, cross_attention_layers=[8],
+                                 max_position_embeddings=256, pad_token_id=0)
+    torch.manual_seed(0)
+    model = tf.MllamaForCausalLM(config).eval().requires_grad_(False)
+    prompt = [5, 6, 7, 8, 9, 10, 11]
+    ids = torch.tensor([prompt])
+    expected = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=8,
+                              min_new_tokens=8, pad_token_id=0, eos_token_id=None)[0, len(prompt):].tolist()
+    engine = _engine(model, None, "on")
+    out = _generate(engine, 0, [prompt], max_new_tokens=8)
+    assert out.output_ids == [expected]
+    assert engine.compile_report()["target"]["compiled_calls"] == out.stats.steps
+
+
 def test_compile_off_is_the_eager_path(target):
     engine = Engine(target, dtype="float32")
     assert not engine.compile and engine.target.compiled is None and engine.compile_report() is None

@@ -13,8 +13,20 @@ other error in specdec), MISMATCH (other tokens), SKIP (not built at that size, 
 skeleton). Types run in a worker subprocess, replaced after a hard crash, each stopped after
 --timeout-s. `TYPE:key=json,...` adds config overrides.
 
+`--paths` runs each type through other decoding paths too (default `eager`, the four runs above):
+`compiled`, the same four runs under `compile=on` through dynamo's `eager` backend (graph capture,
+guards and static shapes without kernels, as tests/test_compile.py compiles), each also required to
+have run its passes compiled (else UNCOMPILED); `medusa`, two untrained Medusa heads; `eagle`, an
+EAGLE drafter copied from the target (budget 4, top-2, width 2, depth 2); both ragged, k = 2. A clean
+refusal as the proposer is built (`InvalidInput`, `ValueError`) is REFUSED. Each path's class is in
+the record's `classes`, its runs under `paths`; `--from-results` takes the types an earlier sweep
+found MATCH.
+
     python experiments/architectures/sweep.py --out experiments/architectures/results.jsonl \\
         --table experiments/architectures/table.md --timeout-s 200
+    python experiments/architectures/sweep.py --from-results experiments/architectures/results.jsonl \\
+        --paths compiled,medusa,eagle --out experiments/architectures/paths.jsonl \\
+        --table experiments/architectures/paths_table.md --timeout-s 300
 """
 
 from __future__ import annotations
@@ -26,6 +38,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 import warnings
@@ -37,15 +50,24 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 from transformers.utils import logging as hf_logging
 
 from specdec.attention import AttentionLayout
+from specdec.compiled import CompiledForward
 from specdec.decoding import SpeculativeDecoder
 from specdec.engine import Engine
 from specdec.errors import InvalidInput
 from specdec.proposers.draft_model import DraftModelProposer
+from specdec.proposers.eagle import EagleDrafter, EagleProposer
+from specdec.proposers.heads import save_checkpoint
+from specdec.proposers.medusa import MedusaHeads, MedusaProposer
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17], [3, 4], [20, 21, 22, 23, 24, 25, 26]]
 NEW_TOKENS = 12
 VOCAB = 128
-CLASSES = ("MATCH", "REFUSED", "CRASH", "MISMATCH", "SKIP")
+CLASSES = ("MATCH", "REFUSED", "CRASH", "MISMATCH", "UNCOMPILED", "SKIP")
+# The decoding paths a type can be run through (--paths): `eager` is the four runs above; `compiled` the
+# same four under compile=on (dynamo's eager backend: graph capture, guards and static shapes, no
+# kernels); `medusa` and `eagle` the token-tree methods (untrained heads, a drafter copied from the
+# target), ragged, k = 2.
+PATHS = ("eager", "compiled", "medusa", "eagle")
 VARIANTS = [
     *(f"{t}:is_decoder=true" for t in ("bert", "roberta", "xmod", "electra", "big_bird")),  # encoders as decoders
     "xlm:causal=true",  # XLM's own causal mode
@@ -228,12 +250,33 @@ def probe(model_type: str) -> str:
         return "default config crashes AttentionLayout.of: " + first_line(err)
 
 
-def decode_runs(model, ref) -> dict:
-    """Plain decoding and self-drafting, at batch 1 and ragged, against `ref`: the class and outcomes."""
+def _engine(model, draft, compiled: bool) -> Engine:
+    """An engine in float32; `compiled`: compile=on through dynamo's `eager` backend (as
+    tests/test_compile.py compiles), with dynamo's caches emptied first, so that graphs of an earlier
+    type count toward no recompilation limit."""
+    engine = Engine(model, draft, dtype="float32", compile="on" if compiled else "off")
+    if compiled:
+        torch._dynamo.reset()
+        for m in (engine.target, engine.draft):
+            if m is not None:
+                m.compiled = CompiledForward(m, backend="eager")
+    return engine
+
+
+def _uncompiled(engine: Engine) -> list[str]:
+    """The callers of a compile=on engine that ran no pass compiled, or compiled no graph (then the run
+    did not test the compiled path)."""
+    report = engine.compile_report() or {}
+    return [name for name, r in report.items() if r["compiled_calls"] == 0 or r["graphs"] == 0]
+
+
+def decode_runs(model, ref, compiled: bool = False) -> dict:
+    """Plain decoding and self-drafting, at batch 1 and ragged, against `ref`: the class and outcomes
+    (`compiled`: under compile=on, each run also checked to have run its passes compiled)."""
     runs = {}
     for drafter in ("plain", "self"):
         try:
-            engine = Engine(model, model if drafter == "self" else None, dtype="float32")
+            engine = _engine(model, model if drafter == "self" else None, compiled)
         except InvalidInput as err:
             return {"cls": "REFUSED", "why": f"{type(err).__name__}: {err}"}
         except Exception as err:  # noqa: BLE001
@@ -247,12 +290,70 @@ def decode_runs(model, ref) -> dict:
                 runs[f"{drafter}/{mode}"] = "ok" if got == ref else {"got": got}
             except Exception as err:  # noqa: BLE001
                 runs[f"{drafter}/{mode}"] = {"crash": first_line(err), "where": where(err)}
+        if compiled and (eager_only := _uncompiled(engine)):
+            runs[f"{drafter}/compiled"] = {"uncompiled": f"no pass ran compiled: {', '.join(eager_only)}",
+                                           "report": engine.compile_report()}
+    return {"runs": runs, "cls": classify(runs)}
+
+
+def classify(runs: dict) -> str:
+    """MISMATCH (a run gave other tokens), CRASH (one raised), UNCOMPILED (the reference tokens, but a
+    compile=on engine ran every pass of a model eagerly), else MATCH."""
     bad = [v for v in runs.values() if v != "ok"]
-    return {"runs": runs, "cls": "MISMATCH" if any("got" in v for v in bad) else "CRASH" if bad else "MATCH"}
+    if any("got" in v for v in bad):
+        return "MISMATCH"
+    return "CRASH" if any("crash" in v for v in bad) else "UNCOMPILED" if bad else "MATCH"
 
 
-def check_type(spec: str, max_params: int = 100_000_000) -> dict:
-    """The record of one `TYPE[:key=json,...]`, checked in this process."""
+def tree_run(model, ref, method: str, workdir: str) -> dict:
+    """Medusa (untrained heads, 2 of them) or EAGLE (a drafter copied from the target's last layer) on
+    the ragged batch, k = 2, against `ref`. A clean refusal as the engine or the proposer is built
+    (`InvalidInput`, `ValueError`) is REFUSED."""
+    try:
+        engine = Engine(model, dtype="float32")
+    except InvalidInput as err:
+        return {"cls": "REFUSED", "why": f"{type(err).__name__}: {err}"}
+    except Exception as err:  # noqa: BLE001
+        return {"cls": "CRASH", "why": "Engine(): " + first_line(err), "where": where(err)}
+    path = os.path.join(workdir, f"{method}.safetensors")
+    try:
+        if method == "medusa":
+            hidden = model.get_output_embeddings().in_features
+            save_checkpoint(path, "medusa", MedusaHeads(hidden, 2).state_dict(),
+                            {"hidden_size": hidden, "vocab_size": VOCAB, "num_heads": 2})
+            proposer = MedusaProposer(engine, path)
+        else:
+            drafter = EagleDrafter(model)
+            save_checkpoint(path, "eagle", drafter.state_dict(),
+                            {"hidden_size": model.config.get_text_config(decoder=True).hidden_size, "vocab_size": VOCAB})
+            proposer = EagleProposer(engine, path, budget=4, topk=2, width=2, depth=2)
+    except (InvalidInput, ValueError) as err:
+        return {"cls": "REFUSED", "why": f"{type(err).__name__}: {err}"}
+    except Exception as err:  # noqa: BLE001
+        return {"cls": "CRASH", "why": "proposer: " + first_line(err), "where": where(err)}
+    runs = {}
+    try:
+        got = SpeculativeDecoder(engine, proposer, num_speculative_tokens=2).generate(
+            PROMPTS, max_new_tokens=NEW_TOKENS).output_ids
+        runs[f"{method}/ragged"] = "ok" if got == ref else {"got": got}
+    except Exception as err:  # noqa: BLE001
+        runs[f"{method}/ragged"] = {"crash": first_line(err), "where": where(err)}
+    return {"runs": runs, "cls": classify(runs)}
+
+
+def run_path(model, ref, path: str) -> dict:
+    """One decoding path's record: its class and runs (or why it was refused or crashed)."""
+    if path in ("eager", "compiled"):
+        return decode_runs(model, ref, compiled=path == "compiled")
+    with tempfile.TemporaryDirectory() as workdir:
+        return tree_run(model, ref, path, workdir)
+
+
+def check_type(spec: str, max_params: int = 100_000_000, paths: tuple[str, ...] = ("eager",)) -> dict:
+    """The record of one `TYPE[:key=json,...]`, checked in this process on each of `paths`. The eager
+    path's class, runs and reason are the record's `cls`, `runs`, `why` (and `where`); every path's,
+    the eager one's too, are under `paths` (its class in `classes`). Without the eager path `cls` is
+    the worst class of the paths run (`overall`)."""
     start = time.time()
     model_type, overrides = parse_type(spec)
     res = {"type": spec}
@@ -280,10 +381,26 @@ def check_type(spec: str, max_params: int = 100_000_000) -> dict:
         res["layout"] = [layout.layer_types, layout.sliding_window, layout.cache_kwarg]
     except Exception as err:  # noqa: BLE001
         res["layout"] = first_line(err)
-    return {**res, **decode_runs(model, ref), "secs": round(time.time() - start, 1)}
+    per_path = {}
+    for path in paths:
+        try:
+            per_path[path] = run_path(model, ref, path)
+        except Exception as err:  # noqa: BLE001
+            per_path[path] = {"cls": "CRASH", "why": "sweep: " + first_line(err), "where": where(err)}
+    res.update(per_path.get("eager", {"cls": overall(per_path)}))
+    res["classes"] = {path: r["cls"] for path, r in per_path.items()}
+    if paths != ("eager",):
+        res["paths"] = per_path
+    return {**res, "secs": round(time.time() - start, 1)}
 
 
-def worker(types: list[str], timeout_s: int, max_params: int) -> None:
+def overall(per_path: dict) -> str:
+    """The worst class among paths: MISMATCH, then CRASH, UNCOMPILED, MATCH, then REFUSED (all refused)."""
+    classes = {r["cls"] for r in per_path.values()}
+    return next((c for c in ("MISMATCH", "CRASH", "UNCOMPILED", "MATCH") if c in classes), "REFUSED")
+
+
+def worker(types: list[str], timeout_s: int, max_params: int, paths: tuple[str, ...] = ("eager",)) -> None:
     """Check `types` in turn, printing {"start": type} and then its record, one JSON line each."""
     warnings.filterwarnings("ignore")
     hf_logging.set_verbosity_error()
@@ -297,7 +414,7 @@ def worker(types: list[str], timeout_s: int, max_params: int) -> None:
         print(json.dumps({"start": spec}), flush=True)
         signal.alarm(timeout_s)
         try:
-            res = check_type(spec, max_params)
+            res = check_type(spec, max_params, paths)
         except Timeout as err:
             res = {"type": spec, "cls": "SKIP", "why": f"timeout {err}"}
         except Exception as err:  # noqa: BLE001
@@ -307,7 +424,8 @@ def worker(types: list[str], timeout_s: int, max_params: int) -> None:
         print(json.dumps(res), flush=True)
 
 
-def sweep(types: list[str], out: str, timeout_s: int, max_params: int) -> list[dict]:
+def sweep(types: list[str], out: str, timeout_s: int, max_params: int,
+          paths: tuple[str, ...] = ("eager",)) -> list[dict]:
     """Check `types` in worker subprocesses, appending each record to `out` and printing a line for it; a
     worker that dies is replaced, and the type it was on is a SKIP."""
     rows, todo = [], list(types)
@@ -317,10 +435,15 @@ def sweep(types: list[str], out: str, timeout_s: int, max_params: int) -> list[d
             f.write(json.dumps(res) + "\n")
         todo.remove(res["type"])
         rows.append(res)
-        print(f"{res['type']:34s} {res['cls']:9s} {reason(res)[:110]}", flush=True)
+        if paths == ("eager",):
+            print(f"{res['type']:34s} {res['cls']:9s} {reason(res)[:110]}", flush=True)
+        else:
+            classes = " ".join(f"{p}={c}" for p, c in path_classes(res, paths).items())
+            print(f"{res['type']:34s} {classes} {path_reasons(res)[:110]}", flush=True)
 
     while todo:
-        cmd = [sys.executable, __file__, "--worker", f"--timeout-s={timeout_s}", f"--max-params={max_params}", *todo]
+        cmd = [sys.executable, __file__, "--worker", f"--timeout-s={timeout_s}", f"--max-params={max_params}",
+               f"--paths={','.join(paths)}", *todo]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         current, left = None, len(todo)
         for line in proc.stdout:
@@ -342,29 +465,61 @@ def sweep(types: list[str], out: str, timeout_s: int, max_params: int) -> list[d
 
 
 def reason(res: dict) -> str:
-    """A record's class in one short line."""
+    """A record's (or one path's record's) class in one short line."""
     why = res.get("why", "")
     if res["cls"] == "REFUSED":  # "...Error: specdec cannot run model type 'x' (Class): REASON; use/set ..."
         why = why.split("): ", 1)[-1].split("; use a model", 1)[0].split("; set is_decoder", 1)[0]
     elif res["cls"] == "SKIP" and res.get("probe"):
         why = f"{why} [{res['probe']}]"
-    elif res["cls"] in ("CRASH", "MISMATCH") and "runs" in res:
+    elif res["cls"] in ("CRASH", "MISMATCH", "UNCOMPILED") and "runs" in res:
         bad = {k: v for k, v in res["runs"].items() if v != "ok"}
-        kinds = sorted({"crash: " + v["crash"] if "crash" in v else "other tokens" for v in bad.values()})
+        kinds = sorted({"crash: " + v["crash"] if "crash" in v else v["uncompiled"] if "uncompiled" in v
+                        else "other tokens" for v in bad.values()})
         why = f"{', '.join(bad)}: {'; '.join(kinds)}"
-    elif res["cls"] == "MATCH" and any(res["degenerate"]):
+    elif res["cls"] == "MATCH" and any(res.get("degenerate", ())):
         why = f"{sum(res['degenerate'])} reference row(s) a single repeated token"
     return why.replace("|", "/").replace("\n", " ")
 
 
-def write_table(rows: list[dict], path: str) -> None:
-    """Markdown: the counts per class, then model type -> class and reason."""
-    counts = Counter(r["cls"] for r in rows)
-    lines = ["| class | types |", "|---|---:|", *(f"| {c} | {counts[c]} |" for c in CLASSES if counts[c]),
-             f"| total | {len(rows)} |", "", "| model type | class | reason |", "|---|---|---|"]
-    lines += [f"| `{r['type']}` | {r['cls']} | {reason(r)} |" for r in rows]
+def path_classes(res: dict, paths: tuple[str, ...]) -> dict[str, str]:
+    """Each path's class in a record (a SKIP, or a type refused by the engine, has it for every path)."""
+    return {p: res.get("classes", {}).get(p, res["cls"]) for p in paths}
+
+
+def path_reasons(res: dict) -> str:
+    """The reasons of the paths that did not MATCH, each named, or the record's own reason."""
+    if "paths" not in res:
+        return reason(res)
+    parts = [f"{p}: {reason(r)}" for p, r in res["paths"].items() if r["cls"] != "MATCH"]
+    return "; ".join(parts) if parts else reason(res)
+
+
+def write_table(rows: list[dict], path: str, paths: tuple[str, ...] = ("eager",)) -> None:
+    """Markdown: the counts per class (per path), then model type -> class (per path) and reason."""
+    if paths == ("eager",):
+        counts = Counter(r["cls"] for r in rows)
+        lines = ["| class | types |", "|---|---:|", *(f"| {c} | {counts[c]} |" for c in CLASSES if counts[c]),
+                 f"| total | {len(rows)} |", "", "| model type | class | reason |", "|---|---|---|"]
+        lines += [f"| `{r['type']}` | {r['cls']} | {reason(r)} |" for r in rows]
+    else:
+        counts = {p: Counter(path_classes(r, paths)[p] for r in rows) for p in paths}
+        lines = ["| class | " + " | ".join(paths) + " |", "|---|" + "---:|" * len(paths),
+                 *(f"| {c} | " + " | ".join(str(counts[p][c]) for p in paths) + " |"
+                   for c in CLASSES if any(counts[p][c] for p in paths)),
+                 "| total | " + " | ".join(str(len(rows)) for _ in paths) + " |", "",
+                 "| model type | " + " | ".join(paths) + " | reason |", "|---|" + "---|" * (len(paths) + 1)]
+        lines += [f"| `{r['type']}` | " + " | ".join(path_classes(r, paths).values()) + f" | {path_reasons(r)} |"
+                  for r in rows]
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
+
+
+def parse_paths(text: str) -> tuple[str, ...]:
+    paths = tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
+    unknown = [p for p in paths if p not in PATHS]
+    if unknown or not paths:
+        raise argparse.ArgumentTypeError(f"--paths: {', '.join(unknown) or 'none given'}; choose from {', '.join(PATHS)}")
+    return paths
 
 
 def main(argv: list[str] | None = None) -> list[dict] | None:
@@ -374,18 +529,30 @@ def main(argv: list[str] | None = None) -> list[dict] | None:
     ap.add_argument("--table", default=None, help="markdown table of model type -> class and reason")
     ap.add_argument("--timeout-s", type=int, default=200, help="per type")
     ap.add_argument("--max-params", type=int, default=100_000_000, help="a larger shrunk model is a SKIP")
+    ap.add_argument("--paths", type=parse_paths, default=("eager",),
+                    help=f"comma-separated decoding paths to run each type through, of {', '.join(PATHS)}")
+    ap.add_argument("--from-results", default=None,
+                    help="check the types whose eager class is MATCH in this results.jsonl (instead of every type)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        return worker(args.types, args.timeout_s, args.max_params)
-    types = args.types or [*MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, *VARIANTS]
+        return worker(args.types, args.timeout_s, args.max_params, args.paths)
+    if args.from_results:
+        with open(args.from_results) as f:
+            matched = [r["type"] for r in map(json.loads, f) if r.get("classes", {}).get("eager", r["cls"]) == "MATCH"]
+        types = [t for t in args.types if t in matched] if args.types else matched
+    else:
+        types = args.types or [*MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, *VARIANTS]
     open(args.out, "w").close()
     start = time.time()
-    rows = sorted(sweep(types, args.out, args.timeout_s, args.max_params), key=lambda r: types.index(r["type"]))
-    counts = Counter(r["cls"] for r in rows)
-    print(f"{len(rows)} types in {time.time() - start:.0f} s:", ", ".join(f"{c} {counts[c]}" for c in CLASSES))
+    rows = sorted(sweep(types, args.out, args.timeout_s, args.max_params, args.paths),
+                  key=lambda r: types.index(r["type"]))
+    print(f"{len(rows)} types in {time.time() - start:.0f} s")
+    for p in args.paths:
+        counts = Counter(path_classes(r, args.paths)[p] for r in rows)
+        print(f"  {p}:", ", ".join(f"{c} {counts[c]}" for c in CLASSES))
     if args.table:
-        write_table(rows, args.table)
+        write_table(rows, args.table, args.paths)
     return rows
 
 

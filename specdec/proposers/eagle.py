@@ -34,6 +34,7 @@ output and recursive rejection sampling keeps its distribution at any temperatur
 
 from __future__ import annotations
 
+import copy
 import inspect
 
 import torch
@@ -62,28 +63,45 @@ def _check_layout(model: torch.nn.Module, decoder: torch.nn.Module) -> None:
         if p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     if not isinstance(getattr(decoder, "layers", None), torch.nn.ModuleList) or getattr(decoder, "norm", None) is None \
             or rotary is None or required:
+        model_type = getattr(model.config, "model_type", None)
         raise ValueError(f"method=eagle needs a Llama-like target (model.layers, model.norm, a rotary embedding of "
-                         f"the positions alone: Llama, Qwen2, Mistral, Gemma-2, Phi-3, ...); {type(model).__name__} "
-                         "has another layout")
+                         f"the positions alone: Llama, Qwen2, Mistral, Gemma-2, Phi-3, ...); model type {model_type!r} "
+                         f"({type(model).__name__}) has another layout; use method=medusa or a draft model")
 
 
 class EagleDrafter(torch.nn.Module):
     """fc: [2H -> H] over (token embedding, feature); one decoder layer of the target's class; a norm.
 
-    Built from the target model: its decoder layer, norm and rotary classes and its config, so the
-    drafter has the target's attention shape and positions. `init_from_target` starts the layer and
-    norm as the target's last ones and fc as "pass the feature through"."""
+    Built from the target model: a layer of its last decoder layer's class and kind, a copy of its
+    final norm, its rotary class and its language model's config, so the drafter has the target's
+    attention shape and positions. `init_from_target` starts the layer and norm as the target's last
+    ones and fc as "pass the feature through"."""
 
     def __init__(self, target_model: torch.nn.Module, init_from_target: bool = True):
         super().__init__()
         decoder = target_model.get_decoder()
         _check_layout(target_model, decoder)
-        config = target_model.config
+        # A multimodal wrapper's language model (GOT-OCR2's Qwen2) is built from its text config, which has
+        # the sizes the top-level config lacks.
+        config = target_model.config.get_text_config(decoder=True)
         h = config.hidden_size
         self.fc = torch.nn.Linear(2 * h, h, bias=False)
-        last = decoder.layers[-1]
-        self.layer = type(last)(config, layer_idx=0)
-        self.norm = type(decoder.norm)(h, eps=getattr(config, "rms_norm_eps", 1e-6))
+        last, index = decoder.layers[-1], len(decoder.layers) - 1
+        # The layer is built as the target's last one (its index picks its kind in many models: a dense or
+        # a mixture-of-experts MLP, local or global attention), then reads and writes the drafter's own
+        # cache: the cache indices its sublayers hold (one for most; LongCat-Flash's two attentions a layer
+        # hold 2i and 2i + 1) are renumbered from 0, and the cache has `cache_layers` of them. The norm is
+        # a copy of the target's final norm (its class, epsilon, bias), not one built from a guessed
+        # epsilon (a LayerNorm's is `layer_norm_eps`), trainable like the rest of the drafter however
+        # frozen the target is.
+        self.layer = type(last)(config, layer_idx=index)
+        held = [m for m in self.layer.modules() if isinstance(getattr(m, "layer_idx", None), int)]
+        indices = sorted({m.layer_idx for m in held if m is not self.layer}) or [index]
+        renumbered = {old: new for new, old in enumerate(indices)}
+        for module in held:
+            module.layer_idx = renumbered.get(module.layer_idx, 0)
+        self.cache_layers = len(indices)
+        self.norm = copy.deepcopy(decoder.norm, {id(config): config}).requires_grad_(True)
         self.rotary = type(decoder.rotary_emb)(config=config)
         params = inspect.signature(self.layer.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
@@ -139,7 +157,8 @@ class EagleProposer:
 
     def reset(self, state) -> None:
         # Room for the sequence plus the drafted levels, which are scratch beyond the valid length.
-        self.cache = RowCache(1, state.batch_size, state.max_len + self.depth * self.width + 1, state.tokens.device)
+        self.cache = RowCache(self.drafter.cache_layers, state.batch_size, state.max_len + self.depth * self.width + 1,
+                              state.tokens.device)
 
     def _feed(self, tokens: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
               counts: list[int], region: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
