@@ -91,17 +91,22 @@ def build(name: str, seed: int = 0) -> torch.nn.Module:
     return model.float()
 
 
-@pytest.fixture(scope="module", params=list(ARCHITECTURES))
-def arch(request):
-    """(name, model, per-prompt greedy continuations from transformers' generate())."""
-    model = build(request.param)
+def greedy_reference(model: torch.nn.Module) -> list[list[int]]:
+    """transformers' greedy continuation of each prompt alone: NEW_TOKENS tokens, EOS ignored."""
     reference = []
     for prompt in PROMPTS:
         ids = torch.tensor([prompt])
         out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                              max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, pad_token_id=0)
         reference.append(out[0, len(prompt):].tolist())
-    return request.param, model, reference
+    return reference
+
+
+@pytest.fixture(scope="module", params=list(ARCHITECTURES))
+def arch(request):
+    """(name, model, per-prompt greedy continuations from transformers' generate())."""
+    model = build(request.param)
+    return request.param, model, greedy_reference(model)
 
 
 @pytest.fixture(scope="module")
@@ -219,12 +224,7 @@ def test_eagle_drafter_copies_the_targets_last_layer_and_norm(make, attention, t
     assert type(drafter.norm) is type(decoder.norm)
     assert getattr(drafter.norm, "variance_epsilon", None) == getattr(decoder.norm, "variance_epsilon", None)
     assert all(p.requires_grad for p in drafter.parameters())  # trainable, though the target is frozen
-    reference = []
-    for prompt in PROMPTS:
-        ids = torch.tensor([prompt])
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                             max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, pad_token_id=0)
-        reference.append(out[0, len(prompt):].tolist())
+    reference = greedy_reference(model)
     path = tmp_path / "eagle.safetensors"
     save_checkpoint(str(path), "eagle", drafter.state_dict(), {"hidden_size": hidden, "vocab_size": VOCAB})
     engine = Engine(model, dtype="float32")
