@@ -232,8 +232,16 @@ def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
     Passes this form does not cover go to transformers' SDPA unchanged: no grouping, a causal pass
     without a mask (a prefill: its causality is SDPA's `is_causal`, which the regrouped queries
     would break), a per-head mask, position biases."""
-    groups = getattr(module, "num_key_value_groups", 1)
+    # The grouping is read from the tensors, not from `module.num_key_value_groups`: latent attention
+    # (DeepSeek-V2/V3) expands its keys to every query head whatever `num_key_value_heads` says, and
+    # transformers' SDPA path, trusting the attribute, would regroup heads that are not grouped.
     b, h, t, d = query.shape
+    groups = h // key.shape[1]
+    if groups == 1 and getattr(module, "num_key_value_groups", 1) != 1 and kwargs.get("position_bias") is None:
+        causal = attention_mask is None and t > 1 and getattr(module, "is_causal", True)
+        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                                               is_causal=causal, scale=scaling)
+        return out.transpose(1, 2).contiguous(), None
     per_head_mask = attention_mask is not None and attention_mask.shape[1] != 1
     if groups == 1 or (attention_mask is None and t > 1) or per_head_mask or kwargs.get("position_bias") is not None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,

@@ -213,16 +213,30 @@ class CachedModel:
         the block's own columns, `slots: [B, T]`, are replaced by `block_mask: [B, T, T]`."""
         overlay_columns(self.layout, masks, slots, block_mask, positions, positions)
 
+    def hidden_source(self) -> torch.nn.Module:
+        """The decoder whose output is the output head's input, which drafters of hidden states read;
+        ValueError for a model without one: no `get_decoder()`, or a head that reads another width
+        (ELECTRA's generator projects its hidden states before the head). Drafters ask first, before
+        they load a checkpoint, so that the refusal names the model, not the checkpoint."""
+        decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else None
+        if decoder is None or decoder is self.model:
+            raise ValueError(f"{self.name}: {type(self.model).__name__} exposes no decoder (get_decoder()) whose "
+                             "output is the output head's input; drafters that read hidden states cannot use it")
+        head = self.model.get_output_embeddings()
+        hidden = self.model.config.get_text_config(decoder=True).hidden_size
+        width = getattr(head, "in_features", hidden)
+        if width != hidden:
+            raise ValueError(f"{self.name}: {type(self.model).__name__}'s output head reads {width}-wide inputs, "
+                             f"not its decoder's {hidden}-wide hidden states (a projection sits between them); "
+                             "drafters that read hidden states cannot use it; use a draft model or method=ngram")
+        return decoder
+
     def keep_hidden_states(self) -> None:
         """From now on every pass also stores the model's last hidden states (the output head's
         input, at every position fed, whatever `keep` says) in the cache, beside the keys and
         values: drafters that read the target's features get them from the scoring pass itself,
         with no second pass."""
-        decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else None
-        if decoder is None or decoder is self.model:
-            raise ValueError(f"{self.name}: {type(self.model).__name__} exposes no decoder (get_decoder()) whose "
-                             "output is the output head's input; drafters that read hidden states cannot use it")
-        self._hidden_source = decoder
+        self._hidden_source = self.hidden_source()
 
     def _call(self, tokens, positions, mask, keep) -> torch.Tensor:
         """The model call; with `keep_hidden_states`, a hook on the decoder stores its output for the

@@ -4,6 +4,7 @@ decoded token-identically, BLOOM (ALiBi) and BERT without `is_decoder` are refus
 compile=on and with Medusa and EAGLE, and GPT-2's EAGLE refused."""
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,19 @@ def test_paths_parse(sweep):
     assert sweep.parse_paths("compiled, eagle,compiled") == ("compiled", "eagle")
     with pytest.raises(Exception, match="--paths: trees; choose from eager, compiled, medusa, eagle"):
         sweep.parse_paths("eager,trees")
+
+
+def test_update_replaces_the_records_of_the_types_checked_again(sweep, tmp_path):
+    """`--update`: the results file keeps its other records in their order, the type checked again
+    replaces its stale record in place, and the table covers the whole file."""
+    out, table = tmp_path / "results.jsonl", tmp_path / "table.md"
+    stale = {"type": "bloom", "cls": "CRASH", "why": "stale", "runs": {}}
+    other = {"type": "x", "cls": "SKIP", "why": "not built"}
+    out.write_text("".join(json.dumps(r) + "\n" for r in (stale, other)))
+    sweep.main(["bloom", "--out", str(out), "--table", str(table), "--update", "--timeout-s", "120"])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["type"] for r in rows] == ["bloom", "x"] and rows[1] == other
+    assert rows[0]["cls"] == "REFUSED" and "ALiBi" in sweep.reason(rows[0])
+    assert "| `x` | SKIP |" in table.read_text() and "| REFUSED | 1 |" in table.read_text()
+    with pytest.raises(SystemExit):
+        sweep.main(["--out", str(out), "--update"])  # which types to check again must be named

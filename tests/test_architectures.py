@@ -256,6 +256,24 @@ def test_medusa_drafts_losslessly_on_every_layout(arch, tmp_path):
     assert decoder.generate(PROMPTS, max_new_tokens=NEW_TOKENS).output_ids == reference, name
 
 
+@pytest.mark.parametrize("method", ["medusa", "eagle"])
+def test_drafters_of_hidden_states_refuse_a_head_of_another_width(method, tmp_path):
+    """ELECTRA's generator projects its 64-wide hidden states to 128 before its output head: drafters
+    that read the decoder's output are refused for the model, before their checkpoint is read (which
+    would otherwise be blamed for the widths)."""
+    from specdec.proposers.eagle import EagleProposer
+    from specdec.proposers.medusa import MedusaProposer
+
+    model = tf.ElectraForCausalLM(tf.ElectraConfig(vocab_size=VOCAB, hidden_size=64, embedding_size=128,
+                                                   num_hidden_layers=2, num_attention_heads=4,
+                                                   intermediate_size=128, is_decoder=True)).eval()
+    engine = Engine(model, dtype="float32")
+    proposer = MedusaProposer if method == "medusa" else EagleProposer
+    with pytest.raises(ValueError, match="output head reads 128-wide inputs, not its decoder's 64-wide"):
+        proposer(engine, str(tmp_path / "never-read.safetensors"))
+    assert engine.target._hidden_source is None  # nothing was switched on
+
+
 @torch.inference_mode()
 def test_ragged_step_logits_equal_each_row_alone(arch):
     """One ragged step (rows at lengths 13, 2, 7) gives each row the logits of transformers' own

@@ -58,6 +58,18 @@ def test_grouped_sdpa_without_a_mask_matches_sdpa(t, s):
         torch.testing.assert_close(got[:, 0], v[:, :, 0].repeat_interleave(3, dim=1))
 
 
+@pytest.mark.parametrize("t,masked", [(1, True), (5, True), (5, False)])
+def test_grouped_sdpa_reads_the_grouping_from_the_keys(t, masked):
+    """Latent attention (DeepSeek-V2 with `num_key_value_heads` < heads) expands its keys to every query
+    head, while its module still says 3 groups: the keys' own head count decides."""
+    q, k, v = _qkv(t, 20 if masked else t, heads=6, kv_heads=6)
+    mask = _ragged_mask(t, 20, additive=True) if masked else None
+    got, _ = grouped_sdpa(_Module(groups=3), q, k, v, mask, scaling=0.3)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=not masked,
+                                                            scale=0.3)
+    torch.testing.assert_close(got, want.transpose(1, 2))
+
+
 def _passes_and_logits(model, feeds):
     """Run `feeds` (tokens [B, T], advance) through a fresh CachedModel; the attention implementation
     seen by the first layer in each pass, and each pass's logits."""

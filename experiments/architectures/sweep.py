@@ -533,8 +533,13 @@ def main(argv: list[str] | None = None) -> list[dict] | None:
                     help=f"comma-separated decoding paths to run each type through, of {', '.join(PATHS)}")
     ap.add_argument("--from-results", default=None,
                     help="check the types whose eager class is MATCH in this results.jsonl (instead of every type)")
+    ap.add_argument("--update", action="store_true",
+                    help="keep --out's records and replace (or add) those of the types checked now; the counts "
+                         "and --table then cover the whole file (rerun a few types after a fix)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.update and not args.types:
+        ap.error("--update needs the types to check again")
     if args.worker:
         return worker(args.types, args.timeout_s, args.max_params, args.paths)
     if args.from_results:
@@ -543,11 +548,20 @@ def main(argv: list[str] | None = None) -> list[dict] | None:
         types = [t for t in args.types if t in matched] if args.types else matched
     else:
         types = args.types or [*MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, *VARIANTS]
+    kept = []
+    if args.update and os.path.exists(args.out):
+        with open(args.out) as f:
+            kept = [json.loads(line) for line in f if line.strip()]
     open(args.out, "w").close()
     start = time.time()
     rows = sorted(sweep(types, args.out, args.timeout_s, args.max_params, args.paths),
                   key=lambda r: types.index(r["type"]))
     print(f"{len(rows)} types in {time.time() - start:.0f} s")
+    if args.update:  # the earlier records in their order, those checked now in their places or after them
+        fresh = {r["type"]: r for r in rows}
+        rows = [fresh.pop(r["type"], r) for r in kept] + list(fresh.values())
+        with open(args.out, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
     for p in args.paths:
         counts = Counter(path_classes(r, args.paths)[p] for r in rows)
         print(f"  {p}:", ", ".join(f"{c} {counts[c]}" for c in CLASSES))

@@ -138,6 +138,7 @@ class EagleProposer:
             raise ValueError(f"method.proposer: budget, topk, width and depth must be >= 1, got "
                              f"{budget}, {topk}, {width}, {depth}")
         self.engine, target = engine, engine.target
+        target.hidden_source()  # a target without usable hidden states is refused before the file is read
         tensors, meta = load_checkpoint(heads_path, "eagle", target.model)
         self.drafter = EagleDrafter(target.model, init_from_target=False)
         self.drafter.load_state_dict({k: v for k, v in tensors.items() if k != "vocab_ids"})

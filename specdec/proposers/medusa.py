@@ -89,6 +89,7 @@ class MedusaProposer:
 
     def __init__(self, engine: Engine, heads_path: str, tree: list | None = None):
         self.engine, target = engine, engine.target
+        target.hidden_source()  # a target without usable hidden states is refused before the file is read
         tensors, meta = load_checkpoint(heads_path, "medusa", target.model)
         self.heads = MedusaHeads(meta["hidden_size"], meta["num_heads"])
         self.heads.load_state_dict({k: v for k, v in tensors.items() if k != "vocab_ids"})
