@@ -201,6 +201,9 @@ class _BucketLayer(CacheLayerMixin):
         """Write `key_states, value_states: [B, H, W, D]` at `view.write_pos: [B, W]`; return the first
         `view.kv_len` positions of the buffers."""
         layer = self.view.cache.layers[self.index]
+        if not layer.is_initialized:  # read while tracing: no guard, no branch in the graph
+            raise RuntimeError(f"cache layer {self.index} was first written by a compiled pass; its first pass "
+                               "(the prefill, eager) left it unallocated, as for a layer the model never writes")
         rows, pos, n = self.view.rows, self.view.write_pos, self.view.kv_len
         layer.keys[rows, :, pos] = key_states.transpose(1, 2)
         layer.values[rows, :, pos] = value_states.transpose(1, 2)
@@ -375,7 +378,7 @@ def _entry(fn, args: tuple) -> tuple:
             return tuple(x.shape), x.stride(), x.dtype, x.device, x.is_inference()
         if isinstance(x, _BucketView):
             return x.kv_len, tuple((id(layer.keys), id(layer.values), tuple(layer.keys.shape))
-                                   for layer in x.cache.layers)
+                                   if layer.is_initialized else None for layer in x.cache.layers)
         if isinstance(x, dict):  # a tree pass's masks, one per kind of layer
             return tuple((k, part(v)) for k, v in x.items())
         if x is None or isinstance(x, (bool, int, float, str, torch.dtype)):
@@ -555,9 +558,11 @@ class _BucketedPasses:
 
     def _compilable(self, cache, w: int) -> bool:
         """Whether a pass `w` wide over `cache` can run compiled: at most MAX_WIDTH, and the cache's
-        (pooled) buffers allocated, which its first pass, the prefill, does eagerly."""
+        (pooled) buffers allocated, which its first pass, the prefill, does eagerly. A layer that pass
+        left unallocated is one the model never writes (Gemma-3n's layers that read another layer's
+        keys and values), not a reason to run every later pass eagerly."""
         self._pool_buffers(cache)
-        return w <= MAX_WIDTH and all(layer.is_initialized for layer in cache.layers)
+        return w <= MAX_WIDTH and any(layer.is_initialized for layer in cache.layers)
 
     def _begin(self, cache, t: int, w: int, counts: list[int], kind: str = "pass",
                more: int = 0) -> tuple[torch.Tensor, _BucketView] | None:
@@ -574,7 +579,8 @@ class _BucketedPasses:
         self._view = view
         view.rows = row_index(b, w, self.device)
         view.write_pos = cache.clamp_slots(slots)  # padding past the end goes to the scratch position
-        view.kv_len = min(bucket(cache.max_row_len + w + more, MIN_KV), cache.layers[0].keys.shape[2])
+        length = next(layer.keys.shape[2] for layer in cache.layers if layer.is_initialized)
+        view.kv_len = min(bucket(cache.max_row_len + w + more, MIN_KV), length)
         self.shapes.add((kind, b, w, view.kv_len))
         return slots, view
 

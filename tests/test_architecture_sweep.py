@@ -1,7 +1,7 @@
 """experiments/architectures/sweep.py's check of one model type, in-process on three types: Llama is
 decoded token-identically, BLOOM (ALiBi) and BERT without `is_decoder` are refused, and BERT with the
 `bert:is_decoder=true` override is decoded token-identically; with `--paths`, Llama also under
-compile=on and with Medusa and EAGLE, and GPT-2's EAGLE refused."""
+compile=on and with Medusa and EAGLE, eager and compiled, and GPT-2's EAGLE refused."""
 
 import importlib.util
 import json
@@ -43,27 +43,30 @@ def test_type_overrides_parse(sweep):
 
 
 def test_every_path_on_llama_and_the_tree_methods_refused_on_gpt2(sweep, tmp_path):
-    """`--paths`: compile=on (dynamo's eager backend, its passes run compiled), Medusa and EAGLE give
-    Llama's reference tokens; on GPT-2 EAGLE is refused as the drafter is built. Each path's class is
-    recorded, the eager path's fields stay where they were, and the table has a column per path."""
-    paths = sweep.parse_paths("eager,compiled,medusa,eagle")
+    """`--paths`: compile=on (dynamo's eager backend, its passes run compiled), Medusa and EAGLE, eager
+    and under compile=on, give Llama's reference tokens; on GPT-2 EAGLE is refused as the drafter is
+    built. Each path's class is recorded, the eager path's fields stay where they were, and the table
+    has a column per path."""
+    paths = sweep.parse_paths("eager,compiled,medusa,eagle,medusa_compiled,eagle_compiled")
     llama = sweep.check_type("llama", paths=paths)
     assert llama["cls"] == "MATCH" and set(llama["runs"]) == {"plain/b1", "plain/ragged", "self/b1", "self/ragged"}
     assert llama["classes"] == dict.fromkeys(paths, "MATCH"), llama["paths"]
     assert set(llama["paths"]["compiled"]["runs"]) == set(llama["runs"])  # and no run found its passes eager
+    for method in ("medusa", "eagle"):  # the compiled trees ran compiled: no "<method>/compiled" entry
+        assert set(llama["paths"][f"{method}_compiled"]["runs"]) == {f"{method}/ragged"}
     gpt2 = sweep.check_type("gpt2", paths=("medusa", "eagle"))
     assert gpt2["classes"] == {"medusa": "MATCH", "eagle": "REFUSED"}, gpt2["paths"]
     assert "method=eagle needs a Llama-like target" in sweep.path_reasons(gpt2)
     table = tmp_path / "table.md"
     sweep.write_table([llama, {"type": "x", "cls": "SKIP", "why": "not built"}], str(table), paths)
     lines = table.read_text().splitlines()
-    assert lines[0] == "| class | eager | compiled | medusa | eagle |"
-    assert "| `x` | SKIP | SKIP | SKIP | SKIP | not built |" in lines
+    assert lines[0] == "| class | eager | compiled | medusa | eagle | medusa_compiled | eagle_compiled |"
+    assert "| `x` | SKIP | SKIP | SKIP | SKIP | SKIP | SKIP | not built |" in lines
 
 
 def test_paths_parse(sweep):
     assert sweep.parse_paths("compiled, eagle,compiled") == ("compiled", "eagle")
-    with pytest.raises(Exception, match="--paths: trees; choose from eager, compiled, medusa, eagle"):
+    with pytest.raises(Exception, match="--paths: trees; choose from eager, compiled, medusa, eagle, medusa_compiled"):
         sweep.parse_paths("eager,trees")
 
 

@@ -463,6 +463,35 @@ def test_compiled_falcon_equals_generate():
     assert engine.compile_report()["target"]["compiled_calls"] == steps
 
 
+def test_compiled_gemma3n_runs_its_passes_compiled_past_its_shared_cache_layers():
+    """Gemma-3n's last layers read the keys and values of an earlier layer and never write their own
+    cache layer, whose buffers so stay unallocated: every pass ran eagerly while the compiled path
+    waited for all of them. After the prefill such a layer is one the model never writes; the passes
+    after it run compiled, ragged too, with transformers' greedy tokens."""
+    import transformers as tf
+
+    config = tf.Gemma3nTextConfig(
+        vocab_size=128, vocab_size_per_layer_input=128, hidden_size=64, hidden_size_per_layer_input=8,
+        intermediate_size=128, num_hidden_layers=4, num_kv_shared_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, sliding_window=4, max_position_embeddings=256, laurel_rank=4,
+        layer_types=["sliding_attention", "full_attention"] * 2, activation_sparsity_pattern=[0.0] * 4,
+        pad_token_id=0, bos_token_id=None, eos_token_id=None)
+    torch.manual_seed(0)
+    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval().requires_grad_(False)
+    assert [layer.self_attn.is_kv_shared_layer for layer in model.model.layers] == [False, False, True, True]
+    prompts = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17], [3, 4], [20, 21, 22, 23, 24, 25, 26]]
+    expected = []
+    for prompt in prompts:
+        ids = torch.tensor([prompt])
+        expected.append(model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=12,
+                                       min_new_tokens=12, pad_token_id=0)[0, len(prompt):].tolist())
+    engine = _engine(model, None, "on")
+    out = _generate(engine, 0, prompts, max_new_tokens=12)
+    assert out.output_ids == expected
+    report = engine.compile_report()["target"]
+    assert report["compiled_calls"] == out.stats.steps and report["eager_calls"] == 1  # the prefill
+
+
 def test_compiled_pass_shows_the_models_its_cache_buffers():
     """A model may read a cache layer's buffers: Mllama's text model asks each layer whether it holds
     cached cross-attention states (`keys.numel() > 0`) before running it. The compiled pass's view of

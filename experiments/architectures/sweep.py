@@ -17,8 +17,10 @@ skeleton). Types run in a worker subprocess, replaced after a hard crash, each s
 `compiled`, the same four runs under `compile=on` through dynamo's `eager` backend (graph capture,
 guards and static shapes without kernels, as tests/test_compile.py compiles), each also required to
 have run its passes compiled (else UNCOMPILED); `medusa`, two untrained Medusa heads; `eagle`, an
-EAGLE drafter copied from the target (budget 4, top-2, width 2, depth 2); both ragged, k = 2. A clean
-refusal as the proposer is built (`InvalidInput`, `ValueError`) is REFUSED. Each path's class is in
+EAGLE drafter copied from the target (budget 4, top-2, width 2, depth 2); both ragged, k = 2;
+`medusa_compiled`, `eagle_compiled`, the same under `compile=on` (the target's tree passes, Medusa's
+guesses, EAGLE's drafter), each compiled caller required to have run compiled. A clean refusal as the
+proposer is built (`InvalidInput`, `ValueError`) is REFUSED. Each path's class is in
 the record's `classes`, its runs under `paths`; `--from-results` takes the types an earlier sweep
 found MATCH.
 
@@ -27,6 +29,9 @@ found MATCH.
     python experiments/architectures/sweep.py --from-results experiments/architectures/results.jsonl \\
         --paths compiled,medusa,eagle --out experiments/architectures/paths.jsonl \\
         --table experiments/architectures/paths_table.md --timeout-s 300
+    python experiments/architectures/sweep.py --from-results experiments/architectures/results.jsonl \\
+        --paths medusa_compiled,eagle_compiled --out experiments/architectures/trees_compiled.jsonl \\
+        --table experiments/architectures/trees_compiled_table.md --timeout-s 300
 """
 
 from __future__ import annotations
@@ -67,7 +72,7 @@ CLASSES = ("MATCH", "REFUSED", "CRASH", "MISMATCH", "UNCOMPILED", "SKIP")
 # same four under compile=on (dynamo's eager backend: graph capture, guards and static shapes, no
 # kernels); `medusa` and `eagle` the token-tree methods (untrained heads, a drafter copied from the
 # target), ragged, k = 2.
-PATHS = ("eager", "compiled", "medusa", "eagle")
+PATHS = ("eager", "compiled", "medusa", "eagle", "medusa_compiled", "eagle_compiled")
 VARIANTS = [
     *(f"{t}:is_decoder=true" for t in ("bert", "roberta", "xmod", "electra", "big_bird")),  # encoders as decoders
     "xlm:causal=true",  # XLM's own causal mode
@@ -305,12 +310,13 @@ def classify(runs: dict) -> str:
     return "CRASH" if any("crash" in v for v in bad) else "UNCOMPILED" if bad else "MATCH"
 
 
-def tree_run(model, ref, method: str, workdir: str) -> dict:
+def tree_run(model, ref, method: str, workdir: str, compiled: bool = False) -> dict:
     """Medusa (untrained heads, 2 of them) or EAGLE (a drafter copied from the target's last layer) on
-    the ragged batch, k = 2, against `ref`. A clean refusal as the engine or the proposer is built
-    (`InvalidInput`, `ValueError`) is REFUSED."""
+    the ragged batch, k = 2, against `ref`; `compiled`: under compile=on (the target's tree passes, Medusa's
+    guesses, EAGLE's drafter), each compiled caller required to have run compiled. A clean refusal as
+    the engine or the proposer is built (`InvalidInput`, `ValueError`) is REFUSED."""
     try:
-        engine = Engine(model, dtype="float32")
+        engine = _engine(model, None, compiled)
     except InvalidInput as err:
         return {"cls": "REFUSED", "why": f"{type(err).__name__}: {err}"}
     except Exception as err:  # noqa: BLE001
@@ -338,6 +344,9 @@ def tree_run(model, ref, method: str, workdir: str) -> dict:
         runs[f"{method}/ragged"] = "ok" if got == ref else {"got": got}
     except Exception as err:  # noqa: BLE001
         runs[f"{method}/ragged"] = {"crash": first_line(err), "where": where(err)}
+    if compiled and (eager_only := _uncompiled(engine)):
+        runs[f"{method}/compiled"] = {"uncompiled": f"no pass ran compiled: {', '.join(eager_only)}",
+                                      "report": engine.compile_report()}
     return {"runs": runs, "cls": classify(runs)}
 
 
@@ -345,8 +354,9 @@ def run_path(model, ref, path: str) -> dict:
     """One decoding path's record: its class and runs (or why it was refused or crashed)."""
     if path in ("eager", "compiled"):
         return decode_runs(model, ref, compiled=path == "compiled")
+    method, _, compiled = path.partition("_")
     with tempfile.TemporaryDirectory() as workdir:
-        return tree_run(model, ref, path, workdir)
+        return tree_run(model, ref, method, workdir, compiled=compiled == "compiled")
 
 
 def check_type(spec: str, max_params: int = 100_000_000, paths: tuple[str, ...] = ("eager",)) -> dict:
