@@ -15,13 +15,14 @@ The job body is `specdec.experiment.run`; the schema and checks are in `specdec.
 """
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from specdec.config import register
+from specdec.config import override_hints, register
 
 register()  # the schema must be in the ConfigStore before Hydra composes `config.yaml`
 
@@ -52,5 +53,17 @@ def main(cfg: DictConfig) -> float:
     return result.summary["speedup"]
 
 
+def cli() -> None:
+    """The command: Hydra's app; when Hydra refuses the command line (it prints why and exits), the
+    settings a misspelt or misplaced key probably meant (`specdec.config.override_hints`)."""
+    try:
+        main()
+    except SystemExit as stop:
+        if stop.code not in (None, 0):
+            for hint in override_hints(sys.argv[1:]):
+                print(f"Hint: {hint}", file=sys.stderr)
+        raise
+
+
 if __name__ == "__main__":
-    main()
+    cli()

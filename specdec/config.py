@@ -13,6 +13,8 @@ A method is one YAML in `conf/method/` (see `MethodConfig`): its `proposer` is i
 with the engine (`_target_` plus any arguments), so a new method needs a module and that file only.
 """
 
+import dataclasses
+import difflib
 import logging
 import math
 import os
@@ -158,6 +160,75 @@ class Config:
     exact_greedy: bool = True
     plots: bool = True
     progress: bool | None = None  # progress bars: null shows them only on a terminal
+
+
+# Names researchers type for a setting that specdec calls otherwise.
+ALIASES = {"k": "num_speculative_tokens", "gamma": "num_speculative_tokens", "num_draft_tokens": "num_speculative_tokens",
+           "draft_tokens": "num_speculative_tokens", "max_tokens": "max_new_tokens", "temp": "temperature",
+           "model": "path", "batch": "batch_size"}
+
+
+def _settings(node=Config, prefix: str = "") -> list[str]:
+    """Every dotted key of the schema under `node` (a `compare.<name>` entry counts as its MethodConfig)."""
+    keys = []
+    for f in dataclasses.fields(node):
+        key = prefix + f.name
+        keys.append(key)
+        if dataclasses.is_dataclass(f.type):
+            keys += _settings(f.type, key + ".")
+    return keys
+
+
+def _unknown_part(parts: list[str]) -> int | None:
+    """The index of the first part of a dotted key that names nothing in the schema, or None (the key
+    is a setting, or reaches a value or a free-form node such as `method.proposer`)."""
+    node, i = Config, 0
+    while i < len(parts):
+        kinds = {f.name: f.type for f in dataclasses.fields(node)}
+        if parts[i] not in kinds:
+            return i
+        if node is Config and parts[i] == "compare":  # compare.<name>.<setting>: a MethodConfig
+            node, i = MethodConfig, i + 2
+            continue
+        if not dataclasses.is_dataclass(kinds[parts[i]]):
+            return None
+        node, i = kinds[parts[i]], i + 1
+    return None
+
+
+def override_hints(overrides: list[str]) -> list[str]:
+    """For command-line overrides that Hydra refused, the settings that were probably meant: `method.k=8`
+    -> `method.num_speculative_tokens`, `temperature=0.7` -> `generation.temperature`. Only keys that
+    name no setting of the schema get a hint (a group choice such as `method=eagle`, `+`/`~` overrides,
+    Hydra's own and free-form nodes, such as `method.proposer.*`, are left alone)."""
+    conf = Path(__file__).resolve().parent.parent / "conf"
+    groups = {"hydra", "experiment"} | ({p.name for p in conf.iterdir() if p.is_dir()} if conf.is_dir() else set())
+    every = _settings()
+    hints = []
+    for override in overrides:
+        key = override.split("=", 1)[0]
+        if "=" not in override or key.startswith(("+", "~", "-", "hydra.")) or "/" in key or "@" in key:
+            continue
+        parts = key.split(".")
+        if len(parts) == 1 and key in groups:
+            continue
+        bad = _unknown_part(parts)
+        if bad is None:
+            continue
+        wanted = ALIASES.get(parts[bad], parts[bad])
+        # Where the key was going first (the setting under the same node), then anywhere by that name,
+        # then a near spelling.
+        here = ".".join([*parts[:bad], wanted])
+        near = ([here] if bad and _unknown_part(here.split(".")) is None else
+                [k for k in every if k.rsplit(".", 1)[-1] == wanted])
+        scope = ".".join(parts[:bad])
+        under = [k[len(scope) + 1:] for k in every if k.startswith(scope + ".")] if bad else every
+        near = near or [f"{scope}.{c}" if bad else c for c in difflib.get_close_matches(parts[bad], under, n=1, cutoff=0.75)]
+        if near:
+            hints.append(f"`{key}` is not a setting; did you mean {' or '.join(f'`{k}`' for k in near)}?")
+        else:
+            hints.append(f"`{key}` is not a setting; `python -m specdec --cfg job` prints them all")
+    return hints
 
 
 def register() -> None:

@@ -1,7 +1,8 @@
 """experiments/architectures/sweep.py's check of one model type, in-process on three types: Llama is
 decoded token-identically, BLOOM (ALiBi) and BERT without `is_decoder` are refused, and BERT with the
 `bert:is_decoder=true` override is decoded token-identically; with `--paths`, Llama also under
-compile=on and with Medusa and EAGLE, eager and compiled, and GPT-2's EAGLE refused."""
+compile=on, with Medusa and EAGLE, eager and compiled, and in bfloat16 (exact greedy), and GPT-2's EAGLE
+refused."""
 
 import importlib.util
 import json
@@ -84,3 +85,15 @@ def test_update_replaces_the_records_of_the_types_checked_again(sweep, tmp_path)
     assert "| `x` | SKIP |" in table.read_text() and "| REFUSED | 1 |" in table.read_text()
     with pytest.raises(SystemExit):
         sweep.main(["--out", str(out), "--update"])  # which types to check again must be named
+
+
+def test_the_bf16_path_holds_with_exact_greedy_and_fails_without_it(sweep, monkeypatch):
+    """`--paths bf16`: on Llama built wide, in bfloat16, self-drafting gives plain decoding's tokens with
+    exact greedy on; with it off (each pass scored at its own width) the same check finds other tokens,
+    so it can fail."""
+    assert sweep.check_type("llama", paths=("bf16",))["classes"] == {"bf16": "MATCH"}
+    from specdec.decoding import SpeculativeDecoder
+
+    init = SpeculativeDecoder.__init__
+    monkeypatch.setattr(SpeculativeDecoder, "__init__", lambda self, *a, **kw: init(self, *a, **{**kw, "exact_greedy": False}))
+    assert sweep.check_type("llama", paths=("bf16",))["classes"] == {"bf16": "MISMATCH"}

@@ -436,6 +436,44 @@ def test_the_command_line_reports_a_bad_config_in_one_line_without_a_traceback(t
     assert "Traceback" not in proc.stderr + proc.stdout
 
 
+@pytest.mark.parametrize("overrides, hint", [
+    (["method.k=8"], "`method.k` is not a setting; did you mean `method.num_speculative_tokens`?"),
+    (["temperature=0.7"], "`temperature` is not a setting; did you mean `generation.temperature`?"),
+    (["generation.temprature=0.5"], "did you mean `generation.temperature`?"),
+    (["target.model=x"], "`target.model` is not a setting; did you mean `target.path`?"),
+    (["compare.ngram.k=2"], "did you mean `compare.ngram.num_speculative_tokens`?"),
+    (["exact_gredy=false"], "did you mean `exact_greedy`?"),
+    (["zzz=1"], "`zzz` is not a setting; `python -m specdec --cfg job` prints them all"),
+])
+def test_a_key_hydra_refuses_gets_the_setting_probably_meant(overrides, hint):
+    from specdec.config import override_hints
+
+    with pytest.raises((ConfigCompositionException, ValidationError, ConfigKeyError)):
+        _compose(overrides)  # Hydra refuses it: the hint adds to its message
+    hints = override_hints(overrides)
+    assert len(hints) == 1 and hint in hints[0], hints
+
+
+def test_keys_hydra_accepts_get_no_hint():
+    from specdec.config import override_hints
+
+    fine = ["method=eagle", "experiment=quick", "method.num_speculative_tokens=3", "+extra=1", "~experiment",
+            "hydra.run.dir=x", "method.proposer.n=3", "method.schedule_args.margin=0.1", "method/schedule=constant",
+            "compare.ngram.num_speculative_tokens=2", "generation.temperature=0.7", "threads=2", "-m"]
+    assert override_hints(fine) == []
+
+
+def test_the_command_line_adds_the_hint_to_hydras_refusal(tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "specdec", "method.k=8", "logger=none",
+                           f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert "Key 'k' not in 'MethodConfig'" in proc.stderr  # Hydra's own message, then the hint
+    assert proc.stderr.rstrip().endswith("Hint: `method.k` is not a setting; did you mean `method.num_speculative_tokens`?")
+
+
 def test_config_names_the_cuda_graph_modes_of_the_engine():
     """specdec.config checks cuda_graphs= without importing torch: its list is specdec.cuda_graphs'."""
     from specdec import config

@@ -19,8 +19,10 @@ guards and static shapes without kernels, as tests/test_compile.py compiles), ea
 have run its passes compiled (else UNCOMPILED); `medusa`, two untrained Medusa heads; `eagle`, an
 EAGLE drafter copied from the target (budget 4, top-2, width 2, depth 2); both ragged, k = 2;
 `medusa_compiled`, `eagle_compiled`, the same under `compile=on` (the target's tree passes, Medusa's
-guesses, EAGLE's drafter), each compiled caller required to have run compiled. A clean refusal as the
-proposer is built (`InvalidInput`, `ValueError`) is REFUSED. Each path's class is in
+guesses, EAGLE's drafter), each compiled caller required to have run compiled; `bf16`, exact greedy in
+bfloat16: the type built again 8x as wide (WIDE), self-drafting against plain decoding of the same
+batches, 32 tokens, batch 1 and ragged. A clean refusal as the proposer is built (`InvalidInput`,
+`ValueError`) is REFUSED. Each path's class is in
 the record's `classes`, its runs under `paths`; `--from-results` takes the types an earlier sweep
 found MATCH.
 
@@ -32,6 +34,8 @@ found MATCH.
     python experiments/architectures/sweep.py --from-results experiments/architectures/results.jsonl \\
         --paths medusa_compiled,eagle_compiled --out experiments/architectures/trees_compiled.jsonl \\
         --table experiments/architectures/trees_compiled_table.md --timeout-s 300
+    python experiments/architectures/sweep.py --from-results experiments/architectures/results.jsonl \\
+        --paths bf16 --out experiments/architectures/bf16.jsonl --table experiments/architectures/bf16_table.md
 """
 
 from __future__ import annotations
@@ -72,13 +76,23 @@ CLASSES = ("MATCH", "REFUSED", "CRASH", "MISMATCH", "UNCOMPILED", "SKIP")
 # same four under compile=on (dynamo's eager backend: graph capture, guards and static shapes, no
 # kernels); `medusa` and `eagle` the token-tree methods (untrained heads, a drafter copied from the
 # target), ragged, k = 2.
-PATHS = ("eager", "compiled", "medusa", "eagle", "medusa_compiled", "eagle_compiled")
+PATHS = ("eager", "compiled", "medusa", "eagle", "medusa_compiled", "eagle_compiled", "bf16")
 VARIANTS = [
     *(f"{t}:is_decoder=true" for t in ("bert", "roberta", "xmod", "electra", "big_bird")),  # encoders as decoders
     "xlm:causal=true",  # XLM's own causal mode
     "moshi:sliding_window=256",  # a window as long as the context
     "deepseek_v2:num_key_value_heads=2",  # latent attention with fewer key heads than query heads
 ]
+# The bf16 path's models: 8x as wide (512, heads of 64), where bfloat16's rounding depends on the shape
+# of the pass that scored a token (at width 64 a pass of 1 and one of 8 round alike, and the check
+# would pass with exact greedy off), and 32 new tokens a prompt.
+WIDE = {
+    **{k: 512 for k in ("hidden_size", "n_embd", "d_model", "dim", "embed_dim")},
+    **{k: 1024 for k in ("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size", "inner_hidden_size")},
+    **{k: 8 for k in ("num_attention_heads", "n_head", "n_heads", "num_heads")},
+    **{k: 64 for k in ("head_dim", "kv_channels", "attention_head_dim")},
+}
+BF16_NEW_TOKENS = 32
 NOT_BUILT = {"blt": "not built: its full-size default sub-configs run out of memory (the worker is killed)"}
 # Set wherever the (text) config has the field: common sizes, encoder-decoder stacks, per-layer inputs
 # (Gemma-3n), mixture of experts, latent attention (MLA), state-space, recurrent and local attention.
@@ -144,10 +158,10 @@ def where(err: BaseException) -> str:
     return " <- ".join(f"{os.path.basename(f.filename)}:{f.lineno} {f.name}" for f in frames)
 
 
-def shrink_kwargs(text, n_layers: int | None, overrides: dict) -> dict | None:
+def shrink_kwargs(text, n_layers: int | None, overrides: dict, wide: bool = False) -> dict | None:
     """Fields that make the config `text` tiny with `n_layers` layers (None: the default count), or None
-    when its `layer_types` has more distinct kinds than `n_layers`."""
-    kw = {k: v for k, v in SIZES.items() if has(text, k)}
+    when its `layer_types` has more distinct kinds than `n_layers`; `wide`: at WIDE's sizes."""
+    kw = {k: v for k, v in (SIZES | WIDE if wide else SIZES).items() if has(text, k)}
     mla = has(text, "kv_lora_rank")  # latent attention: one key per head, as in the released checkpoints
     kw.update({k: 4 if mla else 2 for k in KV_HEADS if has(text, k)})
     if mla:
@@ -181,13 +195,14 @@ def make_config(model_type: str, default, text, kw: dict):
     return config
 
 
-def build(model_type: str, overrides: dict, max_params: int):
-    """A tiny random model (seed 0), its attention implementation (SDPA, else eager) and notes."""
+def build(model_type: str, overrides: dict, max_params: int, wide: bool = False):
+    """A tiny random model (seed 0), its attention implementation (SDPA, else eager) and notes;
+    `wide`: at WIDE's sizes."""
     default = AutoConfig.for_model(model_type)
     text = default.get_text_config()
     errors = []
     for n_layers in (3, 4, 6, None):
-        kw = shrink_kwargs(text, n_layers, overrides)
+        kw = shrink_kwargs(text, n_layers, overrides, wide)
         for _ in range(6 if kw is not None else 0):  # each try may drop one rejected field
             model = None
             try:
@@ -350,10 +365,45 @@ def tree_run(model, ref, method: str, workdir: str, compiled: bool = False) -> d
     return {"runs": runs, "cls": classify(runs)}
 
 
-def run_path(model, ref, path: str) -> dict:
+def bf16_runs(spec: str, max_params: int) -> dict:
+    """Exact greedy in bfloat16: on the type built again at WIDE's sizes, in bfloat16, self-drafting
+    (k = 3) must give plain decoding's tokens, at batch 1 and ragged (each against plain decoding of the
+    same batches). Both score every pass at one width over the whole cache buffer (`exact_greedy`, on
+    by default), so a token's logits do not depend on the pass that scored it; transformers' float32
+    reference does not apply (bfloat16 rounds otherwise)."""
+    model_type, overrides = parse_type(spec)
+    try:
+        model = prepare(build(model_type, overrides, max_params, wide=True)[0])
+    except Skip as skip:
+        return {"cls": "SKIP", "why": f"wide model: {skip}"}
+    except Exception as err:  # noqa: BLE001
+        return {"cls": "SKIP", "why": "wide model: " + first_line(err)}
+    try:
+        engine = Engine(model, model, dtype="bfloat16")
+    except InvalidInput as err:
+        return {"cls": "REFUSED", "why": f"{type(err).__name__}: {err}"}
+    except Exception as err:  # noqa: BLE001
+        return {"cls": "CRASH", "why": "Engine(): " + first_line(err), "where": where(err)}
+    plain = SpeculativeDecoder(engine)
+    spec = SpeculativeDecoder(engine, DraftModelProposer(engine), num_speculative_tokens=3)
+    runs = {}
+    for mode in ("b1", "ragged"):
+        batches = [[p] for p in PROMPTS] if mode == "b1" else [PROMPTS]
+        try:
+            want = [ids for b in batches for ids in plain.generate(b, max_new_tokens=BF16_NEW_TOKENS).output_ids]
+            got = [ids for b in batches for ids in spec.generate(b, max_new_tokens=BF16_NEW_TOKENS).output_ids]
+            runs[f"self/{mode}"] = "ok" if got == want else {"got": got, "want": want}
+        except Exception as err:  # noqa: BLE001
+            runs[f"self/{mode}"] = {"crash": first_line(err), "where": where(err)}
+    return {"runs": runs, "cls": classify(runs)}
+
+
+def run_path(spec: str, model, ref, path: str, max_params: int) -> dict:
     """One decoding path's record: its class and runs (or why it was refused or crashed)."""
     if path in ("eager", "compiled"):
         return decode_runs(model, ref, compiled=path == "compiled")
+    if path == "bf16":
+        return bf16_runs(spec, max_params)
     method, _, compiled = path.partition("_")
     with tempfile.TemporaryDirectory() as workdir:
         return tree_run(model, ref, method, workdir, compiled=compiled == "compiled")
@@ -394,7 +444,7 @@ def check_type(spec: str, max_params: int = 100_000_000, paths: tuple[str, ...] 
     per_path = {}
     for path in paths:
         try:
-            per_path[path] = run_path(model, ref, path)
+            per_path[path] = run_path(spec, model, ref, path, max_params)
         except Exception as err:  # noqa: BLE001
             per_path[path] = {"cls": "CRASH", "why": "sweep: " + first_line(err), "where": where(err)}
     res.update(per_path.get("eager", {"cls": overall(per_path)}))
@@ -405,9 +455,9 @@ def check_type(spec: str, max_params: int = 100_000_000, paths: tuple[str, ...] 
 
 
 def overall(per_path: dict) -> str:
-    """The worst class among paths: MISMATCH, then CRASH, UNCOMPILED, MATCH, then REFUSED (all refused)."""
+    """The worst class among paths: MISMATCH, then CRASH, UNCOMPILED, MATCH, REFUSED, then SKIP (all skipped)."""
     classes = {r["cls"] for r in per_path.values()}
-    return next((c for c in ("MISMATCH", "CRASH", "UNCOMPILED", "MATCH") if c in classes), "REFUSED")
+    return next((c for c in ("MISMATCH", "CRASH", "UNCOMPILED", "MATCH", "REFUSED") if c in classes), "SKIP")
 
 
 def worker(types: list[str], timeout_s: int, max_params: int, paths: tuple[str, ...] = ("eager",)) -> None:
