@@ -89,11 +89,8 @@ def test_update_replaces_the_records_of_the_types_checked_again(sweep, tmp_path)
 
 def test_the_bf16_path_holds_with_exact_greedy_and_fails_without_it(sweep, monkeypatch):
     """`--paths bf16`: on Llama built wide, in bfloat16, self-drafting gives plain decoding's tokens with
-    exact greedy on; with it off (each pass scored at its own width) the same check finds other tokens,
-    so it can fail."""
+    exact greedy on; with it off (`--exact-greedy off`: each pass scored at its own width) the same
+    check finds other tokens, so it can fail."""
     assert sweep.check_type("llama", paths=("bf16",))["classes"] == {"bf16": "MATCH"}
-    from specdec.decoding import SpeculativeDecoder
-
-    init = SpeculativeDecoder.__init__
-    monkeypatch.setattr(SpeculativeDecoder, "__init__", lambda self, *a, **kw: init(self, *a, **{**kw, "exact_greedy": False}))
+    monkeypatch.setattr(sweep, "BF16_EXACT_GREEDY", False)  # --exact-greedy off
     assert sweep.check_type("llama", paths=("bf16",))["classes"] == {"bf16": "MISMATCH"}

@@ -93,6 +93,7 @@ WIDE = {
     **{k: 64 for k in ("head_dim", "kv_channels", "attention_head_dim")},
 }
 BF16_NEW_TOKENS = 32
+BF16_EXACT_GREEDY = True  # --exact-greedy off: the ablation, each pass scored at its own width
 NOT_BUILT = {"blt": "not built: its full-size default sub-configs run out of memory (the worker is killed)"}
 # Set wherever the (text) config has the field: common sizes, encoder-decoder stacks, per-layer inputs
 # (Gemma-3n), mixture of experts, latent attention (MLA), state-space, recurrent and local attention.
@@ -384,8 +385,9 @@ def bf16_runs(spec: str, max_params: int) -> dict:
         return {"cls": "REFUSED", "why": f"{type(err).__name__}: {err}"}
     except Exception as err:  # noqa: BLE001
         return {"cls": "CRASH", "why": "Engine(): " + first_line(err), "where": where(err)}
-    plain = SpeculativeDecoder(engine)
-    spec = SpeculativeDecoder(engine, DraftModelProposer(engine), num_speculative_tokens=3)
+    plain = SpeculativeDecoder(engine, exact_greedy=BF16_EXACT_GREEDY)
+    spec = SpeculativeDecoder(engine, DraftModelProposer(engine), num_speculative_tokens=3,
+                              exact_greedy=BF16_EXACT_GREEDY)
     runs = {}
     for mode in ("b1", "ragged"):
         batches = [[p] for p in PROMPTS] if mode == "b1" else [PROMPTS]
@@ -503,7 +505,7 @@ def sweep(types: list[str], out: str, timeout_s: int, max_params: int,
 
     while todo:
         cmd = [sys.executable, __file__, "--worker", f"--timeout-s={timeout_s}", f"--max-params={max_params}",
-               f"--paths={','.join(paths)}", *todo]
+               f"--paths={','.join(paths)}", f"--exact-greedy={'on' if BF16_EXACT_GREEDY else 'off'}", *todo]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         current, left = None, len(todo)
         for line in proc.stdout:
@@ -596,10 +598,14 @@ def main(argv: list[str] | None = None) -> list[dict] | None:
     ap.add_argument("--update", action="store_true",
                     help="keep --out's records and replace (or add) those of the types checked now; the counts "
                          "and --table then cover the whole file (rerun a few types after a fix)")
+    ap.add_argument("--exact-greedy", choices=("on", "off"), default="on",
+                    help="the bf16 path's decoders: off is the ablation (each pass scored at its own width)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.update and not args.types:
         ap.error("--update needs the types to check again")
+    global BF16_EXACT_GREEDY
+    BF16_EXACT_GREEDY = args.exact_greedy == "on"
     if args.worker:
         return worker(args.types, args.timeout_s, args.max_params, args.paths)
     if args.from_results:
