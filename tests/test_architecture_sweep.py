@@ -83,6 +83,7 @@ def test_update_replaces_the_records_of_the_types_checked_again(sweep, tmp_path)
     assert [r["type"] for r in rows] == ["bloom", "x"] and rows[1] == other
     assert rows[0]["cls"] == "REFUSED" and "ALiBi" in sweep.reason(rows[0])
     assert "| `x` | SKIP |" in table.read_text() and "| REFUSED | 1 |" in table.read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.jsonl", "table.md"]  # no side files left
     with pytest.raises(SystemExit):
         sweep.main(["--out", str(out), "--update"])  # which types to check again must be named
 

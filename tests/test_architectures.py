@@ -138,14 +138,16 @@ def test_greedy_equals_generate_at_batch_one_and_ragged(arch, drafter, unrelated
     assert ragged == reference, f"{name} ragged batch"
 
 
-EAGLE_LAYOUTS = {"llama", "qwen2_sliding", "mistral_sliding", "gemma2", "phi3"}  # the rest: refused
+EAGLE_LAYOUTS = {"llama", "qwen2_sliding", "mistral_sliding", "gemma2", "gemma3", "gemma3_multimodal", "phi3",
+                 "gpt_neox", "falcon"}
 
 
 def test_eagle_drafts_losslessly_or_is_refused_when_built(arch, tmp_path):
     """The EAGLE drafter copies the target's layer, norm and rotary classes: on a Llama-like layout
-    (a drafter started from the target's last layer) it gives transformers' greedy tokens; on
-    another (GPT-NeoX's, Gemma-3's rotary that takes each layer's type) it is refused as it is built,
-    not at the first draft."""
+    (a drafter started from the target's last layer; Gemma-3's rotary, which takes the layer's type, is
+    given the drafter's; GPT-NeoX's layers and final norm under other names, its cache argument
+    `layer_past`; Falcon's layer, which takes an ALiBi bias, None) it gives transformers' greedy tokens;
+    on another (BERT: no rotary embedding) it is refused as it is built, not at the first draft."""
     from specdec.proposers.eagle import EagleDrafter, EagleProposer
     from specdec.proposers.heads import save_checkpoint
 
@@ -157,7 +159,7 @@ def test_eagle_drafts_losslessly_or_is_refused_when_built(arch, tmp_path):
         return
     path = tmp_path / "eagle.safetensors"
     save_checkpoint(str(path), "eagle", EagleDrafter(model).state_dict(),
-                    {"hidden_size": model.config.hidden_size, "vocab_size": VOCAB})
+                    {"hidden_size": model.config.get_text_config(decoder=True).hidden_size, "vocab_size": VOCAB})
     decoder = SpeculativeDecoder(engine, EagleProposer(engine, str(path), budget=4, topk=2, width=2, depth=2),
                                  num_speculative_tokens=2)
     assert decoder.generate(PROMPTS, max_new_tokens=NEW_TOKENS).output_ids == reference, name
@@ -185,6 +187,14 @@ def _got_ocr2():
                             image_token_index=VOCAB - 1, tie_word_embeddings=False)
 
 
+def _gemma4():
+    """Gemma-4 without per-layer inputs (as its larger checkpoints): its rotary takes the layer's type,
+    and its layers hand their keys and values on through a dict (`shared_kv_states`) every layer gets."""
+    return tf.Gemma4TextConfig(**_COMMON, **_GQA, head_dim=16, global_head_dim=16, sliding_window=WINDOW,
+                               hidden_size_per_layer_input=0,
+                               layer_types=["sliding_attention", "sliding_attention", "full_attention"])
+
+
 def _longcat_flash():
     """LongCat-Flash: two latent attentions a decoder layer, at cache indices 2i and 2i + 1 (one key per
     head, as in the released checkpoints)."""
@@ -197,8 +207,8 @@ def _longcat_flash():
 
 
 @pytest.mark.parametrize("make, attention", [(_qwen2_moe_dense_first, "sdpa"), (_cohere2_moe_layer_norm, "sdpa"),
-                                             (_got_ocr2, "eager"), (_longcat_flash, "sdpa")],
-                         ids=["dense_first", "layer_norm", "wrapper", "two_attentions"])
+                                             (_got_ocr2, "eager"), (_longcat_flash, "sdpa"), (_gemma4, "sdpa")],
+                         ids=["dense_first", "layer_norm", "wrapper", "two_attentions", "gemma4"])
 def test_eagle_drafter_copies_the_targets_last_layer_and_norm(make, attention, tmp_path):
     """The drafter's layer is of the target's last layer's kind (a mixture of experts after a dense
     first layer: built at index 0 it was dense, and copying the last layer's weights into it failed),
@@ -206,7 +216,8 @@ def test_eagle_drafter_copies_the_targets_last_layer_and_norm(make, attention, t
     built from `rms_norm_eps`, None here, its first pass raised a TypeError), its sizes come from the
     language model's config (a multimodal wrapper's top-level config has none: an AttributeError), and
     its cache has a layer for each attention of the layer (LongCat-Flash's second attention wrote past
-    a one-layer cache: an IndexError). All decode with transformers' greedy tokens."""
+    a one-layer cache: an IndexError), and Gemma-4's layer gets the dict its attention hands its keys
+    and values on through (a TypeError on None). All decode with transformers' greedy tokens."""
     from specdec.proposers.eagle import EagleDrafter, EagleProposer
     from specdec.proposers.heads import save_checkpoint
 
@@ -254,6 +265,21 @@ def test_medusa_drafts_losslessly_on_every_layout(arch, tmp_path):
         return
     decoder = SpeculativeDecoder(engine, MedusaProposer(engine, str(path)), num_speculative_tokens=2)
     assert decoder.generate(PROMPTS, max_new_tokens=NEW_TOKENS).output_ids == reference, name
+
+
+def test_eagle_refuses_layers_that_take_per_layer_inputs():
+    """Gemma-3n (and Gemma-4's E2B and E4B) feed each decoder layer per-layer inputs beside the hidden
+    states, and their last layers read an earlier layer's keys and values: a one-layer drafter has
+    neither, so it is refused as it is built."""
+    from specdec.proposers.eagle import EagleDrafter
+
+    config = tf.Gemma3nTextConfig(
+        vocab_size=VOCAB, vocab_size_per_layer_input=VOCAB, hidden_size=64, hidden_size_per_layer_input=8,
+        intermediate_size=128, num_hidden_layers=4, num_kv_shared_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, sliding_window=WINDOW, laurel_rank=4,
+        layer_types=["sliding_attention", "full_attention"] * 2, activation_sparsity_pattern=[0.0] * 4)
+    with pytest.raises(ValueError, match="'gemma3n_text' .* per-layer inputs"):
+        EagleDrafter(tf.AutoModelForCausalLM.from_config(config))
 
 
 @pytest.mark.parametrize("method", ["medusa", "eagle"])

@@ -618,16 +618,21 @@ def main(argv: list[str] | None = None) -> list[dict] | None:
     if args.update and os.path.exists(args.out):
         with open(args.out) as f:
             kept = [json.loads(line) for line in f if line.strip()]
-    open(args.out, "w").close()
+    # With --update the records stream to a file beside --out, which keeps its records until the merge:
+    # a sweep stopped midway loses none of them.
+    stream = args.out + ".new" if args.update else args.out
+    open(stream, "w").close()
     start = time.time()
-    rows = sorted(sweep(types, args.out, args.timeout_s, args.max_params, args.paths),
+    rows = sorted(sweep(types, stream, args.timeout_s, args.max_params, args.paths),
                   key=lambda r: types.index(r["type"]))
     print(f"{len(rows)} types in {time.time() - start:.0f} s")
     if args.update:  # the earlier records in their order, those checked now in their places or after them
         fresh = {r["type"]: r for r in rows}
         rows = [fresh.pop(r["type"], r) for r in kept] + list(fresh.values())
-        with open(args.out, "w") as f:
+        with open(args.out + ".tmp", "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
+        os.replace(args.out + ".tmp", args.out)
+        os.remove(stream)
     for p in args.paths:
         counts = Counter(path_classes(r, args.paths)[p] for r in rows)
         print(f"  {p}:", ", ".join(f"{c} {counts[c]}" for c in CLASSES))

@@ -52,20 +52,51 @@ from specdec.tree import TokenTree, TreeProposal
 _LAYOUT = AttentionLayout("eagle", ("full_attention",), None, "cache")
 
 
+# Where decoder stacks keep their layers and final norm: Llama's names, then GPT-J's and Falcon's (`h`,
+# `ln_f`), Phi's and Persimmon's (`final_layernorm`), GPT-NeoX's (`final_layer_norm`).
+_LAYERS = ("layers", "h")
+_FINAL_NORMS = ("norm", "final_layernorm", "final_layer_norm", "ln_f")
+
+
+def _stack(decoder: torch.nn.Module) -> tuple[torch.nn.ModuleList, torch.nn.Module] | None:
+    """The decoder's layers and final norm, or None when it has no such pair."""
+    layers = next((m for n in _LAYERS if isinstance(m := getattr(decoder, n, None), torch.nn.ModuleList)), None)
+    norm = next((m for n in _FINAL_NORMS if isinstance(m := getattr(decoder, n, None), torch.nn.Module)), None)
+    return None if layers is None or norm is None else (layers, norm)
+
+
+def _rotary_arguments(model: torch.nn.Module, decoder: torch.nn.Module) -> dict | None:
+    """What the drafter passes the target's rotary embedding beside the hidden states and positions:
+    nothing for most, the drafter's layer type where the rotary takes one (Gemma-3 and -4 keep a
+    table per kind of layer, local and global); None when it needs something else."""
+    rotary = getattr(decoder, "rotary_emb", None)
+    if rotary is None:
+        return None
+    required = [n for n, p in list(inspect.signature(rotary.forward).parameters.items())[2:]
+                if p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    kinds = getattr(model.config.get_text_config(decoder=True), "layer_types", None)
+    if not required:
+        return {}
+    if required == ["layer_type"] and kinds:
+        return {"layer_type": kinds[len(_stack(decoder)[0]) - 1]}
+    return None
+
+
 def _check_layout(model: torch.nn.Module, decoder: torch.nn.Module) -> None:
     """The drafter copies the target's decoder layer, norm and rotary classes: a Llama-like layout
-    (`layers`, `norm`, `rotary_emb` called with the hidden states and positions alone). Others
-    (GPT-2, GPT-NeoX; Gemma-3, whose rotary takes each layer's type) are refused here rather than
-    failing at the first draft."""
-    rotary = getattr(decoder, "rotary_emb", None)
-    required = [] if rotary is None else [
-        n for n, p in list(inspect.signature(rotary.forward).parameters.items())[2:]
-        if p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    if not isinstance(getattr(decoder, "layers", None), torch.nn.ModuleList) or getattr(decoder, "norm", None) is None \
-            or rotary is None or required:
-        model_type = getattr(model.config, "model_type", None)
-        raise ValueError(f"method=eagle needs a Llama-like target (model.layers, model.norm, a rotary embedding of "
-                         f"the positions alone: Llama, Qwen2, Mistral, Gemma-2, Phi-3, ...); model type {model_type!r} "
+    (a list of layers and a final norm, `_stack`; `rotary_emb` called with the hidden states and
+    positions, and the layer's type where it takes one). Others (GPT-2's learned positions, OPT) are
+    refused here rather than failing at the first draft. Layers that take per-layer inputs beside the hidden states (Gemma-3n, Gemma-4's E2B
+    and E4B) are refused too: the drafter has none to give them. (Those models are also the ones whose
+    last layers read an earlier layer's keys and values, which a one-layer drafter could not copy.)"""
+    model_type = getattr(model.config, "model_type", None)
+    if getattr(model.config.get_text_config(decoder=True), "hidden_size_per_layer_input", None):
+        raise ValueError(f"method=eagle: model type {model_type!r} ({type(model).__name__}) feeds each decoder "
+                         "layer per-layer inputs beside the hidden states, which a one-layer drafter does not "
+                         "have; use method=medusa or a draft model")
+    if _stack(decoder) is None or _rotary_arguments(model, decoder) is None:
+        raise ValueError(f"method=eagle needs a Llama-like target (a list of decoder layers, a final norm, a rotary "
+                         f"embedding of the positions: Llama, Qwen2, Gemma-3, Phi, GPT-NeoX, ...); model type {model_type!r} "
                          f"({type(model).__name__}) has another layout; use method=medusa or a draft model")
 
 
@@ -86,7 +117,8 @@ class EagleDrafter(torch.nn.Module):
         config = target_model.config.get_text_config(decoder=True)
         h = config.hidden_size
         self.fc = torch.nn.Linear(2 * h, h, bias=False)
-        last, index = decoder.layers[-1], len(decoder.layers) - 1
+        layers, norm = _stack(decoder)
+        last, index = layers[-1], len(layers) - 1
         # The layer is built as the target's last one (its index picks its kind in many models: a dense or
         # a mixture-of-experts MLP, local or global attention), then reads and writes the drafter's own
         # cache: the cache indices its sublayers hold (one for most; LongCat-Flash's two attentions a layer
@@ -94,20 +126,30 @@ class EagleDrafter(torch.nn.Module):
         # a copy of the target's final norm (its class, epsilon, bias), not one built from a guessed
         # epsilon (a LayerNorm's is `layer_norm_eps`), trainable like the rest of the drafter however
         # frozen the target is.
-        self.layer = type(last)(config, layer_idx=index)
+        try:
+            self.layer = type(last)(config, layer_idx=index)
+        except TypeError as err:  # GPT-NeoX-Japanese's layers take no index
+            raise ValueError(f"method=eagle: the drafter's layer is built as {type(last).__name__}(config, layer_idx=...), "
+                             f"which this model's layers do not take ({err}); use method=medusa or a draft model") from None
         held = [m for m in self.layer.modules() if isinstance(getattr(m, "layer_idx", None), int)]
         indices = sorted({m.layer_idx for m in held if m is not self.layer}) or [index]
         renumbered = {old: new for new, old in enumerate(indices)}
         for module in held:
             module.layer_idx = renumbered.get(module.layer_idx, 0)
         self.cache_layers = len(indices)
-        self.norm = copy.deepcopy(decoder.norm, {id(config): config}).requires_grad_(True)
+        self.norm = copy.deepcopy(norm, {id(config): config}).requires_grad_(True)
         self.rotary = type(decoder.rotary_emb)(config=config)
+        self._rotary_args = _rotary_arguments(target_model, decoder)  # the layer's type, for Gemma-3's
         params = inspect.signature(self.layer.forward).parameters
-        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self._cache_kwarg = next((n for n in ("cache", "past_key_values", "layer_past") if n in params),
+                                 "past_key_values")  # GPT-NeoX's layers call it `layer_past`
+        # Arguments some families' layers need: Gemma-4's dict through which a layer hands its keys and
+        # values to the layers that share them (the drafter's layer shares with none: a fresh one each
+        # call), Falcon's ALiBi bias (None in its rotary variant; ALiBi models are refused by the engine).
+        self._extra = [n for n in ("shared_kv_states", "alibi") if n in params]
         if init_from_target:
             self.layer.load_state_dict(last.state_dict())
-            self.norm.load_state_dict(decoder.norm.state_dict())
+            self.norm.load_state_dict(norm.state_dict())
             with torch.no_grad():
                 self.fc.weight.zero_()
                 self.fc.weight[:, h:].copy_(torch.eye(h))
@@ -118,7 +160,9 @@ class EagleDrafter(torch.nn.Module):
         (causal, for training) -> predicted next features [B, T, H]."""
         x = self.fc(torch.cat([embeds, features], dim=-1).to(self.fc.weight.dtype))
         out = self.layer(x, attention_mask=mask, position_ids=positions, use_cache=cache is not None,
-                         position_embeddings=self.rotary(x, positions), **{self._cache_kwarg: cache})
+                         position_embeddings=self.rotary(x, positions, **self._rotary_args),
+                         **{n: {} if n == "shared_kv_states" else None for n in self._extra},
+                         **{self._cache_kwarg: cache})
         return self.norm(out[0] if isinstance(out, tuple) else out)
 
 
