@@ -47,7 +47,7 @@ from specdec.head_training import (
 )
 from specdec.models import ModelSpec, cache_dir, load_model
 from specdec.proposers.eagle import EagleDrafter, EagleProposer
-from specdec.proposers.heads import frequent_tokens, save_checkpoint, target_signature
+from specdec.proposers.heads import OutputHead, frequent_tokens, save_checkpoint, target_signature
 from specdec.proposers.medusa import MedusaHeads, MedusaProposer
 from specdec.script_checks import (
     check_at_least,
@@ -169,11 +169,10 @@ def run(cfg: DictConfig) -> dict:
     vocab_ids = None
     if cfg.heads.vocab:
         vocab_ids = frequent_tokens([e.tokens[s:] for e, s in zip(train, starts[held_n:])], cfg.heads.vocab, vocab_size)
-    head_weight = target.get_output_embeddings().weight.detach().float()
-    head_weight = head_weight if vocab_ids is None else head_weight[vocab_ids]
+    head = OutputHead.of(target, vocab_ids, dtype=torch.float32)
     index = vocab_index(vocab_ids, vocab_size)
     train_kind = _train_medusa if cfg.kind == "medusa" else _train_eagle
-    tensors, shape, losses, curve = train_kind(cfg, target, examples, starts, held_n, head_weight, index)
+    tensors, shape, losses, curve = train_kind(cfg, target, examples, starts, held_n, head, index)
     per_epoch = max(len(losses) // cfg.train.epochs, 1)
     loss_by_epoch = [sum(losses[i : i + per_epoch]) / len(losses[i : i + per_epoch])
                      for i in range(0, per_epoch * cfg.train.epochs, per_epoch)]
@@ -220,40 +219,40 @@ def run(cfg: DictConfig) -> dict:
     return report
 
 
-def _train_medusa(cfg, target, examples, starts, held_n, head_weight, index):
+def _train_medusa(cfg, target, examples, starts, held_n, head, index):
     """Medusa heads on the examples' hidden states -> (tensors, shape, losses, held-out curve)."""
     k = cfg.heads.num_heads
     labels = [medusa_labels(e, s, k, index) for e, s in zip(examples, starts)]
     heads = MedusaHeads(target.config.hidden_size, k)
     held, held_labels = examples[:held_n], labels[:held_n]
-    curve = [head_accuracy(heads, head_weight, held, held_labels)]
+    curve = [head_accuracy(heads, head, held, held_labels)]
     log.info("held out before training: %s", _fmt(curve[-1]))
 
     def on_epoch(epoch: int) -> None:
-        curve.append(head_accuracy(heads, head_weight, held, held_labels))
+        curve.append(head_accuracy(heads, head, held, held_labels))
         log.info("held out after epoch %d: %s", epoch + 1, _fmt(curve[-1]))
 
-    losses = train_medusa(heads, head_weight, examples[held_n:], labels[held_n:], cfg.train.epochs, cfg.train.lr,
+    losses = train_medusa(heads, head, examples[held_n:], labels[held_n:], cfg.train.epochs, cfg.train.lr,
                           cfg.train.max_tokens, cfg.train.decay, cfg.seed, cfg.progress, cfg.train.autocast, on_epoch)
     return dict(heads.state_dict()), {"num_heads": k}, losses, curve
 
 
-def _train_eagle(cfg, target, examples, starts, held_n, head_weight, index):
+def _train_eagle(cfg, target, examples, starts, held_n, head, index):
     """The EAGLE-style drafter on the examples' hidden states -> (tensors, shape, losses, held-out curve)."""
-    full_head = target.get_output_embeddings().weight.detach() if cfg.train.prompt_labels else None
+    full_head = OutputHead.of(target) if cfg.train.prompt_labels else None
     sequences = [eagle_sequences(e, s, index, full_head) if len(e.tokens) > 2 else None for e, s in zip(examples, starts)]
     held = [x for x in sequences[:held_n] if x is not None]
     train = [x for x in sequences[held_n:] if x is not None]
     drafter = EagleDrafter(target)
     embed = target.get_input_embeddings()
-    curve = [eagle_accuracy(drafter, embed, head_weight, held)]
+    curve = [eagle_accuracy(drafter, embed, head, held)]
     log.info("held out before training: %s", _fmt(curve[-1]))
 
     def on_epoch(epoch: int) -> None:
-        curve.append(eagle_accuracy(drafter, embed, head_weight, held))
+        curve.append(eagle_accuracy(drafter, embed, head, held))
         log.info("held out after epoch %d: %s", epoch + 1, _fmt(curve[-1]))
 
-    losses = train_eagle(drafter, embed, head_weight, train, cfg.train.epochs, cfg.train.lr,
+    losses = train_eagle(drafter, embed, head, train, cfg.train.epochs, cfg.train.lr,
                          cfg.train.max_tokens, cfg.seed, cfg.progress, cfg.train.autocast, on_epoch,
                          cfg.train.unroll, cfg.train.noise)
     return dict(drafter.state_dict()), {"num_layers": 1}, losses, curve

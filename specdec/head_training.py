@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from specdec.proposers.heads import OutputHead
 from specdec.training import Example
 
 # ---------------------------------------------------------------- 1. prompts
@@ -277,10 +278,10 @@ def _medusa_batches(examples, labels, max_tokens: int, rng: random.Random):
         yield torch.cat(batch_h), torch.cat(batch_y)
 
 
-def medusa_loss(heads, head_weight: torch.Tensor, hidden: torch.Tensor, labels: torch.Tensor,
+def medusa_loss(heads, head: OutputHead, hidden: torch.Tensor, labels: torch.Tensor,
                 decay: float = 0.8) -> torch.Tensor:
     """hidden: [M, H]; labels: [M, K] -> weighted cross-entropy summed over heads (mean over positions)."""
-    logits = heads(hidden) @ head_weight.T  # [M, K, V']
+    logits = head.logits(heads(hidden))  # [M, K, V']
     total = hidden.new_zeros(())
     for d in range(labels.shape[1]):
         if (labels[:, d] >= 0).any():
@@ -288,14 +289,14 @@ def medusa_loss(heads, head_weight: torch.Tensor, hidden: torch.Tensor, labels: 
     return total
 
 
-def train_medusa(heads, head_weight: torch.Tensor, examples: list[Example], labels: list[torch.Tensor],
+def train_medusa(heads, head: OutputHead, examples: list[Example], labels: list[torch.Tensor],
                  epochs: int, lr: float, max_tokens: int, decay: float = 0.8, seed: int = 0,
                  progress: bool = True, autocast: str | None = None,
                  on_epoch: Callable[[int], None] | None = None) -> list[float]:
     """AdamW on the heads only (the output head is frozen); returns the loss of every step."""
     rng = random.Random(seed)
     return _optimise(heads, list(heads.parameters()), lambda: list(_medusa_batches(examples, labels, max_tokens, rng)),
-                     lambda batch: medusa_loss(heads, head_weight, *batch, decay), epochs, lr, "medusa", progress,
+                     lambda batch: medusa_loss(heads, head, *batch, decay), epochs, lr, "medusa", progress,
                      autocast, on_epoch)
 
 
@@ -326,12 +327,12 @@ def _optimise(module: torch.nn.Module, params: list[torch.nn.Parameter], epoch_b
 
 
 @torch.inference_mode()
-def head_accuracy(heads, head_weight: torch.Tensor, examples: list[Example], labels: list[torch.Tensor]) -> dict:
+def head_accuracy(heads, head: OutputHead, examples: list[Example], labels: list[torch.Tensor]) -> dict:
     """Per head, top-1 agreement with the target's token; and per depth d, the fraction of positions
     (where all d labels exist) at which heads 1..d are all right: what a chain of d Medusa guesses
     would get accepted."""
     hidden, y = torch.cat([e.hidden for e in examples]), torch.cat(labels)
-    guess = (heads(hidden.to(head_weight.dtype)) @ head_weight.T).argmax(-1)  # [M, K]
+    guess = head.logits(heads(hidden.to(head.weight.dtype))).argmax(-1)  # [M, K]
     right, known = guess == y, y >= 0
     per_head = [float(right[known[:, d], d].float().mean()) if known[:, d].any() else float("nan")
                 for d in range(y.shape[1])]
@@ -346,21 +347,21 @@ def head_accuracy(heads, head_weight: torch.Tensor, examples: list[Example], lab
 
 
 def eagle_sequences(example: Example, continuation_start: int, index: torch.Tensor,
-                    head_weight: torch.Tensor | None = None) -> dict:
+                    head: OutputHead | None = None) -> dict:
     """The drafter's training sequence from an example whose `hidden` holds f_0..f_{L-2} (`start` = 1):
     at t = 0..L-3 it reads (x_{t+1}, f_t) and learns f_{t+1} (regression) and the target's token
     x_{t+2} (classification). Inside the continuation that token is the target's greedy choice. The
     prompt's tokens are not the target's: there the label is the target's own top-1 prediction
-    (`head_weight` [V, H], the whole output head, applied to f_{t+1}), or nothing (-100) without it."""
+    (`head`, the whole output head, applied to f_{t+1}), or nothing (-100) without it."""
     tokens, hidden = example.tokens, example.hidden
     n = len(tokens) - 2
     labels = index[tokens[2:]].clone()
     cut = max(continuation_start - 2, 0)
-    if head_weight is None or cut == 0:
+    if head is None or cut == 0:
         labels[:cut] = -100
     else:
         with torch.no_grad():
-            predicted = (hidden[1 : cut + 1].to(head_weight.dtype) @ head_weight.T).argmax(-1)
+            predicted = head.logits(hidden[1 : cut + 1].to(head.weight.dtype)).argmax(-1)
         labels[:cut] = index[predicted]
     return {"tokens": tokens[1 : n + 1], "features": hidden[:n], "next": hidden[1 : n + 1], "labels": labels}
 
@@ -390,7 +391,7 @@ def _eagle_batches(sequences: list[dict], max_tokens: int, rng: random.Random):
         yield ({k: _pad_stack([x[k] for x in items], -100 if k == "labels" else 0) for k in items[0]}, valid)
 
 
-def eagle_loss(drafter, embed, head_weight: torch.Tensor, batch: dict, valid: torch.Tensor,
+def eagle_loss(drafter, embed, head: OutputHead, batch: dict, valid: torch.Tensor,
                cls_weight: float = 0.1, unroll: int = 1, noise: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (total loss, classification loss of the first pass): smooth-L1 between predicted and true
     next features over valid positions, plus `cls_weight` x cross-entropy on the target's next tokens
@@ -411,7 +412,7 @@ def eagle_loss(drafter, embed, head_weight: torch.Tensor, batch: dict, valid: to
     for _ in range(unroll):
         predicted = drafter(embeds, features, positions)  # causal, no cache
         reg = F.smooth_l1_loss(predicted[valid].float(), batch["next"][valid].float())
-        logits = predicted[valid] @ head_weight.T
+        logits = head.logits(predicted[valid])
         cls = F.cross_entropy(logits.float(), batch["labels"][valid], ignore_index=-100)
         total = total + reg + cls_weight * cls
         first_cls = cls if first_cls is None else first_cls
@@ -420,26 +421,26 @@ def eagle_loss(drafter, embed, head_weight: torch.Tensor, batch: dict, valid: to
     return total / unroll, first_cls
 
 
-def train_eagle(drafter, embed, head_weight: torch.Tensor, sequences: list[dict], epochs: int, lr: float,
+def train_eagle(drafter, embed, head: OutputHead, sequences: list[dict], epochs: int, lr: float,
                 max_tokens: int, seed: int = 0, progress: bool = True, autocast: str | None = None,
                 on_epoch: Callable[[int], None] | None = None, unroll: int = 1, noise: float = 0.0) -> list[float]:
     """AdamW on the drafter (embedding and output head frozen); returns the loss of every step."""
     rng = random.Random(seed)
     return _optimise(drafter, [p for p in drafter.parameters() if p.requires_grad],
                      lambda: list(_eagle_batches(sequences, max_tokens, rng)),
-                     lambda batch: eagle_loss(drafter, embed, head_weight, *batch, unroll=unroll, noise=noise)[0],
+                     lambda batch: eagle_loss(drafter, embed, head, *batch, unroll=unroll, noise=noise)[0],
                      epochs, lr, "eagle", progress, autocast, on_epoch, clip_norm=1.0)
 
 
 @torch.inference_mode()
-def eagle_accuracy(drafter, embed, head_weight: torch.Tensor, sequences: list[dict], max_tokens: int = 4096) -> dict:
+def eagle_accuracy(drafter, embed, head: OutputHead, sequences: list[dict], max_tokens: int = 4096) -> dict:
     """Held-out top-1 agreement of the drafter's next-token guess with the target's, reading the
     target's true features (the first tree level's acceptance, teacher-forced)."""
     right = total = 0
     for batch, valid in _eagle_batches(sequences, max_tokens, random.Random(0)):
         b, t = batch["tokens"].shape
         predicted = drafter(embed(batch["tokens"]), batch["features"], torch.arange(t)[None].expand(b, t))
-        guess = (predicted[valid] @ head_weight.T).argmax(-1)
+        guess = head.logits(predicted[valid]).argmax(-1)
         labels = batch["labels"][valid]
         known = labels >= 0
         right += int((guess[known] == labels[known]).sum())

@@ -16,7 +16,7 @@ from specdec.engine import Engine
 from specdec.head_training import FOLLOW_UPS
 from specdec.models import tiny_random_model
 from specdec.proposers.eagle import EagleDrafter, EagleProposer
-from specdec.proposers.heads import save_checkpoint
+from specdec.proposers.heads import OutputHead, save_checkpoint
 from tests.conftest import RAGGED_PROMPTS, load_script
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -174,7 +174,7 @@ def test_eagle_labels_at_prompt_positions_are_the_targets_own_predictions():
     example = Example(torch.tensor([3, 4, 5, 6, 7, 8, 9]), 1, torch.randn(6, 8))  # hidden: f_0..f_5
     plain = eagle_sequences(example, 4, vocab_index(None, 32))
     assert plain["labels"].tolist() == [-100, -100, 7, 8, 9]  # the continuation starts at index 4 (token 7)
-    labelled = eagle_sequences(example, 4, vocab_index(None, 32), head)
+    labelled = eagle_sequences(example, 4, vocab_index(None, 32), OutputHead(head))
     # position t learns x_{t+2}; inside the prompt that is the target's top-1 at f_{t+1}
     assert labelled["labels"].tolist() == [*(example.hidden[1:3] @ head.T).argmax(-1).tolist(), 7, 8, 9]
 
@@ -189,14 +189,14 @@ def test_unrolled_eagle_loss_reads_its_own_predicted_features(target):
     batch = {"tokens": torch.randint(0, 200, (2, 6)), "features": torch.randn(2, 6, h), "next": torch.randn(2, 6, h),
              "labels": torch.randint(0, 50, (2, 6))}
     valid = torch.ones(2, 6, dtype=torch.bool)
-    weight = target.get_output_embeddings().weight[:50]
-    one, _ = eagle_loss(drafter, embed, weight, batch, valid, unroll=1)
-    two, cls = eagle_loss(drafter, embed, weight, batch, valid, unroll=2)
+    head = OutputHead(target.get_output_embeddings().weight[:50])
+    one, _ = eagle_loss(drafter, embed, head, batch, valid, unroll=1)
+    two, cls = eagle_loss(drafter, embed, head, batch, valid, unroll=2)
     positions = torch.arange(6)[None].expand(2, 6)
     with torch.no_grad():
         first = drafter(embed(batch["tokens"]), batch["features"], positions)
         second_features = torch.cat([batch["features"][:, :1], first[:, :-1]], 1)
-        second = eagle_loss(drafter, embed, weight, {**batch, "features": second_features}, valid, unroll=1)[0]
+        second = eagle_loss(drafter, embed, head, {**batch, "features": second_features}, valid, unroll=1)[0]
     assert torch.allclose(two, (one + second) / 2, atol=1e-5)
     assert not torch.allclose(one, second)
 

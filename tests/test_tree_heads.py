@@ -120,6 +120,28 @@ def test_untrained_heads_start_as_the_targets_own_head():
     assert torch.equal(heads(hidden), hidden[:, None].expand(5, 3, 16))
 
 
+def test_the_output_head_keeps_its_bias_whole_and_on_a_reduced_vocabulary():
+    """Phi's, GPT-J's and CodeGen's output heads have a bias: the heads' logits are the target head's own,
+    bias included, on the whole vocabulary and on a checkpoint's `vocab_ids` rows, and so are Medusa's
+    compiled guesses (they were refused; ignoring the bias would rank the tokens otherwise)."""
+    from specdec.proposers.heads import OutputHead
+    from specdec.proposers.medusa import MedusaGuesses
+
+    torch.manual_seed(0)
+    lm_head = torch.nn.Linear(16, 40)
+    lm_head.bias.data.normal_(0.0, 5.0)
+    model = torch.nn.Module()
+    model.get_output_embeddings = lambda: lm_head
+    hidden = torch.randn(6, 16)
+    whole = OutputHead.of(model)
+    torch.testing.assert_close(whole.logits(hidden), lm_head(hidden))
+    ids = torch.tensor([1, 5, 7, 30])
+    torch.testing.assert_close(OutputHead.of(model, ids).logits(hidden), lm_head(hidden)[:, ids])
+    heads = MedusaHeads(16, 2)
+    ranks = MedusaGuesses(heads, whole)(hidden, depth=2, ranks=3)  # untrained: the target's own top 3
+    assert torch.equal(ranks, lm_head(hidden).topk(3).indices[:, None].expand(6, 2, 3))
+
+
 def test_labels_are_the_tokens_ahead_inside_the_continuation():
     example = Example(torch.tensor([10, 11, 12, 13, 14, 15]), 1)
     labels = medusa_labels(example, continuation_start=3, num_heads=2, index=vocab_index(None, 32))

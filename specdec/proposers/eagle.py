@@ -187,7 +187,7 @@ class EagleProposer:
         self.drafter = EagleDrafter(target.model, init_from_target=False)
         self.drafter.load_state_dict({k: v for k, v in tensors.items() if k != "vocab_ids"})
         self.drafter.to(engine.device, engine.dtype).eval()
-        self.head = OutputHead(target.model, tensors.get("vocab_ids"))
+        self.head = OutputHead.of(target.model, tensors.get("vocab_ids"))
         self.embed = target.model.get_input_embeddings()
         self.budget, self.topk, self.width, self.depth = budget, topk, width, depth
         self.num_nodes = budget

@@ -32,26 +32,35 @@ from specdec.tracking import write_whole
 class OutputHead:
     """The target's output head restricted to `vocab_ids` (all tokens when None), frozen.
 
-    weight: [V', H] rows of the target's head (a view when the vocabulary is whole).
+    weight: [V', H] rows of the target's head (a view when the vocabulary is whole); bias: [V'] or
+    None (Phi's, GPT-J's and CodeGen's heads have one).
     """
 
-    def __init__(self, target_model: torch.nn.Module, vocab_ids: torch.Tensor | None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, vocab_ids: torch.Tensor | None = None):
+        self.weight, self.bias, self.vocab_ids = weight, bias, vocab_ids
+
+    @classmethod
+    def of(cls, target_model: torch.nn.Module, vocab_ids: torch.Tensor | None = None,
+           dtype: torch.dtype | None = None) -> OutputHead:
+        """`target_model`'s head, its rows `vocab_ids` (checked against the vocabulary), in `dtype`."""
         head = target_model.get_output_embeddings()
-        if getattr(head, "bias", None) is not None:
-            raise InvalidInput("trained heads reuse a bias-free output head; this target's head has a bias")
         weight = head.weight.detach()
+        bias = head.bias.detach() if getattr(head, "bias", None) is not None else None
         if vocab_ids is not None:
             if int(vocab_ids.max()) >= weight.shape[0]:
                 raise InvalidInput(f"the checkpoint's vocabulary reaches token {int(vocab_ids.max())} but the "
                                  f"target has {weight.shape[0]}; it was trained for another target")
             vocab_ids = vocab_ids.to(weight.device)
             weight = weight[vocab_ids]
-        self.weight, self.vocab_ids = weight, vocab_ids
+            bias = None if bias is None else bias[vocab_ids]
+        if dtype is not None:
+            weight, bias = weight.to(dtype), None if bias is None else bias.to(dtype)
+        return cls(weight, bias, vocab_ids)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [..., H] -> logits over the head's vocabulary [..., V'] (the kernel, linear or
         `hidden @ weight.T`, made no difference beyond noise to an EAGLE step: experiments/gpu)."""
-        return torch.nn.functional.linear(hidden, self.weight)
+        return torch.nn.functional.linear(hidden, self.weight, self.bias)
 
     def token_ids(self, index: torch.Tensor) -> torch.Tensor:
         """Indices into the head's vocabulary -> token ids of the target's."""

@@ -65,18 +65,19 @@ class MedusaHeads(torch.nn.Module):
 
 class MedusaGuesses(torch.nn.Module):
     """The heads and the output head as one module, so that `compile=on` compiles a step's guesses
-    as one call with every weight frozen. `weight`: the output head's `[V', H]` rows, a buffer that
-    shares the target's tensor (no copy)."""
+    as one call with every weight frozen. `weight`: the output head's `[V', H]` rows (and `bias`, its
+    `[V']` bias or None), buffers that share the target's tensors (no copy)."""
 
     def __init__(self, heads: MedusaHeads, head: OutputHead):
         super().__init__()
         self.heads = heads
         self.register_buffer("weight", head.weight, persistent=False)
+        self.register_buffer("bias", head.bias, persistent=False)
 
     def forward(self, hidden: torch.Tensor, depth: int, ranks: int) -> torch.Tensor:
         """hidden: [B, H] -> the indices (into the head's vocabulary) of the `ranks` likeliest
         tokens of each of the first `depth` heads, [B, depth, ranks]."""
-        logits = F.linear(self.heads(hidden, depth), self.weight)  # [B, depth, V']
+        logits = F.linear(self.heads(hidden, depth), self.weight, self.bias)  # [B, depth, V']
         return logits.topk(ranks, dim=-1).indices
 
 
@@ -94,7 +95,7 @@ class MedusaProposer:
         self.heads = MedusaHeads(meta["hidden_size"], meta["num_heads"])
         self.heads.load_state_dict({k: v for k, v in tensors.items() if k != "vocab_ids"})
         self.heads.to(engine.device, engine.dtype).eval()
-        self.head = OutputHead(target.model, tensors.get("vocab_ids"))
+        self.head = OutputHead.of(target.model, tensors.get("vocab_ids"))
         if tree is None:  # the default tree, as deep as the checkpoint has heads
             tree = [p for p in DEFAULT_TREE if len(p) <= self.heads.num_heads]
         self.shape = static_tree(tree)
