@@ -215,14 +215,17 @@ class CachedModel:
 
     def hidden_source(self) -> torch.nn.Module:
         """The decoder whose output is the output head's input, which drafters of hidden states read;
-        ValueError for a model without one: no `get_decoder()`, or a head that reads another width
-        (ELECTRA's generator projects its hidden states before the head). Drafters ask first, before
+        ValueError for a model without one: no `get_decoder()` (or one that names the output
+        projection, ModernBERT-decoder's), or a head that reads another width (ELECTRA's generator
+        projects its hidden states before the head). Drafters ask first, before
         they load a checkpoint, so that the refusal names the model, not the checkpoint."""
         decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else None
-        if decoder is None or decoder is self.model:
+        head = self.model.get_output_embeddings()
+        # ModernBERT-decoder's `get_decoder()` is its output projection (BERT's name for it), which a
+        # prediction head (dense, activation, norm) feeds: not a stack whose output the head reads.
+        if decoder is None or decoder is self.model or decoder is head:
             raise ValueError(f"{self.name}: {type(self.model).__name__} exposes no decoder (get_decoder()) whose "
                              "output is the output head's input; drafters that read hidden states cannot use it")
-        head = self.model.get_output_embeddings()
         hidden = self.model.config.get_text_config(decoder=True).hidden_size
         width = getattr(head, "in_features", hidden)
         if width != hidden:

@@ -277,20 +277,34 @@ def test_eagle_refuses_layers_that_take_per_layer_inputs():
         EagleDrafter(tf.AutoModelForCausalLM.from_config(config))
 
 
+def _electra():
+    return tf.ElectraForCausalLM(tf.ElectraConfig(vocab_size=VOCAB, hidden_size=64, embedding_size=128,
+                                                  num_hidden_layers=2, num_attention_heads=4,
+                                                  intermediate_size=128, is_decoder=True)).eval()
+
+
+def _modernbert_decoder():
+    return tf.ModernBertDecoderForCausalLM(tf.ModernBertDecoderConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)).eval()
+
+
 @pytest.mark.parametrize("method", ["medusa", "eagle"])
-def test_drafters_of_hidden_states_refuse_a_head_of_another_width(method, tmp_path):
-    """ELECTRA's generator projects its 64-wide hidden states to 128 before its output head: drafters
-    that read the decoder's output are refused for the model, before their checkpoint is read (which
-    would otherwise be blamed for the widths)."""
+@pytest.mark.parametrize("make, message", [
+    (_electra, "output head reads 128-wide inputs, not its decoder's 64-wide"),
+    (_modernbert_decoder, "exposes no decoder .* whose output is the output head's input"),
+], ids=["electra", "modernbert_decoder"])
+def test_drafters_of_hidden_states_refuse_a_decoder_the_head_does_not_read(method, make, message, tmp_path):
+    """ELECTRA's generator projects its 64-wide hidden states to 128 before its output head, and
+    ModernBERT-decoder's `get_decoder()` is the output projection itself (a prediction head sits
+    before it): drafters that read the decoder's output are refused for the model, before their
+    checkpoint is read (which was blamed for ELECTRA's widths; ModernBERT's Medusa crashed)."""
     from specdec.proposers.eagle import EagleProposer
     from specdec.proposers.medusa import MedusaProposer
 
-    model = tf.ElectraForCausalLM(tf.ElectraConfig(vocab_size=VOCAB, hidden_size=64, embedding_size=128,
-                                                   num_hidden_layers=2, num_attention_heads=4,
-                                                   intermediate_size=128, is_decoder=True)).eval()
-    engine = Engine(model, dtype="float32")
+    engine = Engine(make(), dtype="float32")
     proposer = MedusaProposer if method == "medusa" else EagleProposer
-    with pytest.raises(ValueError, match="output head reads 128-wide inputs, not its decoder's 64-wide"):
+    with pytest.raises(ValueError, match=message):
         proposer(engine, str(tmp_path / "never-read.safetensors"))
     assert engine.target._hidden_source is None  # nothing was switched on
 
