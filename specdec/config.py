@@ -201,8 +201,9 @@ def override_hints(overrides: list[str]) -> list[str]:
     -> `method.num_speculative_tokens`, `temperature=0.7` -> `generation.temperature`. Only keys that
     name no setting of the schema get a hint (a group choice such as `method=eagle`, `+`/`~` overrides,
     Hydra's own and free-form nodes, such as `method.proposer.*`, are left alone)."""
-    conf = Path(__file__).resolve().parent.parent / "conf"
-    groups = {"hydra", "experiment"} | ({p.name for p in conf.iterdir() if p.is_dir()} if conf.is_dir() else set())
+    here = Path(__file__).resolve().parent  # the configs: a wheel's specdec/conf, or a clone's conf/
+    groups = {"hydra", "experiment"} | {p.name for conf in (here / "conf", here.parent / "conf") if conf.is_dir()
+                                        for p in conf.iterdir() if p.is_dir()}
     every = _settings()
     hints = []
     for override in overrides:
