@@ -219,8 +219,8 @@ def override_hints(overrides: list[str]) -> list[str]:
         wanted = ALIASES.get(parts[bad], parts[bad])
         # Where the key was going first (the setting under the same node), then anywhere by that name,
         # then a near spelling.
-        here = ".".join([*parts[:bad], wanted])
-        near = ([here] if bad and _unknown_part(here.split(".")) is None else
+        beside = ".".join([*parts[:bad], wanted])
+        near = ([beside] if bad and _unknown_part(beside.split(".")) is None else
                 [k for k in every if k.rsplit(".", 1)[-1] == wanted])
         scope = ".".join(parts[:bad])
         under = [k[len(scope) + 1:] for k in every if k.startswith(scope + ".")] if bad else every

@@ -217,8 +217,8 @@ class CachedModel:
         """The decoder whose output is the output head's input, which drafters of hidden states read;
         ValueError for a model without one: no `get_decoder()` (or one that names the output
         projection, ModernBERT-decoder's), or a head that reads another width (ELECTRA's generator
-        projects its hidden states before the head). Drafters ask first, before
-        they load a checkpoint, so that the refusal names the model, not the checkpoint."""
+        projects its hidden states before the head). Drafters ask first, before they load a
+        checkpoint, so that the refusal names the model, not the checkpoint."""
         decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else None
         head = self.model.get_output_embeddings()
         # ModernBERT-decoder's `get_decoder()` is its output projection (BERT's name for it), which a

@@ -410,27 +410,28 @@ def test_a_draft_no_method_needs_is_not_looked_for():
     validate(_compose([*TINY, "method=ngram", "draft.path=/no/such/draft"]))
 
 
-def test_the_command_line_reports_a_bad_prompt_file_in_one_line_without_a_traceback(tmp_path):
-    """A prompt file passes the config's checks (it exists) and fails as it is read: the reader's own
-    error comes out in specdec's one-line form too, not as Hydra's traceback."""
+def _command_line(tmp_path, *args: str):
+    """`python -m specdec ARGS` in a subprocess, its run folder under `tmp_path`."""
     import subprocess
     import sys
 
+    return subprocess.run([sys.executable, "-m", "specdec", *args, f"hydra.run.dir={tmp_path / 'run'}"],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_the_command_line_reports_a_bad_prompt_file_in_one_line_without_a_traceback(tmp_path):
+    """A prompt file passes the config's checks (it exists) and fails as it is read: the reader's own
+    error comes out in specdec's one-line form too, not as Hydra's traceback."""
     bad = tmp_path / "questions.jsonl"
     bad.write_text('{"question_id": 1, "turns": ["Hi?"]}\n', encoding="utf-8")
-    proc = subprocess.run([sys.executable, "-m", "specdec", *TINY, "data=spec_bench", f"data.path={bad}",
-                           f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=300)
+    proc = _command_line(tmp_path, *TINY, "data=spec_bench", f"data.path={bad}")
     assert proc.returncode == 1
     assert f"Error: {bad}, line 1: missing field(s) ['category']" in proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
 
 
 def test_the_command_line_reports_a_bad_config_in_one_line_without_a_traceback(tmp_path):
-    import subprocess
-    import sys
-
-    proc = subprocess.run([sys.executable, "-m", "specdec", "method.num_speculative_tokens=-1", "logger=none",
-                           f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=300)
+    proc = _command_line(tmp_path, "method.num_speculative_tokens=-1", "logger=none")
     assert proc.returncode == 1
     assert "Error: method.num_speculative_tokens: k must be >= 1, got -1" in proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
@@ -464,11 +465,7 @@ def test_keys_hydra_accepts_get_no_hint():
 
 
 def test_the_command_line_adds_the_hint_to_hydras_refusal(tmp_path):
-    import subprocess
-    import sys
-
-    proc = subprocess.run([sys.executable, "-m", "specdec", "method.k=8", "logger=none",
-                           f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=300)
+    proc = _command_line(tmp_path, "method.k=8", "logger=none")
     assert proc.returncode == 1
     assert "Key 'k' not in 'MethodConfig'" in proc.stderr  # Hydra's own message, then the hint
     assert proc.stderr.rstrip().endswith("Hint: `method.k` is not a setting; did you mean `method.num_speculative_tokens`?")

@@ -284,11 +284,26 @@ def _engine(model, draft, compiled: bool) -> Engine:
     return engine
 
 
-def _uncompiled(engine: Engine) -> list[str]:
-    """The callers of a compile=on engine that ran no pass compiled, or compiled no graph (then the run
-    did not test the compiled path)."""
+def _uncompiled(engine: Engine) -> dict | None:
+    """The run entry for a compile=on engine whose callers (some of them) ran no pass compiled, or
+    compiled no graph (then the run did not test the compiled path); None when all did."""
     report = engine.compile_report() or {}
-    return [name for name, r in report.items() if r["compiled_calls"] == 0 or r["graphs"] == 0]
+    eager_only = [name for name, r in report.items() if r["compiled_calls"] == 0 or r["graphs"] == 0]
+    return {"uncompiled": f"no pass ran compiled: {', '.join(eager_only)}", "report": report} if eager_only else None
+
+
+def _failure(err: Exception, stage: str, refusals: tuple[type, ...] = (InvalidInput,)) -> dict:
+    """The record of `stage` (`Engine()`, the proposer) raising `err`: REFUSED for a clean refusal
+    (`refusals`), CRASH for anything else."""
+    if isinstance(err, refusals):
+        return {"cls": "REFUSED", "why": f"{type(err).__name__}: {err}"}
+    return {"cls": "CRASH", "why": f"{stage}: " + first_line(err), "where": where(err)}
+
+
+def _decode(decoder: SpeculativeDecoder, mode: str, new_tokens: int) -> list[list[int]]:
+    """Each prompt's new tokens, the prompts decoded one at a time (`b1`) or as one ragged batch."""
+    batches = [[p] for p in PROMPTS] if mode == "b1" else [PROMPTS]
+    return [ids for b in batches for ids in decoder.generate(b, max_new_tokens=new_tokens).output_ids]
 
 
 def decode_runs(model, ref, compiled: bool = False) -> dict:
@@ -298,22 +313,18 @@ def decode_runs(model, ref, compiled: bool = False) -> dict:
     for drafter in ("plain", "self"):
         try:
             engine = _engine(model, model if drafter == "self" else None, compiled)
-        except InvalidInput as err:
-            return {"cls": "REFUSED", "why": f"{type(err).__name__}: {err}"}
         except Exception as err:  # noqa: BLE001
-            return {"cls": "CRASH", "why": "Engine(): " + first_line(err), "where": where(err)}
+            return _failure(err, "Engine()")
         decoder = (SpeculativeDecoder(engine, DraftModelProposer(engine), num_speculative_tokens=3)
                    if drafter == "self" else SpeculativeDecoder(engine))
         for mode in ("b1", "ragged"):
-            batches = [[p] for p in PROMPTS] if mode == "b1" else [PROMPTS]
             try:
-                got = [ids for b in batches for ids in decoder.generate(b, max_new_tokens=NEW_TOKENS).output_ids]
+                got = _decode(decoder, mode, NEW_TOKENS)
                 runs[f"{drafter}/{mode}"] = "ok" if got == ref else {"got": got}
             except Exception as err:  # noqa: BLE001
                 runs[f"{drafter}/{mode}"] = {"crash": first_line(err), "where": where(err)}
-        if compiled and (eager_only := _uncompiled(engine)):
-            runs[f"{drafter}/compiled"] = {"uncompiled": f"no pass ran compiled: {', '.join(eager_only)}",
-                                           "report": engine.compile_report()}
+        if compiled and (entry := _uncompiled(engine)):
+            runs[f"{drafter}/compiled"] = entry
     return {"runs": runs, "cls": classify(runs)}
 
 
@@ -333,10 +344,8 @@ def tree_run(model, ref, method: str, workdir: str, compiled: bool = False) -> d
     the engine or the proposer is built (`InvalidInput`, `ValueError`) is REFUSED."""
     try:
         engine = _engine(model, None, compiled)
-    except InvalidInput as err:
-        return {"cls": "REFUSED", "why": f"{type(err).__name__}: {err}"}
     except Exception as err:  # noqa: BLE001
-        return {"cls": "CRASH", "why": "Engine(): " + first_line(err), "where": where(err)}
+        return _failure(err, "Engine()")
     path = os.path.join(workdir, f"{method}.safetensors")
     try:
         if method == "medusa":
@@ -349,10 +358,8 @@ def tree_run(model, ref, method: str, workdir: str, compiled: bool = False) -> d
             save_checkpoint(path, "eagle", drafter.state_dict(),
                             {"hidden_size": model.config.get_text_config(decoder=True).hidden_size, "vocab_size": VOCAB})
             proposer = EagleProposer(engine, path, budget=4, topk=2, width=2, depth=2)
-    except (InvalidInput, ValueError) as err:
-        return {"cls": "REFUSED", "why": f"{type(err).__name__}: {err}"}
     except Exception as err:  # noqa: BLE001
-        return {"cls": "CRASH", "why": "proposer: " + first_line(err), "where": where(err)}
+        return _failure(err, "proposer", refusals=(InvalidInput, ValueError))
     runs = {}
     try:
         got = SpeculativeDecoder(engine, proposer, num_speculative_tokens=2).generate(
@@ -360,9 +367,8 @@ def tree_run(model, ref, method: str, workdir: str, compiled: bool = False) -> d
         runs[f"{method}/ragged"] = "ok" if got == ref else {"got": got}
     except Exception as err:  # noqa: BLE001
         runs[f"{method}/ragged"] = {"crash": first_line(err), "where": where(err)}
-    if compiled and (eager_only := _uncompiled(engine)):
-        runs[f"{method}/compiled"] = {"uncompiled": f"no pass ran compiled: {', '.join(eager_only)}",
-                                      "report": engine.compile_report()}
+    if compiled and (entry := _uncompiled(engine)):
+        runs[f"{method}/compiled"] = entry
     return {"runs": runs, "cls": classify(runs)}
 
 
@@ -381,19 +387,15 @@ def bf16_runs(spec: str, max_params: int) -> dict:
         return {"cls": "SKIP", "why": "wide model: " + first_line(err)}
     try:
         engine = Engine(model, model, dtype="bfloat16")
-    except InvalidInput as err:
-        return {"cls": "REFUSED", "why": f"{type(err).__name__}: {err}"}
     except Exception as err:  # noqa: BLE001
-        return {"cls": "CRASH", "why": "Engine(): " + first_line(err), "where": where(err)}
+        return _failure(err, "Engine()")
     plain = SpeculativeDecoder(engine, exact_greedy=BF16_EXACT_GREEDY)
     spec = SpeculativeDecoder(engine, DraftModelProposer(engine), num_speculative_tokens=3,
                               exact_greedy=BF16_EXACT_GREEDY)
     runs = {}
     for mode in ("b1", "ragged"):
-        batches = [[p] for p in PROMPTS] if mode == "b1" else [PROMPTS]
         try:
-            want = [ids for b in batches for ids in plain.generate(b, max_new_tokens=BF16_NEW_TOKENS).output_ids]
-            got = [ids for b in batches for ids in spec.generate(b, max_new_tokens=BF16_NEW_TOKENS).output_ids]
+            want, got = _decode(plain, mode, BF16_NEW_TOKENS), _decode(spec, mode, BF16_NEW_TOKENS)
             runs[f"self/{mode}"] = "ok" if got == want else {"got": got, "want": want}
         except Exception as err:  # noqa: BLE001
             runs[f"self/{mode}"] = {"crash": first_line(err), "where": where(err)}

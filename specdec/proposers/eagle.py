@@ -65,39 +65,46 @@ def _stack(decoder: torch.nn.Module) -> tuple[torch.nn.ModuleList, torch.nn.Modu
     return None if layers is None or norm is None else (layers, norm)
 
 
-def _rotary_arguments(model: torch.nn.Module, decoder: torch.nn.Module) -> dict | None:
+def _rotary_arguments(rotary: torch.nn.Module | None, layer_type: str | None) -> dict | None:
     """What the drafter passes the target's rotary embedding beside the hidden states and positions:
-    nothing for most, the drafter's layer type where the rotary takes one (Gemma-3 and -4 keep a
-    table per kind of layer, local and global); None when it needs something else."""
-    rotary = getattr(decoder, "rotary_emb", None)
+    nothing for most, the drafter's layer type (`layer_type`, the last layer's) where the rotary takes
+    one (Gemma-3 and -4 keep a table per kind of layer, local and global); None when it needs
+    something else, or there is no rotary embedding."""
     if rotary is None:
         return None
     required = [n for n, p in list(inspect.signature(rotary.forward).parameters.items())[2:]
                 if p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    kinds = getattr(model.config.get_text_config(decoder=True), "layer_types", None)
     if not required:
         return {}
-    if required == ["layer_type"] and kinds:
-        return {"layer_type": kinds[len(_stack(decoder)[0]) - 1]}
+    if required == ["layer_type"] and layer_type is not None:
+        return {"layer_type": layer_type}
     return None
 
 
-def _check_layout(model: torch.nn.Module, decoder: torch.nn.Module) -> None:
+def _check_layout(model: torch.nn.Module, decoder: torch.nn.Module, config) -> tuple[torch.nn.ModuleList,
+                                                                                      torch.nn.Module, dict]:
     """The drafter copies the target's decoder layer, norm and rotary classes: a Llama-like layout
     (a list of layers and a final norm, `_stack`; `rotary_emb` called with the hidden states and
-    positions, and the layer's type where it takes one). Others (GPT-2's learned positions, OPT) are
-    refused here rather than failing at the first draft. Layers that take per-layer inputs beside the hidden states (Gemma-3n, Gemma-4's E2B
-    and E4B) are refused too: the drafter has none to give them. (Those models are also the ones whose
-    last layers read an earlier layer's keys and values, which a one-layer drafter could not copy.)"""
+    positions, and the layer's type where it takes one). Returns the layers, the final norm and the
+    rotary's extra arguments. Others (GPT-2's learned positions, OPT) are refused here rather than
+    failing at the first draft. Layers that take per-layer inputs beside the hidden states (Gemma-3n,
+    Gemma-4's E2B and E4B) are refused too: the drafter has none to give them. (Those models are also
+    the ones whose last layers read an earlier layer's keys and values, which a one-layer drafter
+    could not copy.) `config`: the language model's config."""
     model_type = getattr(model.config, "model_type", None)
-    if getattr(model.config.get_text_config(decoder=True), "hidden_size_per_layer_input", None):
+    if getattr(config, "hidden_size_per_layer_input", None):
         raise ValueError(f"method=eagle: model type {model_type!r} ({type(model).__name__}) feeds each decoder "
                          "layer per-layer inputs beside the hidden states, which a one-layer drafter does not "
                          "have; use method=medusa or a draft model")
-    if _stack(decoder) is None or _rotary_arguments(model, decoder) is None:
+    stack = _stack(decoder)
+    kinds = getattr(config, "layer_types", None)
+    rotary_args = None if stack is None else _rotary_arguments(
+        getattr(decoder, "rotary_emb", None), kinds[len(stack[0]) - 1] if kinds else None)
+    if rotary_args is None:
         raise ValueError(f"method=eagle needs a Llama-like target (a list of decoder layers, a final norm, a rotary "
                          f"embedding of the positions: Llama, Qwen2, Gemma-3, Phi, GPT-NeoX, ...); model type {model_type!r} "
                          f"({type(model).__name__}) has another layout; use method=medusa or a draft model")
+    return (*stack, rotary_args)
 
 
 class EagleDrafter(torch.nn.Module):
@@ -111,13 +118,12 @@ class EagleDrafter(torch.nn.Module):
     def __init__(self, target_model: torch.nn.Module, init_from_target: bool = True):
         super().__init__()
         decoder = target_model.get_decoder()
-        _check_layout(target_model, decoder)
         # A multimodal wrapper's language model (GOT-OCR2's Qwen2) is built from its text config, which has
         # the sizes the top-level config lacks.
         config = target_model.config.get_text_config(decoder=True)
+        layers, norm, self._rotary_args = _check_layout(target_model, decoder, config)  # the layer's type for Gemma-3
         h = config.hidden_size
         self.fc = torch.nn.Linear(2 * h, h, bias=False)
-        layers, norm = _stack(decoder)
         last, index = layers[-1], len(layers) - 1
         # The layer is built as the target's last one (its index picks its kind in many models: a dense or
         # a mixture-of-experts MLP, local or global attention), then reads and writes the drafter's own
@@ -139,7 +145,6 @@ class EagleDrafter(torch.nn.Module):
         self.cache_layers = len(indices)
         self.norm = copy.deepcopy(norm, {id(config): config}).requires_grad_(True)
         self.rotary = type(decoder.rotary_emb)(config=config)
-        self._rotary_args = _rotary_arguments(target_model, decoder)  # the layer's type, for Gemma-3's
         params = inspect.signature(self.layer.forward).parameters
         self._cache_kwarg = next((n for n in ("cache", "past_key_values", "layer_past") if n in params),
                                  "past_key_values")  # GPT-NeoX's layers call it `layer_past`
