@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from specdec.config import resolve_path
 from specdec.data import load_builtin, load_spec_bench
+from specdec.decoder_stack import early_exit_view
 from specdec.engine import Engine
 from specdec.errors import InvalidInput, MissingInput, reported
 from specdec.models import ModelSpec, cache_dir, load_model
@@ -110,10 +111,8 @@ def run(cfg: DictConfig) -> dict:
     evaluation = take_per_category(held, p.eval_per_category, cmap, cfg.seed) if p.eval_per_category else []
     target, tokenizer = load_model(ModelSpec(path=cfg.target.path, gguf_file=cfg.target.gguf_file))
     target = Engine(target, dtype=cfg.dtype).target.model
-    layers = getattr(getattr(target, "model", None), "layers", None)
-    if layers is not None and not 1 <= cfg.draft.num_layers < len(layers):  # before generating: the slow part
-        allowed = f"must be in [1, {len(layers) - 1}]" if len(layers) > 1 else "no draft is shallower than"
-        raise InvalidInput(f"draft.num_layers={cfg.draft.num_layers}: {allowed} for this {len(layers)}-layer target")
+    # The draft's layout and depth, checked before generating (the slow part): a view costs nothing.
+    early_exit_view(target, cfg.draft.num_layers, key="draft.num_layers", user="train_draft")
     # The training text may come from a lower-precision copy of the target (twice as fast here);
     # evaluation always uses the target in `dtype`.
     writer = target

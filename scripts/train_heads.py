@@ -180,7 +180,7 @@ def run(cfg: DictConfig) -> dict:
     phase("train")
 
     out = resolve_path(cfg.out)
-    meta = {"hidden_size": target.config.hidden_size, "vocab_size": vocab_size, **shape,
+    meta = {"hidden_size": target.config.get_text_config(decoder=True).hidden_size, "vocab_size": vocab_size, **shape,
             "target": str(cfg.target.path), "seed": cfg.seed, "train_prompts": len(train),
             "train_tokens": train_tokens, "command": " ".join(sys.argv)}
     if vocab_ids is not None:
@@ -223,7 +223,7 @@ def _train_medusa(cfg, target, examples, starts, held_n, head, index):
     """Medusa heads on the examples' hidden states -> (tensors, shape, losses, held-out curve)."""
     k = cfg.heads.num_heads
     labels = [medusa_labels(e, s, k, index) for e, s in zip(examples, starts)]
-    heads = MedusaHeads(target.config.hidden_size, k)
+    heads = MedusaHeads(target.config.get_text_config(decoder=True).hidden_size, k)
     held, held_labels = examples[:held_n], labels[:held_n]
     curve = [head_accuracy(heads, head, held, held_labels)]
     log.info("held out before training: %s", _fmt(curve[-1]))

@@ -118,6 +118,29 @@ def overlay_columns(layout: AttentionLayout, masks, columns: torch.Tensor, visib
         mask[:, 0].scatter_(2, index, block.masked_fill_(~seen, torch.finfo(mask.dtype).min))
 
 
+def hidden_source(model: torch.nn.Module, name: str | None = None) -> torch.nn.Module:
+    """The decoder of causal LM `model` whose output is its output head's input: what drafters of
+    hidden states read while decoding and what their training reads (`training.teacher_targets`), so
+    both see the same features. ValueError for a model without one: no `get_decoder()` (or one that
+    names the output projection, ModernBERT-decoder's), or a head that reads another width (ELECTRA's
+    generator projects its hidden states before the head). `name`: the model's name in the message."""
+    name = name or type(model).__name__
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    head = model.get_output_embeddings()
+    # ModernBERT-decoder's `get_decoder()` is its output projection (BERT's name for it), which a
+    # prediction head (dense, activation, norm) feeds: not a stack whose output the head reads.
+    if decoder is None or decoder is model or decoder is head:
+        raise ValueError(f"{name}: {type(model).__name__} exposes no decoder (get_decoder()) whose "
+                         "output is the output head's input; drafters that read hidden states cannot use it")
+    hidden = model.config.get_text_config(decoder=True).hidden_size
+    width = getattr(head, "in_features", hidden)
+    if width != hidden:
+        raise ValueError(f"{name}: {type(model).__name__}'s output head reads {width}-wide inputs, "
+                         f"not its decoder's {hidden}-wide hidden states (a projection sits between them); "
+                         "drafters that read hidden states cannot use it; use a draft model or method=ngram")
+    return decoder
+
+
 class CachedModel:
     """A causal LM plus its KV cache. Call `reset` before a new batch.
 
@@ -214,25 +237,10 @@ class CachedModel:
         overlay_columns(self.layout, masks, slots, block_mask, positions, positions)
 
     def hidden_source(self) -> torch.nn.Module:
-        """The decoder whose output is the output head's input, which drafters of hidden states read;
-        ValueError for a model without one: no `get_decoder()` (or one that names the output
-        projection, ModernBERT-decoder's), or a head that reads another width (ELECTRA's generator
-        projects its hidden states before the head). Drafters ask first, before they load a
-        checkpoint, so that the refusal names the model, not the checkpoint."""
-        decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else None
-        head = self.model.get_output_embeddings()
-        # ModernBERT-decoder's `get_decoder()` is its output projection (BERT's name for it), which a
-        # prediction head (dense, activation, norm) feeds: not a stack whose output the head reads.
-        if decoder is None or decoder is self.model or decoder is head:
-            raise ValueError(f"{self.name}: {type(self.model).__name__} exposes no decoder (get_decoder()) whose "
-                             "output is the output head's input; drafters that read hidden states cannot use it")
-        hidden = self.model.config.get_text_config(decoder=True).hidden_size
-        width = getattr(head, "in_features", hidden)
-        if width != hidden:
-            raise ValueError(f"{self.name}: {type(self.model).__name__}'s output head reads {width}-wide inputs, "
-                             f"not its decoder's {hidden}-wide hidden states (a projection sits between them); "
-                             "drafters that read hidden states cannot use it; use a draft model or method=ngram")
-        return decoder
+        """The decoder whose output is the output head's input (`hidden_source`), which drafters of
+        hidden states read; they ask first, before they load a checkpoint, so that the refusal names
+        the model, not the checkpoint."""
+        return hidden_source(self.model, self.name)
 
     def keep_hidden_states(self) -> None:
         """From now on every pass also stores the model's last hidden states (the output head's

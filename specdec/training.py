@@ -41,7 +41,10 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from specdec.attention import grouped_attention
 from specdec.data import Prompt, build_turn_input
+from specdec.decoder_stack import early_exit_view
+from specdec.engine import hidden_source
 from specdec.errors import first_line
 from specdec.tracking import write_whole
 
@@ -203,11 +206,15 @@ def _autocast(model, dtype: str | None):
 @torch.inference_mode()
 def teacher_targets(target, examples: list[Example], max_tokens: int = 2048, pad_id: int = 0,
                     progress: bool = True, autocast: str | None = None) -> list[Example]:
-    """Attach the target's final hidden states at each example's loss positions (in place)."""
+    """Attach the target's final hidden states at each example's loss positions (in place): the
+    output of its decoder (`engine.hidden_source`, the output head's input) under the engine's
+    attention (`grouped_attention`), the features drafters read while decoding, whatever the decoder
+    is called (`model`, `transformer`, `gpt_neox`, a multimodal wrapper's language model)."""
+    decoder = hidden_source(target)
     for batch in tqdm(_batches(examples, max_tokens), desc="teacher pass", unit="batch", disable=not progress):
         ids, mask = _pad(batch, pad_id)
-        with _autocast(target, autocast):
-            hidden = target.model(input_ids=ids, attention_mask=mask).last_hidden_state  # [B, L, H]
+        with _autocast(target, autocast), grouped_attention(target):  # the engine's attention, too
+            hidden = decoder(input_ids=ids, attention_mask=mask)[0]  # [B, L, H]
         rows, cols = _loss_positions(batch)
         flat = hidden[rows, cols].float()
         for e, h in zip(batch, flat.split([len(e.tokens) - e.start for e in batch])):
@@ -220,33 +227,20 @@ def teacher_targets(target, examples: list[Example], max_tokens: int = 2048, pad
 
 def make_draft(target, num_layers: int) -> torch.nn.Module:
     """A `num_layers`-layer model of the target's class and width, initialised from the target's
-    embeddings, first `num_layers` layers, final norm and head; in float32 (it is trained), with
-    embeddings and head frozen."""
-    inner = getattr(target, "model", None)
-    layers = getattr(inner, "layers", None)
-    if not isinstance(layers, torch.nn.ModuleList) or getattr(inner, "norm", None) is None:
-        raise ValueError(f"train_draft needs a Llama-like target (model.layers, model.norm); got {type(target).__name__}")
-    if not 1 <= num_layers < len(layers):
-        raise ValueError(f"draft.num_layers must be in [1, {len(layers) - 1}], got {num_layers}")
-    config = copy.deepcopy(target.config)
-    config.num_hidden_layers = num_layers
-    if getattr(config, "layer_types", None) is not None:
-        config.layer_types = list(config.layer_types)[:num_layers]
+    embeddings, first `num_layers` layers, final norm and head (`decoder_stack.early_exit_view`, so any
+    layout it reads: Llama's, GPT-2's, GPT-NeoX's, ...); in float32 (it is trained), with embeddings
+    and head frozen. InvalidInput for a target without such a stack or a `num_layers` it lacks."""
+    view = early_exit_view(target, num_layers, key="draft.num_layers", user="train_draft")
+    config = copy.deepcopy(view.config)
     if hasattr(config, "quantization_config"):  # a GGUF marker: save_pretrained would refuse the draft
         del config.quantization_config
     draft = type(target)(config).float()
-    missing, unexpected = draft.load_state_dict(
-        {k: v for k, v in target.state_dict().items() if not _is_layer_beyond(k, num_layers)}, strict=False)
+    missing, unexpected = draft.load_state_dict(view.state_dict(), strict=False)
     if missing or unexpected:
         raise RuntimeError(f"draft initialisation: missing {missing}, unexpected {unexpected}")
     draft.get_input_embeddings().requires_grad_(False)
     draft.get_output_embeddings().requires_grad_(False)
     return draft
-
-
-def _is_layer_beyond(key: str, n: int) -> bool:
-    parts = key.split(".")
-    return "layers" in parts and int(parts[parts.index("layers") + 1]) >= n
 
 
 # ---------------------------------------------------------------- 5. distil
@@ -283,7 +277,7 @@ def distill(draft, head: torch.nn.Module, examples: list[Example], epochs: int =
             ids, mask = _pad(batch, pad_id)
             rows, cols = _loss_positions(batch)
             with _autocast(draft, autocast):
-                hidden = draft.model(input_ids=ids, attention_mask=mask).last_hidden_state[rows, cols]
+                hidden = draft.get_decoder()(input_ids=ids, attention_mask=mask)[0][rows, cols]
                 with torch.no_grad():
                     teacher = head(torch.cat([e.hidden for e in batch]).to(head.weight.dtype))
                 logits = draft.get_output_embeddings()(hidden)

@@ -1,8 +1,8 @@
 """experiments/architectures/sweep.py's check of one model type, in-process on three types: Llama is
 decoded token-identically, BLOOM (ALiBi) and BERT without `is_decoder` are refused, and BERT with the
 `bert:is_decoder=true` override is decoded token-identically; with `--paths`, Llama also under
-compile=on, with Medusa and EAGLE, eager and compiled, and in bfloat16 (exact greedy), and GPT-2's EAGLE
-refused."""
+compile=on, with Medusa and EAGLE, eager, compiled and trained, and in bfloat16 (exact greedy), and
+GPT-2's EAGLE refused."""
 
 import importlib.util
 import json
@@ -63,6 +63,21 @@ def test_every_path_on_llama_and_the_tree_methods_refused_on_gpt2(sweep, tmp_pat
     lines = table.read_text().splitlines()
     assert lines[0] == "| class | eager | compiled | medusa | eagle | medusa_compiled | eagle_compiled |"
     assert "| `x` | SKIP | SKIP | SKIP | SKIP | SKIP | SKIP | not built |" in lines
+
+
+def test_trained_paths_train_on_the_targets_text_and_decode_losslessly(sweep, monkeypatch):
+    """`medusa_trained`, `eagle_trained`: on GPT-NeoX (a decoder not called `model`) heads and drafter
+    are trained on the target's own text, their loss falls, and they decode the reference tokens; a
+    run whose loss did not fall is a CRASH, however it decoded."""
+    paths = ("medusa_trained", "eagle_trained")
+    neox = sweep.check_type("gpt_neox", paths=paths)
+    assert neox["classes"] == dict.fromkeys(paths, "MATCH"), neox["paths"]
+    for method in ("medusa", "eagle"):
+        assert neox["paths"][f"{method}_trained"]["runs"] == {f"{method}/training": "ok", f"{method}/ragged": "ok"}
+    monkeypatch.setattr(sweep, "train_briefly", lambda engine, module, method: [1.0, 1.5])
+    stuck = sweep.check_type("llama", paths=("medusa_trained",))
+    assert stuck["classes"] == {"medusa_trained": "CRASH"}
+    assert "the loss did not fall" in sweep.path_reasons(stuck)
 
 
 def test_paths_parse(sweep):

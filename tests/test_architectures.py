@@ -8,7 +8,7 @@ the text config (SDPA, the vision tower unused); Phi-3 with fused projections; G
 rotary and parallel residuals; BERT as a decoder (learned absolute positions, post-norm layers);
 Falcon (multi-query, its attention choosing SDPA by the implementation's name, so it keeps plain
 SDPA rather than specdec's grouped form, under which it took its other branch and misread SDPA's
-boolean masks). The
+boolean masks); DeepSeek-V2's latent attention with fewer key heads than query heads. The
 windows (4) are far shorter than the prompts, so a mask that ignores them changes the logits from the
 first ragged step on. A layout the engine cannot serve (ALiBi, attention kinds it does not mask,
 implementations that take no 4-D mask, soft-capping under SDPA, an encoder without `is_decoder`,
@@ -68,6 +68,12 @@ ARCHITECTURES = {
     "bert_decoder": (tf.BertConfig, dict(is_decoder=True), "sdpa"),
     # multi-query attention that picks SDPA by the implementation's name, its own attention code otherwise
     "falcon": (tf.FalconConfig, dict(multi_query=True), "sdpa"),
+    # latent attention (MLA) with fewer key heads than query heads: transformers' own SDPA call fails
+    # on it (its keys are not repeated to the query heads); specdec's grouped SDPA reads the grouping
+    "deepseek_v2_mla": (tf.DeepseekV2Config, dict(_GQA, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8,
+                                                  qk_nope_head_dim=8, v_head_dim=16, n_routed_experts=4,
+                                                  num_experts_per_tok=2, moe_intermediate_size=32,
+                                                  n_shared_experts=1, n_group=1, topk_group=1), "sdpa"),
 }
 EXPECTED_LAYERS = {
     "qwen2_sliding": ("full_attention", "sliding_attention", "sliding_attention"),
@@ -139,7 +145,7 @@ def test_greedy_equals_generate_at_batch_one_and_ragged(arch, drafter, unrelated
 
 
 EAGLE_LAYOUTS = {"llama", "qwen2_sliding", "mistral_sliding", "gemma2", "gemma3", "gemma3_multimodal", "phi3",
-                 "gpt_neox", "falcon"}
+                 "gpt_neox", "falcon", "deepseek_v2_mla"}
 
 
 def test_eagle_drafts_losslessly_or_is_refused_when_built(arch, tmp_path):
@@ -260,6 +266,28 @@ def test_medusa_drafts_losslessly_on_every_layout(arch, tmp_path):
     engine = Engine(model, dtype="float32")
     decoder = SpeculativeDecoder(engine, MedusaProposer(engine, str(path)), num_speculative_tokens=2)
     assert decoder.generate(PROMPTS, max_new_tokens=NEW_TOKENS).output_ids == reference, name
+
+
+def test_head_training_reads_the_features_drafters_read(arch):
+    """Head training's teacher pass (`teacher_targets`, right-padded batches) keeps at every position
+    the hidden state the engine stores for Medusa and EAGLE while decoding: the decoder's output,
+    whatever the decoder is called (GPT-NeoX's `gpt_neox`, Falcon's and BERT's own names, a multimodal
+    wrapper's language model; it read `model.model` and failed on the others, after the target had
+    written the training text), under the engine's attention (DeepSeek-V2's latent attention with two
+    key heads, which transformers' own SDPA call rejects)."""
+    from specdec.training import Example, teacher_targets
+
+    name, model, _ = arch
+    examples = [Example(torch.tensor(p), 1) for p in PROMPTS]
+    teacher_targets(model, examples, max_tokens=64, progress=False)  # one padded batch of three rows
+    engine = Engine(model, dtype="float32")
+    engine.target.keep_hidden_states()
+    for prompt, example in zip(PROMPTS, examples):
+        engine.target.reset(1, 32)
+        engine.target.forward(torch.tensor([prompt]))
+        stored = engine.target.cache.hidden[0, : len(prompt) - 1]  # the features predicting tokens 1..n-1
+        assert example.hidden.shape == stored.shape
+        assert torch.allclose(example.hidden, stored, atol=1e-4), name
 
 
 def test_eagle_refuses_layers_that_take_per_layer_inputs():

@@ -396,7 +396,7 @@ def test_the_hybrids_trained_part_is_refused_for_another_target_and_null_leaves_
 
 @pytest.mark.parametrize("override, message", [
     ("method.proposer.max_ngram=0", "method.proposer: need 1 <= min_ngram <= max_ngram"),
-    ("method=layer_skip method.proposer.exit_layer=50", "method.proposer.exit_layer must be in [1, 1]"),
+    ("method=layer_skip method.proposer.exit_layer=50", "method.proposer.exit_layer=50: must be in [1, 1]"),
 ])
 def test_a_proposer_argument_refused_once_the_models_load_is_a_config_error(override, message, tmp_path):
     """Values that need the model to be judged (an exit layer past the last) or that only the

@@ -165,5 +165,5 @@ def test_early_exit_view_shares_the_targets_weights(deep_target):
 def test_layer_skip_refuses_bad_exit_layers_and_other_layouts(deep_target):
     with pytest.raises(ValueError, match="exit_layer"):
         early_exit_view(deep_target, 4)
-    with pytest.raises(ValueError, match="Llama-like"):
+    with pytest.raises(ValueError, match="keeps a list of layers and a final norm"):
         early_exit_view(torch.nn.Linear(2, 2), 1)

@@ -19,7 +19,9 @@ guards and static shapes without kernels, as tests/test_compile.py compiles), ea
 have run its passes compiled (else UNCOMPILED); `medusa`, two untrained Medusa heads; `eagle`, an
 EAGLE drafter copied from the target (budget 4, top-2, width 2, depth 2); both ragged, k = 2;
 `medusa_compiled`, `eagle_compiled`, the same under `compile=on` (the target's tree passes, Medusa's
-guesses, EAGLE's drafter), each compiled caller required to have run compiled; `bf16`, exact greedy in
+guesses, EAGLE's drafter), each compiled caller required to have run compiled; `medusa_trained`,
+`eagle_trained`, the heads or drafter first trained briefly on the target's own text as
+scripts/train_heads.py trains them (`train_briefly`: its loss must fall); `bf16`, exact greedy in
 bfloat16: the type built again 8x as wide (WIDE), self-drafting against plain decoding of the same
 batches, 32 tokens, batch 1 and ragged. A clean refusal as the proposer is built (`InvalidInput`,
 `ValueError`) is REFUSED. Each path's class is in
@@ -34,6 +36,9 @@ found MATCH.
     python experiments/architectures/sweep.py --from-results experiments/architectures/results.jsonl \\
         --paths medusa_compiled,eagle_compiled --out experiments/architectures/trees_compiled.jsonl \\
         --table experiments/architectures/trees_compiled_table.md --timeout-s 300
+    python experiments/architectures/sweep.py --from-results experiments/architectures/results.jsonl \\
+        --paths medusa_trained,eagle_trained --out experiments/architectures/trained.jsonl \\
+        --table experiments/architectures/trained_table.md --timeout-s 300
     python experiments/architectures/sweep.py --from-results experiments/architectures/results.jsonl \\
         --paths bf16 --out experiments/architectures/bf16.jsonl --table experiments/architectures/bf16_table.md
 """
@@ -63,10 +68,12 @@ from specdec.compiled import CompiledForward
 from specdec.decoding import SpeculativeDecoder
 from specdec.engine import Engine
 from specdec.errors import InvalidInput
+from specdec.head_training import eagle_sequences, medusa_labels, train_eagle, train_medusa, vocab_index
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.eagle import EagleDrafter, EagleProposer
-from specdec.proposers.heads import save_checkpoint
+from specdec.proposers.heads import OutputHead, save_checkpoint
 from specdec.proposers.medusa import MedusaHeads, MedusaProposer
+from specdec.training import Example, generate_continuations, teacher_targets
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17], [3, 4], [20, 21, 22, 23, 24, 25, 26]]
 NEW_TOKENS = 12
@@ -75,8 +82,9 @@ CLASSES = ("MATCH", "REFUSED", "CRASH", "MISMATCH", "UNCOMPILED", "SKIP")
 # The decoding paths a type can be run through (--paths): `eager` is the four runs above; `compiled` the
 # same four under compile=on (dynamo's eager backend: graph capture, guards and static shapes, no
 # kernels); `medusa` and `eagle` the token-tree methods (untrained heads, a drafter copied from the
-# target), ragged, k = 2.
-PATHS = ("eager", "compiled", "medusa", "eagle", "medusa_compiled", "eagle_compiled", "bf16")
+# target), ragged, k = 2; `_compiled` under compile=on, `_trained` after brief training; `bf16` exact greedy.
+PATHS = ("eager", "compiled", "medusa", "eagle", "medusa_compiled", "eagle_compiled", "medusa_trained",
+         "eagle_trained", "bf16")
 VARIANTS = [
     *(f"{t}:is_decoder=true" for t in ("bert", "roberta", "xmod", "electra", "big_bird")),  # encoders as decoders
     "xlm:causal=true",  # XLM's own causal mode
@@ -337,30 +345,37 @@ def classify(runs: dict) -> str:
     return "CRASH" if any("crash" in v for v in bad) else "UNCOMPILED" if bad else "MATCH"
 
 
-def tree_run(model, ref, method: str, workdir: str, compiled: bool = False) -> dict:
+def tree_run(model, ref, method: str, workdir: str, compiled: bool = False, trained: bool = False) -> dict:
     """Medusa (untrained heads, 2 of them) or EAGLE (a drafter copied from the target's last layer) on
     the ragged batch, k = 2, against `ref`; `compiled`: under compile=on (the target's tree passes, Medusa's
-    guesses, EAGLE's drafter), each compiled caller required to have run compiled. A clean refusal as
-    the engine or the proposer is built (`InvalidInput`, `ValueError`) is REFUSED."""
+    guesses, EAGLE's drafter), each compiled caller required to have run compiled; `trained`: the heads
+    or drafter trained first (`train_briefly`), whose loss must fall. A clean refusal as the engine or
+    the proposer is built (`InvalidInput`, `ValueError`) is REFUSED."""
     try:
         engine = _engine(model, None, compiled)
     except Exception as err:  # noqa: BLE001
         return _failure(err, "Engine()")
     path = os.path.join(workdir, f"{method}.safetensors")
+    hidden = model.config.get_text_config(decoder=True).hidden_size
+    runs = {}
     try:
-        if method == "medusa":
-            hidden = model.get_output_embeddings().in_features
-            save_checkpoint(path, "medusa", MedusaHeads(hidden, 2).state_dict(),
-                            {"hidden_size": hidden, "vocab_size": VOCAB, "num_heads": 2})
-            proposer = MedusaProposer(engine, path)
-        else:
-            drafter = EagleDrafter(model)
-            save_checkpoint(path, "eagle", drafter.state_dict(),
-                            {"hidden_size": model.config.get_text_config(decoder=True).hidden_size, "vocab_size": VOCAB})
-            proposer = EagleProposer(engine, path, budget=4, topk=2, width=2, depth=2)
+        engine.target.hidden_source()  # a model without one is refused before anything is trained
+        module, meta = (MedusaHeads(hidden, 2), {"num_heads": 2}) if method == "medusa" else (EagleDrafter(model), {})
     except Exception as err:  # noqa: BLE001
         return _failure(err, "proposer", refusals=(InvalidInput, ValueError))
-    runs = {}
+    if trained:
+        try:
+            losses = train_briefly(engine, module, method)
+            runs[f"{method}/training"] = "ok" if losses[-1] < losses[0] else {"crash": f"the loss did not fall: {losses}"}
+        except Exception as err:  # noqa: BLE001
+            runs[f"{method}/training"] = {"crash": first_line(err), "where": where(err)}
+            return {"runs": runs, "cls": classify(runs)}
+    try:
+        save_checkpoint(path, method, module.state_dict(), {"hidden_size": hidden, "vocab_size": VOCAB, **meta})
+        proposer = (MedusaProposer(engine, path) if method == "medusa"
+                    else EagleProposer(engine, path, budget=4, topk=2, width=2, depth=2))
+    except Exception as err:  # noqa: BLE001
+        return _failure(err, "proposer", refusals=(InvalidInput, ValueError))
     try:
         got = SpeculativeDecoder(engine, proposer, num_speculative_tokens=2).generate(
             PROMPTS, max_new_tokens=NEW_TOKENS).output_ids
@@ -370,6 +385,27 @@ def tree_run(model, ref, method: str, workdir: str, compiled: bool = False) -> d
     if compiled and (entry := _uncompiled(engine)):
         runs[f"{method}/compiled"] = entry
     return {"runs": runs, "cls": classify(runs)}
+
+
+def train_briefly(engine: Engine, module: torch.nn.Module, method: str, epochs: int = 3) -> list[float]:
+    """Train Medusa heads or an EAGLE drafter `module` as scripts/train_heads.py does, briefly: on the
+    target's greedy continuations (16 tokens) of 12 random prompts, its hidden states from the teacher
+    pass, the whole vocabulary, the output head with its bias; returns the loss of every step."""
+    model = engine.target.model
+    rng = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, VOCAB, (int(n),), generator=rng).tolist()
+               for n in torch.randint(4, 12, (12,), generator=rng)]
+    examples = [Example(e.tokens, 1) for e in generate_continuations(engine, prompts, 16, 6, None, progress=False)]
+    teacher_targets(model, examples, 512, 0, progress=False)
+    head = OutputHead.of(model, None, dtype=torch.float32)
+    index = vocab_index(None, head.weight.shape[0])
+    starts = [len(p) for p in prompts]
+    with torch.enable_grad():
+        if method == "medusa":
+            labels = [medusa_labels(e, s, module.num_heads, index) for e, s in zip(examples, starts)]
+            return train_medusa(module, head, examples, labels, epochs, 3e-3, 256, progress=False)
+        sequences = [eagle_sequences(e, s, index, head) for e, s in zip(examples, starts)]
+        return train_eagle(module, model.get_input_embeddings(), head, sequences, epochs, 3e-3, 256, progress=False)
 
 
 def bf16_runs(spec: str, max_params: int) -> dict:
@@ -408,9 +444,9 @@ def run_path(spec: str, model, ref, path: str, max_params: int) -> dict:
         return decode_runs(model, ref, compiled=path == "compiled")
     if path == "bf16":
         return bf16_runs(spec, max_params)
-    method, _, compiled = path.partition("_")
+    method, _, variant = path.partition("_")
     with tempfile.TemporaryDirectory() as workdir:
-        return tree_run(model, ref, method, workdir, compiled=compiled == "compiled")
+        return tree_run(model, ref, method, workdir, compiled=variant == "compiled", trained=variant == "trained")
 
 
 def check_type(spec: str, max_params: int = 100_000_000, paths: tuple[str, ...] = ("eager",)) -> dict:

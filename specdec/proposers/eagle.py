@@ -42,6 +42,7 @@ import torch
 from specdec.attention import AttentionLayout, grouped_attention
 from specdec.cache import RowCache
 from specdec.compiled import CompiledModule
+from specdec.decoder_stack import decoder_stack
 from specdec.engine import Engine, overlay_columns
 from specdec.proposers.base import Proposal
 from specdec.proposers.heads import OutputHead, load_checkpoint
@@ -50,19 +51,6 @@ from specdec.tree import TokenTree, TreeProposal
 
 # The drafter's single layer attends to all of its positions (whatever the target's layers do).
 _LAYOUT = AttentionLayout("eagle", ("full_attention",), None, "cache")
-
-
-# Where decoder stacks keep their layers and final norm: Llama's names, then GPT-J's and Falcon's (`h`,
-# `ln_f`), Phi's and Persimmon's (`final_layernorm`), GPT-NeoX's (`final_layer_norm`).
-_LAYERS = ("layers", "h")
-_FINAL_NORMS = ("norm", "final_layernorm", "final_layer_norm", "ln_f")
-
-
-def _stack(decoder: torch.nn.Module) -> tuple[torch.nn.ModuleList, torch.nn.Module] | None:
-    """The decoder's layers and final norm, or None when it has no such pair."""
-    layers = next((m for n in _LAYERS if isinstance(m := getattr(decoder, n, None), torch.nn.ModuleList)), None)
-    norm = next((m for n in _FINAL_NORMS if isinstance(m := getattr(decoder, n, None), torch.nn.Module)), None)
-    return None if layers is None or norm is None else (layers, norm)
 
 
 def _rotary_arguments(rotary: torch.nn.Module | None, layer_type: str | None) -> dict | None:
@@ -84,7 +72,7 @@ def _rotary_arguments(rotary: torch.nn.Module | None, layer_type: str | None) ->
 def _check_layout(model: torch.nn.Module, decoder: torch.nn.Module, config) -> tuple[torch.nn.ModuleList,
                                                                                       torch.nn.Module, dict]:
     """The drafter copies the target's decoder layer, norm and rotary classes: a Llama-like layout
-    (a list of layers and a final norm, `_stack`; `rotary_emb` called with the hidden states and
+    (a list of layers and a final norm, `decoder_stack`; `rotary_emb` called with the hidden states and
     positions, and the layer's type where it takes one). Returns the layers, the final norm and the
     rotary's extra arguments. Others (GPT-2's learned positions, OPT) are refused here rather than
     failing at the first draft. Layers that take per-layer inputs beside the hidden states (Gemma-3n,
@@ -96,15 +84,15 @@ def _check_layout(model: torch.nn.Module, decoder: torch.nn.Module, config) -> t
         raise ValueError(f"method=eagle: model type {model_type!r} ({type(model).__name__}) feeds each decoder "
                          "layer per-layer inputs beside the hidden states, which a one-layer drafter does not "
                          "have; use method=medusa or a draft model")
-    stack = _stack(decoder)
+    stack = decoder_stack(decoder)
     kinds = getattr(config, "layer_types", None)
     rotary_args = None if stack is None else _rotary_arguments(
-        getattr(decoder, "rotary_emb", None), kinds[len(stack[0]) - 1] if kinds else None)
+        getattr(decoder, "rotary_emb", None), kinds[len(stack[1]) - 1] if kinds else None)
     if rotary_args is None:
         raise ValueError(f"method=eagle needs a Llama-like target (a list of decoder layers, a final norm, a rotary "
                          f"embedding of the positions: Llama, Qwen2, Gemma-3, Phi, GPT-NeoX, ...); model type {model_type!r} "
                          f"({type(model).__name__}) has another layout; use method=medusa or a draft model")
-    return (*stack, rotary_args)
+    return (*stack[1:], rotary_args)
 
 
 class EagleDrafter(torch.nn.Module):
