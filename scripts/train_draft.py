@@ -24,7 +24,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from specdec.config import resolve_path
 from specdec.data import load_builtin, load_spec_bench
-from specdec.decoder_stack import early_exit_view
 from specdec.engine import Engine
 from specdec.errors import InvalidInput, MissingInput, reported
 from specdec.models import ModelSpec, cache_dir, load_model
@@ -111,8 +110,9 @@ def run(cfg: DictConfig) -> dict:
     evaluation = take_per_category(held, p.eval_per_category, cmap, cfg.seed) if p.eval_per_category else []
     target, tokenizer = load_model(ModelSpec(path=cfg.target.path, gguf_file=cfg.target.gguf_file))
     target = Engine(target, dtype=cfg.dtype).target.model
-    # The draft's layout and depth, checked before generating (the slow part): a view costs nothing.
-    early_exit_view(target, cfg.draft.num_layers, key="draft.num_layers", user="train_draft")
+    # The draft is cut from the target before generating (the slow part), so that a layout or depth it
+    # cannot have is refused first; it costs a fraction of the target.
+    draft = make_draft(target, cfg.draft.num_layers)
     # The training text may come from a lower-precision copy of the target (twice as fast here);
     # evaluation always uses the target in `dtype`.
     writer = target
@@ -135,7 +135,6 @@ def run(cfg: DictConfig) -> dict:
     del writer
     phase("teacher")
 
-    draft = make_draft(target, cfg.draft.num_layers)
     report: dict = {"train_prompts": len(train), "train_tokens": n_tokens, "eval_prompts": len(evaluation),
                     "num_layers": cfg.draft.num_layers,
                     "trainable_params": sum(q.numel() for q in draft.parameters() if q.requires_grad)}

@@ -18,9 +18,9 @@ import torch
 from specdec.errors import InvalidInput
 
 # Llama's names, then GPT-J's and Falcon's (`h`, `ln_f`), Phi's and Persimmon's (`final_layernorm`),
-# GPT-NeoX's (`final_layer_norm`).
+# GPT-NeoX's (`final_layer_norm`), XGLM's and BioGPT's (`layer_norm`), CTRL's (`layernorm`).
 LAYER_LISTS = ("layers", "h")
-FINAL_NORMS = ("norm", "final_layernorm", "final_layer_norm", "ln_f")
+FINAL_NORMS = ("norm", "final_layernorm", "final_layer_norm", "ln_f", "layer_norm", "layernorm")
 
 
 def decoder_stack(decoder: torch.nn.Module) -> tuple[str, torch.nn.ModuleList, torch.nn.Module] | None:
@@ -56,13 +56,21 @@ def early_exit_view(model: torch.nn.Module, exit_layer: int, key: str = "method.
             f"{user} needs a causal LM whose decoder (get_decoder()) keeps a list of layers and a final norm "
             f"(Llama's model.layers and model.norm, GPT-2's transformer.h and ln_f, GPT-NeoX's, Phi's, ...) "
             f"and an output head; {type(model).__name__} has another layout")
+    text = model.config.get_text_config(decoder=True)  # a multimodal wrapper's language model
+    if getattr(text, "hidden_size_per_layer_input", None) or getattr(text, "num_kv_shared_layers", None):
+        raise InvalidInput(
+            f"{user}: model type {text.model_type!r} ({type(model).__name__}) feeds its decoder layers per-layer "
+            "inputs from a table sized by the layer count, or lets its last layers read earlier layers' keys "
+            "and values (Gemma-3n, Gemma-4 E2B and E4B): a shallower model is not its first layers; "
+            "use a draft model or method=ngram")
     layers_name, layers, _ = stack
     n = len(layers)
     if not 1 <= exit_layer < n:
-        allowed = f"must be in [1, {n - 1}]" if n > 1 else "no part is shallower than"
-        raise InvalidInput(f"{key}={exit_layer}: {allowed} for this {n}-layer target")
+        allowed = f"must be in [1, {n - 1}] for this {n}-layer target" if n > 1 else \
+            "this target's decoder has a single layer, so no shallower part of it exists"
+        raise InvalidInput(f"{key}={exit_layer}: {allowed}")
     config = copy.deepcopy(model.config)
-    text = config.get_text_config(decoder=True)  # a multimodal wrapper's language model
+    text = config.get_text_config(decoder=True)
     text.num_hidden_layers = exit_layer  # an alias where the config calls it otherwise (GPT-2's n_layer)
     if getattr(text, "layer_types", None) is not None:
         text.layer_types = list(text.layer_types)[:exit_layer]

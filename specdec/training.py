@@ -45,7 +45,7 @@ from specdec.attention import grouped_attention
 from specdec.data import Prompt, build_turn_input
 from specdec.decoder_stack import early_exit_view
 from specdec.engine import hidden_source
-from specdec.errors import first_line
+from specdec.errors import InvalidInput, first_line
 from specdec.tracking import write_whole
 
 
@@ -229,15 +229,20 @@ def make_draft(target, num_layers: int) -> torch.nn.Module:
     """A `num_layers`-layer model of the target's class and width, initialised from the target's
     embeddings, first `num_layers` layers, final norm and head (`decoder_stack.early_exit_view`, so any
     layout it reads: Llama's, GPT-2's, GPT-NeoX's, ...); in float32 (it is trained), with embeddings
-    and head frozen. InvalidInput for a target without such a stack or a `num_layers` it lacks."""
+    and head frozen. InvalidInput for a target without such a stack, a `num_layers` it lacks, or whose
+    shallower model has other parameters than its first layers."""
     view = early_exit_view(target, num_layers, key="draft.num_layers", user="train_draft")
     config = copy.deepcopy(view.config)
     if hasattr(config, "quantization_config"):  # a GGUF marker: save_pretrained would refuse the draft
         del config.quantization_config
     draft = type(target)(config).float()
-    missing, unexpected = draft.load_state_dict(view.state_dict(), strict=False)
-    if missing or unexpected:
-        raise RuntimeError(f"draft initialisation: missing {missing}, unexpected {unexpected}")
+    want, have = draft.state_dict(), view.state_dict()
+    differ = sorted(set(want) ^ set(have)) + sorted(k for k in want.keys() & have.keys() if want[k].shape != have[k].shape)
+    if differ:  # GPT-NeoX-Japanese: its last layer has a bias the others lack, and a 1-layer model's is the last
+        raise InvalidInput(f"train_draft: a {num_layers}-layer {type(target).__name__} is not the target's first "
+                           f"{num_layers} layer{'s' if num_layers > 1 else ''} (its layers are built by their place in the stack: "
+                           f"{', '.join(differ[:3])} differ); distil another model as the draft")
+    draft.load_state_dict(have)
     draft.get_input_embeddings().requires_grad_(False)
     draft.get_output_embeddings().requires_grad_(False)
     return draft

@@ -80,6 +80,15 @@ def test_trained_paths_train_on_the_targets_text_and_decode_losslessly(sweep, mo
     assert "the loss did not fall" in sweep.path_reasons(stuck)
 
 
+def test_first_layer_paths_cut_the_target_or_refuse(sweep):
+    """`layer_skip`, `cut_draft`: GPT-NeoX-Japanese's first layer drafts losslessly as a view of the
+    target, but a one-layer model of its class is refused as train_draft's starting draft (its last
+    layer, the only one there, has an attention bias the target's first layer lacks)."""
+    res = sweep.check_type("gpt_neox_japanese", paths=("layer_skip", "cut_draft"))
+    assert res["classes"] == {"layer_skip": "MATCH", "cut_draft": "REFUSED"}, res["paths"]
+    assert "is not the target's first 1 layer (" in res["paths"]["cut_draft"]["why"]
+
+
 def test_paths_parse(sweep):
     assert sweep.parse_paths("compiled, eagle,compiled") == ("compiled", "eagle")
     with pytest.raises(Exception, match="--paths: trees; choose from eager, compiled, medusa, eagle, medusa_compiled"):

@@ -290,19 +290,64 @@ def test_head_training_reads_the_features_drafters_read(arch):
         assert torch.allclose(example.hidden, stored, atol=1e-4), name
 
 
-def test_eagle_refuses_layers_that_take_per_layer_inputs():
+# Layouts whose decoder keeps no list of layers under a known name (BERT's `encoder.layer`)
+NO_STACK = {"bert_decoder"}
+
+
+def test_layer_skip_and_a_cut_draft_decode_losslessly_on_every_stack(arch):
+    """The layer-skip view (the target's first layer, its final norm and head, sharing its weights)
+    and train_draft's starting draft (a one-layer model of the target's class, `make_draft`) find the
+    layers under each family's names (GPT-NeoX's `gpt_neox.layers`, Falcon's `transformer.h`, a
+    multimodal wrapper's language model; both needed Llama's `model.layers` and refused the others)
+    and draft with transformers' greedy tokens; the draft starts with the view's logits, and the target
+    keeps all its layers. A decoder without
+    such a list (BERT's) is refused as the view is built."""
+    from specdec.proposers.layer_skip import LayerSkipProposer, early_exit_view
+    from specdec.training import make_draft
+
+    name, model, reference = arch
+    if name in NO_STACK:
+        with pytest.raises(ValueError, match="keeps a list of layers and a final norm"):
+            early_exit_view(model, 1)
+        return
+    view = early_exit_view(model, 1)
+    assert view.config.get_text_config(decoder=True).num_hidden_layers == 1
+    assert model.config.get_text_config(decoder=True).num_hidden_layers == 3
+    assert {id(p) for p in view.parameters()} < {id(p) for p in model.parameters()}
+    engine = Engine(model, dtype="float32")
+    skip = SpeculativeDecoder(engine, LayerSkipProposer(engine, exit_layer=1), num_speculative_tokens=3)
+    assert skip.generate(PROMPTS, max_new_tokens=NEW_TOKENS).output_ids == reference, name
+    draft = make_draft(model, 1).eval().requires_grad_(False)
+    assert type(draft) is type(model) and draft.config.get_text_config(decoder=True).num_hidden_layers == 1
+    engine = Engine(model, draft, dtype="float32")
+    cut = SpeculativeDecoder(engine, DraftModelProposer(engine), num_speculative_tokens=3)
+    assert cut.generate(PROMPTS, max_new_tokens=NEW_TOKENS).output_ids == reference, name
+    with torch.inference_mode():  # the draft starts as the view: the target's first layer, norm and head
+        x = torch.tensor([PROMPTS[0]])
+        torch.testing.assert_close(draft(x).logits, view(x).logits)
+
+
+def test_eagle_and_shallower_views_refuse_layers_that_take_per_layer_inputs():
     """Gemma-3n (and Gemma-4's E2B and E4B) feed each decoder layer per-layer inputs beside the hidden
-    states, and their last layers read an earlier layer's keys and values: a one-layer drafter has
-    neither, so it is refused as it is built."""
+    states, from a table sized by the layer count, and their last layers read an earlier layer's keys
+    and values: a one-layer drafter has neither, and a shallower model is not the first layers (the
+    layer-skip view failed at its first pass, the cut draft as its weights loaded), so all three are
+    refused as they are built."""
     from specdec.proposers.eagle import EagleDrafter
+    from specdec.proposers.layer_skip import early_exit_view
+    from specdec.training import make_draft
 
     config = tf.Gemma3nTextConfig(
         vocab_size=VOCAB, vocab_size_per_layer_input=VOCAB, hidden_size=64, hidden_size_per_layer_input=8,
         intermediate_size=128, num_hidden_layers=4, num_kv_shared_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, sliding_window=WINDOW, laurel_rank=4,
         layer_types=["sliding_attention", "full_attention"] * 2, activation_sparsity_pattern=[0.0] * 4)
+    model = tf.AutoModelForCausalLM.from_config(config)
     with pytest.raises(ValueError, match="'gemma3n_text' .* per-layer inputs"):
-        EagleDrafter(tf.AutoModelForCausalLM.from_config(config))
+        EagleDrafter(model)
+    for cut in (early_exit_view, make_draft):
+        with pytest.raises(ValueError, match="'gemma3n_text' .* per-layer inputs .* not its first layers"):
+            cut(model, 2)
 
 
 def _electra():

@@ -21,7 +21,9 @@ EAGLE drafter copied from the target (budget 4, top-2, width 2, depth 2); both r
 `medusa_compiled`, `eagle_compiled`, the same under `compile=on` (the target's tree passes, Medusa's
 guesses, EAGLE's drafter), each compiled caller required to have run compiled; `medusa_trained`,
 `eagle_trained`, the heads or drafter first trained briefly on the target's own text as
-scripts/train_heads.py trains them (`train_briefly`: its loss must fall); `bf16`, exact greedy in
+scripts/train_heads.py trains them (`train_briefly`: its loss must fall); `layer_skip` and `cut_draft`,
+the target's first layer drafting (k = 3, ragged) as a layer-skip view and as the draft train_draft
+starts from; `bf16`, exact greedy in
 bfloat16: the type built again 8x as wide (WIDE), self-drafting against plain decoding of the same
 batches, 32 tokens, batch 1 and ragged. A clean refusal as the proposer is built (`InvalidInput`,
 `ValueError`) is REFUSED. Each path's class is in
@@ -39,6 +41,9 @@ found MATCH.
     python experiments/architectures/sweep.py --from-results experiments/architectures/results.jsonl \\
         --paths medusa_trained,eagle_trained --out experiments/architectures/trained.jsonl \\
         --table experiments/architectures/trained_table.md --timeout-s 300
+    python experiments/architectures/sweep.py --from-results experiments/architectures/results.jsonl \\
+        --paths layer_skip,cut_draft --out experiments/architectures/layer_skip.jsonl \\
+        --table experiments/architectures/layer_skip_table.md --timeout-s 300
     python experiments/architectures/sweep.py --from-results experiments/architectures/results.jsonl \\
         --paths bf16 --out experiments/architectures/bf16.jsonl --table experiments/architectures/bf16_table.md
 """
@@ -72,8 +77,9 @@ from specdec.head_training import eagle_sequences, medusa_labels, train_eagle, t
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.eagle import EagleDrafter, EagleProposer
 from specdec.proposers.heads import OutputHead, save_checkpoint
+from specdec.proposers.layer_skip import LayerSkipProposer
 from specdec.proposers.medusa import MedusaHeads, MedusaProposer
-from specdec.training import Example, generate_continuations, teacher_targets
+from specdec.training import Example, generate_continuations, make_draft, teacher_targets
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17], [3, 4], [20, 21, 22, 23, 24, 25, 26]]
 NEW_TOKENS = 12
@@ -82,9 +88,10 @@ CLASSES = ("MATCH", "REFUSED", "CRASH", "MISMATCH", "UNCOMPILED", "SKIP")
 # The decoding paths a type can be run through (--paths): `eager` is the four runs above; `compiled` the
 # same four under compile=on (dynamo's eager backend: graph capture, guards and static shapes, no
 # kernels); `medusa` and `eagle` the token-tree methods (untrained heads, a drafter copied from the
-# target), ragged, k = 2; `_compiled` under compile=on, `_trained` after brief training; `bf16` exact greedy.
+# target), ragged, k = 2; `_compiled` under compile=on, `_trained` after brief training; `layer_skip` and
+# `cut_draft` the target's first layer as its draft (a view; train_draft's starting draft); `bf16` exact greedy.
 PATHS = ("eager", "compiled", "medusa", "eagle", "medusa_compiled", "eagle_compiled", "medusa_trained",
-         "eagle_trained", "bf16")
+         "eagle_trained", "layer_skip", "cut_draft", "bf16")
 VARIANTS = [
     *(f"{t}:is_decoder=true" for t in ("bert", "roberta", "xmod", "electra", "big_bird")),  # encoders as decoders
     "xlm:causal=true",  # XLM's own causal mode
@@ -408,6 +415,29 @@ def train_briefly(engine: Engine, module: torch.nn.Module, method: str, epochs: 
         return train_eagle(module, model.get_input_embeddings(), head, sequences, epochs, 3e-3, 256, progress=False)
 
 
+def first_layer_run(model, ref, path: str) -> dict:
+    """The target's first layer as its draft, k = 3, ragged, against `ref`: `layer_skip`, the
+    layer-skip view (`early_exit_view`, sharing the target's weights); `cut_draft`, the draft
+    train_draft starts from (`make_draft`, a one-layer model of the target's class, untrained). A
+    layout they cannot cut is REFUSED as the proposer or the draft is built."""
+    try:
+        if path == "layer_skip":
+            engine = _engine(model, None, False)
+            proposer = LayerSkipProposer(engine, exit_layer=1)
+        else:
+            engine = _engine(model, make_draft(model, 1).eval().requires_grad_(False), False)
+            proposer = DraftModelProposer(engine)
+    except Exception as err:  # noqa: BLE001
+        return _failure(err, "proposer")
+    try:
+        got = SpeculativeDecoder(engine, proposer, num_speculative_tokens=3).generate(
+            PROMPTS, max_new_tokens=NEW_TOKENS).output_ids
+        runs = {f"{path}/ragged": "ok" if got == ref else {"got": got}}
+    except Exception as err:  # noqa: BLE001
+        runs = {f"{path}/ragged": {"crash": first_line(err), "where": where(err)}}
+    return {"runs": runs, "cls": classify(runs)}
+
+
 def bf16_runs(spec: str, max_params: int) -> dict:
     """Exact greedy in bfloat16: on the type built again at WIDE's sizes, in bfloat16, self-drafting
     (k = 3) must give plain decoding's tokens, at batch 1 and ragged (each against plain decoding of the
@@ -444,6 +474,8 @@ def run_path(spec: str, model, ref, path: str, max_params: int) -> dict:
         return decode_runs(model, ref, compiled=path == "compiled")
     if path == "bf16":
         return bf16_runs(spec, max_params)
+    if path in ("layer_skip", "cut_draft"):
+        return first_layer_run(model, ref, path)
     method, _, variant = path.partition("_")
     with tempfile.TemporaryDirectory() as workdir:
         return tree_run(model, ref, method, workdir, compiled=variant == "compiled", trained=variant == "trained")
