@@ -129,6 +129,12 @@ def run(cfg: DictConfig) -> dict:
     model, tokenizer = load_model(ModelSpec(path=cfg.target.path, gguf_file=cfg.target.gguf_file))
     engine = Engine(model, dtype=cfg.dtype)
     target = engine.target.model
+    try:  # what the heads need of the target (a decoder the head reads; EAGLE's layout), before the slow part
+        engine.target.hidden_source()
+        if cfg.kind == "eagle":
+            EagleDrafter(target)
+    except ValueError as err:
+        raise InvalidInput(f"target.path={cfg.target.path}: {err}") from err
     eos = tokenizer.eos_token_id
     phase("load")
 

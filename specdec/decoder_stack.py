@@ -1,4 +1,5 @@
-"""Where a Hugging Face causal LM keeps its decoder stack, and a shallower view of it.
+"""Where a Hugging Face causal LM keeps its decoder stack, what lies between it and the logits, and a
+shallower view of it.
 
 Strategies that reuse part of the target need its decoder's list of layers and its final norm: the
 layer-skip draft (the first layers, then the norm and the head), a distilled draft started from those
@@ -7,6 +8,13 @@ names differ by family (Llama's `model.layers` and `model.norm`, GPT-2's and Fal
 and `ln_f`, GPT-NeoX's `gpt_neox.layers` and `final_layer_norm`, Phi's `final_layernorm`, a
 multimodal wrapper's `model.language_model`); the decoder is the one `get_decoder()` names, found in
 the model's module tree by identity, so the view replaces it wherever it sits.
+
+Drafters of hidden states (Medusa, EAGLE) and their training read the decoder's output and end in
+the target's output head (`hidden_source`); the logits are that head's output times a scale
+(Cohere's `logit_scale`, Granite's `logits_scaling`) and soft-capped (Gemma-2's
+`final_logit_softcapping`), `final_logits`. That the model's logits are exactly this is checked on
+a few tokens, since some heads are more than one layer (BERT's prediction transform, ELECTRA's
+projection) and nothing in the config says so.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import copy
 
 import torch
 
+from specdec.attention import grouped_attention
 from specdec.errors import InvalidInput
 
 # Llama's names, then GPT-J's and Falcon's (`h`, `ln_f`), Phi's and Persimmon's (`final_layernorm`),
@@ -28,6 +37,67 @@ def decoder_stack(decoder: torch.nn.Module) -> tuple[str, torch.nn.ModuleList, t
     named = next(((n, m) for n in LAYER_LISTS if isinstance(m := getattr(decoder, n, None), torch.nn.ModuleList)), None)
     norm = next((m for n in FINAL_NORMS if isinstance(m := getattr(decoder, n, None), torch.nn.Module)), None)
     return None if named is None or norm is None else (*named, norm)
+
+
+def logit_transform(model: torch.nn.Module) -> tuple[float, float | None]:
+    """(scale, cap) of what `model`'s forward does to its output head's output: logits x scale
+    (Cohere's `logit_scale`; 1 / Granite's `logits_scaling`), then cap x tanh(logits / cap) (Gemma-2's
+    `final_logit_softcapping`; None: no cap)."""
+    config = model.config.get_text_config(decoder=True)
+    scale = getattr(config, "logit_scale", None) or 1.0
+    if getattr(config, "logits_scaling", None):
+        scale = scale / config.logits_scaling
+    return float(scale), getattr(config, "final_logit_softcapping", None)
+
+
+def final_logits(logits: torch.Tensor, scale: float = 1.0, cap: float | None = None) -> torch.Tensor:
+    """The model's logits from its output head's output `logits: [..., V]` (`logit_transform`)."""
+    if scale != 1.0:
+        logits = logits * scale
+    return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
+def hidden_source(model: torch.nn.Module, name: str | None = None) -> torch.nn.Module:
+    """The decoder of causal LM `model` whose output is its output head's input: what drafters of
+    hidden states read while decoding and what their training reads (`training.teacher_targets`), so
+    both see the same features. ValueError for a model without one: no `get_decoder()` (or one that
+    names the output projection, ModernBERT-decoder's), a head that reads another width (ELECTRA's
+    generator projects its hidden states before the head), or logits that are not the head's output
+    (`final_logits`) on the decoder's, checked on 8 tokens (BERT-style decoders: a prediction
+    transform, dense + activation + norm, sits between them). `name`: the model's name in the message."""
+    name = name or type(model).__name__
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    head = model.get_output_embeddings()
+    # ModernBERT-decoder's `get_decoder()` is its output projection (BERT's name for it), which a
+    # prediction head (dense, activation, norm) feeds: not a stack whose output the head reads.
+    if decoder is None or decoder is model or decoder is head:
+        raise ValueError(f"{name}: {type(model).__name__} exposes no decoder (get_decoder()) whose "
+                         "output is the output head's input; drafters that read hidden states cannot use it")
+    hidden = model.config.get_text_config(decoder=True).hidden_size
+    width = getattr(head, "in_features", hidden)
+    if width != hidden:
+        raise ValueError(f"{name}: {type(model).__name__}'s output head reads {width}-wide inputs, "
+                         f"not its decoder's {hidden}-wide hidden states (a projection sits between them); "
+                         "drafters that read hidden states cannot use it; use a draft model or method=ngram")
+    error = _head_error(model, decoder, head)
+    if error > 0.01:
+        raise ValueError(f"{name}: {type(model).__name__}'s logits are not its output head applied to its decoder's "
+                         f"output (they differ by {error:.0%} of their range: a layer sits between them); "
+                         "drafters that read hidden states cannot use it; use a draft model or method=ngram")
+    return decoder
+
+
+@torch.inference_mode()
+def _head_error(model: torch.nn.Module, decoder: torch.nn.Module, head: torch.nn.Module) -> float:
+    """max |logits - final_logits(head(decoder output))| / max |logits| over 8 tokens (a few
+    milliseconds even for a large model): ~0 where the head reads the decoder's output, up to
+    rounding in low precision."""
+    weight = head.weight
+    ids = torch.arange(8, device=weight.device)[None] % weight.shape[0]
+    with grouped_attention(model):
+        want = model(input_ids=ids, use_cache=False).logits.float()
+        got = final_logits(head(decoder(input_ids=ids, use_cache=False)[0]).float(), *logit_transform(model))
+    return float((got - want).abs().max() / want.abs().max().clamp_min(1e-6))
 
 
 def _shallow(module: torch.nn.Module) -> torch.nn.Module:

@@ -22,6 +22,7 @@ from specdec.attention import SLIDING, AttentionLayout, grouped_attention
 from specdec.cache import RowCache
 from specdec.compiled import CompiledForward, autotunes, cpu_has_bfloat16_units, resolve_compile
 from specdec.cuda_graphs import check_cuda_graphs
+from specdec.decoder_stack import hidden_source
 from specdec.syncs import to_device
 
 
@@ -116,29 +117,6 @@ def overlay_columns(layout: AttentionLayout, masks, columns: torch.Tensor, visib
             seen = seen & (query_positions[:, :, None] - column_positions[:, None, :] < layout.sliding_window)
         block = torch.zeros(seen.shape, dtype=mask.dtype, device=mask.device)
         mask[:, 0].scatter_(2, index, block.masked_fill_(~seen, torch.finfo(mask.dtype).min))
-
-
-def hidden_source(model: torch.nn.Module, name: str | None = None) -> torch.nn.Module:
-    """The decoder of causal LM `model` whose output is its output head's input: what drafters of
-    hidden states read while decoding and what their training reads (`training.teacher_targets`), so
-    both see the same features. ValueError for a model without one: no `get_decoder()` (or one that
-    names the output projection, ModernBERT-decoder's), or a head that reads another width (ELECTRA's
-    generator projects its hidden states before the head). `name`: the model's name in the message."""
-    name = name or type(model).__name__
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
-    head = model.get_output_embeddings()
-    # ModernBERT-decoder's `get_decoder()` is its output projection (BERT's name for it), which a
-    # prediction head (dense, activation, norm) feeds: not a stack whose output the head reads.
-    if decoder is None or decoder is model or decoder is head:
-        raise ValueError(f"{name}: {type(model).__name__} exposes no decoder (get_decoder()) whose "
-                         "output is the output head's input; drafters that read hidden states cannot use it")
-    hidden = model.config.get_text_config(decoder=True).hidden_size
-    width = getattr(head, "in_features", hidden)
-    if width != hidden:
-        raise ValueError(f"{name}: {type(model).__name__}'s output head reads {width}-wide inputs, "
-                         f"not its decoder's {hidden}-wide hidden states (a projection sits between them); "
-                         "drafters that read hidden states cannot use it; use a draft model or method=ngram")
-    return decoder
 
 
 class CachedModel:

@@ -43,8 +43,7 @@ from tqdm.auto import tqdm
 
 from specdec.attention import grouped_attention
 from specdec.data import Prompt, build_turn_input
-from specdec.decoder_stack import early_exit_view
-from specdec.engine import hidden_source
+from specdec.decoder_stack import early_exit_view, final_logits, hidden_source, logit_transform
 from specdec.errors import InvalidInput, first_line
 from specdec.tracking import write_whole
 
@@ -207,7 +206,7 @@ def _autocast(model, dtype: str | None):
 def teacher_targets(target, examples: list[Example], max_tokens: int = 2048, pad_id: int = 0,
                     progress: bool = True, autocast: str | None = None) -> list[Example]:
     """Attach the target's final hidden states at each example's loss positions (in place): the
-    output of its decoder (`engine.hidden_source`, the output head's input) under the engine's
+    output of its decoder (`decoder_stack.hidden_source`, the output head's input) under the engine's
     attention (`grouped_attention`), the features drafters read while decoding, whatever the decoder
     is called (`model`, `transformer`, `gpt_neox`, a multimodal wrapper's language model)."""
     decoder = hidden_source(target)
@@ -232,6 +231,10 @@ def make_draft(target, num_layers: int) -> torch.nn.Module:
     and head frozen. InvalidInput for a target without such a stack, a `num_layers` it lacks, or whose
     shallower model has other parameters than its first layers."""
     view = early_exit_view(target, num_layers, key="draft.num_layers", user="train_draft")
+    try:  # the teacher's distribution is its head on its decoder's output: a model where it is not, refused
+        hidden_source(target)
+    except ValueError as err:
+        raise InvalidInput(f"train_draft: {err}") from err
     config = copy.deepcopy(view.config)
     if hasattr(config, "quantization_config"):  # a GGUF marker: save_pretrained would refuse the draft
         del config.quantization_config
@@ -265,6 +268,7 @@ def distill(draft, head: torch.nn.Module, examples: list[Example], epochs: int =
     Returns the loss of every optimisation step. `head`: the target's lm_head (frozen). `autocast`:
     e.g. "bfloat16" for mixed precision (weights and optimizer stay in the draft's dtype)."""
     params = [p for p in draft.parameters() if p.requires_grad]
+    transform = logit_transform(draft)  # the target's (Cohere's logit scale, Gemma-2's soft cap): its p, not the head's
     batches = _batches(examples, max_tokens)
     steps = epochs * len(batches)
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
@@ -284,8 +288,8 @@ def distill(draft, head: torch.nn.Module, examples: list[Example], epochs: int =
             with _autocast(draft, autocast):
                 hidden = draft.get_decoder()(input_ids=ids, attention_mask=mask)[0][rows, cols]
                 with torch.no_grad():
-                    teacher = head(torch.cat([e.hidden for e in batch]).to(head.weight.dtype))
-                logits = draft.get_output_embeddings()(hidden)
+                    teacher = final_logits(head(torch.cat([e.hidden for e in batch]).to(head.weight.dtype)), *transform)
+                logits = final_logits(draft.get_output_embeddings()(hidden), *transform)
             loss = kl_loss(logits, teacher)
             opt.zero_grad(set_to_none=True)
             loss.backward()

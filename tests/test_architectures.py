@@ -8,7 +8,8 @@ the text config (SDPA, the vision tower unused); Phi-3 with fused projections; G
 rotary and parallel residuals; BERT as a decoder (learned absolute positions, post-norm layers);
 Falcon (multi-query, its attention choosing SDPA by the implementation's name, so it keeps plain
 SDPA rather than specdec's grouped form, under which it took its other branch and misread SDPA's
-boolean masks); DeepSeek-V2's latent attention with fewer key heads than query heads. The
+boolean masks); DeepSeek-V2's latent attention with fewer key heads than query heads; Cohere, whose
+logits are the head's scaled. The
 windows (4) are far shorter than the prompts, so a mask that ignores them changes the logits from the
 first ragged step on. A layout the engine cannot serve (ALiBi, attention kinds it does not mask,
 implementations that take no 4-D mask, soft-capping under SDPA, an encoder without `is_decoder`,
@@ -68,6 +69,8 @@ ARCHITECTURES = {
     "bert_decoder": (tf.BertConfig, dict(is_decoder=True), "sdpa"),
     # multi-query attention that picks SDPA by the implementation's name, its own attention code otherwise
     "falcon": (tf.FalconConfig, dict(multi_query=True), "sdpa"),
+    # logits scaled after the head (`logit_scale`, 0.0625)
+    "cohere": (tf.CohereConfig, _GQA, "sdpa"),
     # latent attention (MLA) with fewer key heads than query heads: transformers' own SDPA call fails
     # on it (its keys are not repeated to the query heads); specdec's grouped SDPA reads the grouping
     "deepseek_v2_mla": (tf.DeepseekV2Config, dict(_GQA, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8,
@@ -145,7 +148,7 @@ def test_greedy_equals_generate_at_batch_one_and_ragged(arch, drafter, unrelated
 
 
 EAGLE_LAYOUTS = {"llama", "qwen2_sliding", "mistral_sliding", "gemma2", "gemma3", "gemma3_multimodal", "phi3",
-                 "gpt_neox", "falcon", "deepseek_v2_mla"}
+                 "gpt_neox", "falcon", "deepseek_v2_mla", "cohere"}
 
 
 def test_eagle_drafts_losslessly_or_is_refused_when_built(arch, tmp_path):
@@ -251,12 +254,21 @@ def test_eagle_drafter_copies_the_targets_last_layer_and_norm(make, attention, t
     assert drafter.cache_layers == (2 if isinstance(config, tf.LongcatFlashConfig) else 1)
 
 
+# Layouts whose output head is more than the layer `get_output_embeddings()` names (BERT's prediction
+# transform, dense + activation + norm, before it): drafters of hidden states refuse them.
+HEAD_NOT_ON_DECODER = {"bert_decoder"}
+
+
 def test_medusa_drafts_losslessly_on_every_layout(arch, tmp_path):
     """Medusa's heads read the target's last hidden state through a hook on its decoder and end in its
-    output head: on every layout (a multimodal wrapper's language model too) untrained heads, which
-    propose the target's own next-token guesses, give transformers' greedy tokens; BERT's head, which
-    has a bias, with its bias (it was refused)."""
-    from specdec.proposers.heads import save_checkpoint
+    output head: on every layout (a multimodal wrapper's language model too) that head on the decoder's
+    output, scaled and capped as the model does (Cohere's logit scale, Gemma-2's soft cap), gives the
+    model's own logits, and untrained heads, which propose the target's own next-token guesses, give
+    transformers' greedy tokens. BERT's logits are not its head's output on the decoder's (a prediction
+    transform sits between them; Medusa drafted from the wrong distribution, losslessly but blind):
+    refused as the proposer is built."""
+    from specdec.decoder_stack import hidden_source
+    from specdec.proposers.heads import OutputHead, save_checkpoint
     from specdec.proposers.medusa import MedusaHeads, MedusaProposer
 
     name, model, reference = arch
@@ -264,6 +276,14 @@ def test_medusa_drafts_losslessly_on_every_layout(arch, tmp_path):
     path = save_checkpoint(tmp_path / "medusa.safetensors", "medusa", MedusaHeads(hidden, 2).state_dict(),
                            {"hidden_size": hidden, "vocab_size": VOCAB, "num_heads": 2})
     engine = Engine(model, dtype="float32")
+    if name in HEAD_NOT_ON_DECODER:
+        with pytest.raises(ValueError, match="logits are not its output head applied to its decoder's output"):
+            MedusaProposer(engine, str(path))
+        return
+    x = torch.tensor([PROMPTS[0]])
+    with torch.inference_mode():
+        logits = OutputHead.of(model).logits(hidden_source(model)(input_ids=x)[0])
+        torch.testing.assert_close(logits, model(x).logits)
     decoder = SpeculativeDecoder(engine, MedusaProposer(engine, str(path)), num_speculative_tokens=2)
     assert decoder.generate(PROMPTS, max_new_tokens=NEW_TOKENS).output_ids == reference, name
 
@@ -271,13 +291,17 @@ def test_medusa_drafts_losslessly_on_every_layout(arch, tmp_path):
 def test_head_training_reads_the_features_drafters_read(arch):
     """Head training's teacher pass (`teacher_targets`, right-padded batches) keeps at every position
     the hidden state the engine stores for Medusa and EAGLE while decoding: the decoder's output,
-    whatever the decoder is called (GPT-NeoX's `gpt_neox`, Falcon's and BERT's own names, a multimodal
+    whatever the decoder is called (GPT-NeoX's `gpt_neox`, Falcon's `transformer`, a multimodal
     wrapper's language model; it read `model.model` and failed on the others, after the target had
     written the training text), under the engine's attention (DeepSeek-V2's latent attention with two
     key heads, which transformers' own SDPA call rejects)."""
     from specdec.training import Example, teacher_targets
 
     name, model, _ = arch
+    if name in HEAD_NOT_ON_DECODER:  # nothing to train heads on: refused before the pass
+        with pytest.raises(ValueError, match="logits are not its output head applied"):
+            teacher_targets(model, [Example(torch.tensor(PROMPTS[0]), 1)], progress=False)
+        return
     examples = [Example(torch.tensor(p), 1) for p in PROMPTS]
     teacher_targets(model, examples, max_tokens=64, progress=False)  # one padded batch of three rows
     engine = Engine(model, dtype="float32")

@@ -18,7 +18,7 @@ from specdec.errors import InputError, InvalidInput
 from specdec.models import ModelSpec, load_model, tiny_random_model, tiny_random_tokenizer
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.training import distill, make_draft, split_prompts, take_per_category, teacher_targets
-from tests.conftest import load_script
+from tests.conftest import load_script, tiny_of
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -132,20 +132,11 @@ def test_too_deep_a_draft_is_refused_before_generating(tmp_path, monkeypatch):
         script.run(_cfg(tmp_path / "draft", "draft.num_layers=2"))
 
 
-def _tiny(config_class, **extra):
-    """A tiny random model of another family, on the tiny tokenizer's vocabulary."""
-    config = config_class(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                          num_attention_heads=4, max_position_embeddings=512, initializer_range=0.1,
-                          bos_token_id=None, eos_token_id=None, pad_token_id=0, tie_word_embeddings=False, **extra)
-    torch.manual_seed(0)
-    return transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
-
-
 def test_a_gpt_neox_target_trains_a_draft_end_to_end(tmp_path, spec_bench_file, monkeypatch):
     """GPT-NeoX keeps its decoder under `gpt_neox` (the teacher pass, the cut draft and the distillation
     read `model.model` and failed after generating): its draft trains, loads back and drafts losslessly."""
     script = _script()
-    target = _tiny(transformers.GPTNeoXConfig, rotary_pct=0.5)
+    target = tiny_of(transformers.GPTNeoXConfig, rotary_pct=0.5)
     monkeypatch.setattr(script, "load_model", lambda spec: (target, tiny_random_tokenizer()))
     out = tmp_path / "draft"
     report = script.run(_cfg(out, "prompts.builtin=false", f"prompts.spec_bench={spec_bench_file}",
@@ -160,7 +151,7 @@ def test_a_gpt_neox_target_trains_a_draft_end_to_end(tmp_path, spec_bench_file, 
 
 def test_a_target_without_a_decoder_stack_is_refused_before_generating(tmp_path, monkeypatch):
     script = _script()
-    bert = _tiny(transformers.BertConfig, is_decoder=True)
+    bert = tiny_of(transformers.BertConfig, is_decoder=True)
     monkeypatch.setattr(script, "load_model", lambda spec: (bert, tiny_random_tokenizer()))
     monkeypatch.setattr(script, "cached_continuations", lambda *a, **k: pytest.fail("generated"))
     with pytest.raises(InvalidInput, match="train_draft needs a causal LM whose decoder .* keeps a list of layers"):

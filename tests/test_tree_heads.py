@@ -16,10 +16,10 @@ from specdec.decoding import SpeculativeDecoder
 from specdec.engine import Engine
 from specdec.errors import InvalidInput
 from specdec.head_training import check_disjoint, medusa_labels, training_prompts, vocab_index
-from specdec.models import tiny_random_model
+from specdec.models import tiny_random_model, tiny_random_tokenizer
 from specdec.proposers.medusa import MedusaHeads, MedusaProposer
 from specdec.training import Example
-from tests.conftest import RAGGED_PROMPTS, load_script
+from tests.conftest import RAGGED_PROMPTS, load_script, tiny_of
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_MEDUSA = ROOT / "tests" / "assets" / "tiny_random_medusa.safetensors"
@@ -52,6 +52,41 @@ def test_train_heads_script_end_to_end(tmp_path):
     _decodes_like_plain_greedy(out)
     with pytest.raises(InvalidInput, match="another model of this target's shape"):  # same shape, other weights
         MedusaProposer(Engine(tiny_random_model(seed=1), dtype="float32"), str(out))
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_train_heads_script_trains_for_a_gpt_neox_target(tmp_path, monkeypatch, kind):
+    """GPT-NeoX keeps its decoder under `gpt_neox` (the teacher pass read `model.model` and failed after
+    the target had written the training text): its heads train, the loss falls, and they decode the
+    held-out prompts as plain decoding does."""
+    import transformers
+
+    script = _script()
+    target = tiny_of(transformers.GPTNeoXConfig, rotary_pct=0.5)
+    monkeypatch.setattr(script, "load_model", lambda spec: (target, tiny_random_tokenizer()))
+    report = script.run(_train_cfg(tmp_path / f"{kind}.safetensors", f"kind={kind}", "prompts.count=24",
+                                   "prompts.target_written=0", "prompts.held_out=4", "generation.max_new_tokens=16",
+                                   "train.epochs=3", "eagle.budget=6", "eagle.topk=2", "eagle.width=2", "eagle.depth=2"))
+    assert report["loss_by_epoch"][-1] < report["loss_by_epoch"][0]
+    assert report["decode_check"]["equal_to_plain"] == 1.0
+
+
+@pytest.mark.parametrize("kind, config, message", [
+    ("eagle", "GPT2Config", "method=eagle needs a Llama-like target"),
+    ("medusa", "ElectraConfig", "output head reads 32-wide inputs, not its decoder's 64-wide"),
+])
+def test_a_target_the_heads_cannot_read_is_refused_before_generating(tmp_path, monkeypatch, kind, config, message):
+    """GPT-2 has no rotary embedding for EAGLE's drafter, ELECTRA's generator projects its hidden states
+    before the head: refused as the target loads, not after it has written the training text."""
+    import transformers
+
+    script = _script()
+    extra = dict(is_decoder=True, embedding_size=32) if config == "ElectraConfig" else {}
+    target = tiny_of(getattr(transformers, config), **extra)
+    monkeypatch.setattr(script, "load_model", lambda spec: (target, tiny_random_tokenizer()))
+    monkeypatch.setattr(script, "_continuations", lambda *a, **k: pytest.fail("generated"))
+    with pytest.raises(InvalidInput, match=message):
+        script.run(_train_cfg(tmp_path / "heads.safetensors", f"kind={kind}", "prompts.target_written=0"))
 
 
 def _decodes_like_plain_greedy(path: Path):
@@ -124,6 +159,8 @@ def test_the_output_head_keeps_its_bias_whole_and_on_a_reduced_vocabulary():
     """Phi's, GPT-J's and CodeGen's output heads have a bias: the heads' logits are the target head's own,
     bias included, on the whole vocabulary and on a checkpoint's `vocab_ids` rows, and so are Medusa's
     compiled guesses (they were refused; ignoring the bias would rank the tokens otherwise)."""
+    import transformers
+
     from specdec.proposers.heads import OutputHead
     from specdec.proposers.medusa import MedusaGuesses
 
@@ -131,6 +168,7 @@ def test_the_output_head_keeps_its_bias_whole_and_on_a_reduced_vocabulary():
     lm_head = torch.nn.Linear(16, 40)
     lm_head.bias.data.normal_(0.0, 5.0)
     model = torch.nn.Module()
+    model.config = transformers.PretrainedConfig()  # no logit scale or cap
     model.get_output_embeddings = lambda: lm_head
     hidden = torch.randn(6, 16)
     whole = OutputHead.of(model)

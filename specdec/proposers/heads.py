@@ -25,6 +25,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
 
+from specdec.decoder_stack import final_logits, logit_transform
 from specdec.errors import InvalidInput, MissingInput
 from specdec.tracking import write_whole
 
@@ -33,11 +34,15 @@ class OutputHead:
     """The target's output head restricted to `vocab_ids` (all tokens when None), frozen.
 
     weight: [V', H] rows of the target's head (a view when the vocabulary is whole); bias: [V'] or
-    None (Phi's, GPT-J's and CodeGen's heads have one).
+    None (Phi's, GPT-J's and CodeGen's heads have one); scale, cap: what the target's forward does to
+    the head's output (`decoder_stack.logit_transform`: Cohere's scale, Gemma-2's soft cap), so that
+    the logits, and the distributions drafts are sampled from and trained on, are the target's.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, vocab_ids: torch.Tensor | None = None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, vocab_ids: torch.Tensor | None = None,
+                 scale: float = 1.0, cap: float | None = None):
         self.weight, self.bias, self.vocab_ids = weight, bias, vocab_ids
+        self.scale, self.cap = scale, cap
 
     @classmethod
     def of(cls, target_model: torch.nn.Module, vocab_ids: torch.Tensor | None = None,
@@ -55,12 +60,12 @@ class OutputHead:
             bias = None if bias is None else bias[vocab_ids]
         if dtype is not None:
             weight, bias = weight.to(dtype), None if bias is None else bias.to(dtype)
-        return cls(weight, bias, vocab_ids)
+        return cls(weight, bias, vocab_ids, *logit_transform(target_model))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [..., H] -> logits over the head's vocabulary [..., V'] (the kernel, linear or
         `hidden @ weight.T`, made no difference beyond noise to an EAGLE step: experiments/gpu)."""
-        return torch.nn.functional.linear(hidden, self.weight, self.bias)
+        return final_logits(torch.nn.functional.linear(hidden, self.weight, self.bias), self.scale, self.cap)
 
     def token_ids(self, index: torch.Tensor) -> torch.Tensor:
         """Indices into the head's vocabulary -> token ids of the target's."""

@@ -77,6 +77,7 @@ class MedusaGuesses(torch.nn.Module):
     def forward(self, hidden: torch.Tensor, depth: int, ranks: int) -> torch.Tensor:
         """hidden: [B, H] -> the indices (into the head's vocabulary) of the `ranks` likeliest
         tokens of each of the first `depth` heads, [B, depth, ranks]."""
+        # The target's logit scale and soft cap (`OutputHead.scale`, `cap`) are increasing: no rank changes.
         logits = F.linear(self.heads(hidden, depth), self.weight, self.bias)  # [B, depth, V']
         return logits.topk(ranks, dim=-1).indices
 
