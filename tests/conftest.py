@@ -36,9 +36,9 @@ def engine_factory(target):
     return make
 
 
-def tiny_of(config_class, **extra) -> torch.nn.Module:
+def tiny_of(config_class, attention: str = "sdpa", **extra) -> torch.nn.Module:
     """A tiny random causal LM of another family (`config_class`, e.g. GPTNeoXConfig) on the tiny
-    tokenizer's vocabulary (256), 2 layers of width 64, SDPA, seed 0, eval mode."""
+    tokenizer's vocabulary (256), 2 layers of width 64, `attention`, seed 0, eval mode."""
     import transformers
 
     config = config_class(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -46,7 +46,7 @@ def tiny_of(config_class, **extra) -> torch.nn.Module:
                           bos_token_id=None, eos_token_id=None, pad_token_id=0, tie_word_embeddings=False, **extra)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        return transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+        return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention).eval()
 
 
 def load_script(name: str):

@@ -149,6 +149,25 @@ def test_a_gpt_neox_target_trains_a_draft_end_to_end(tmp_path, spec_bench_file, 
     assert type(draft).__name__ == "GPTNeoXForCausalLM" and draft.config.num_hidden_layers == 1
 
 
+@pytest.mark.parametrize("config, extra", [("CohereConfig", {}), ("Gemma2Config", dict(final_logit_softcapping=2.0, attention="eager"))])
+def test_the_teacher_distribution_is_the_targets_own(config, extra):
+    """Distillation's teacher is the head on the stored hidden states, scaled and capped as the target
+    does (Cohere's logits are its head's x 0.0625, Gemma-2's soft-capped): its logits at every loss
+    position equal the target's (without the transform, Cohere's were 16 times too sharp)."""
+    from specdec.decoder_stack import final_logits, logit_transform
+    from specdec.training import Example
+
+    target = tiny_of(getattr(transformers, config), **extra)
+    tokens = torch.arange(3, 15)
+    example = Example(tokens, 4)
+    teacher_targets(target, [example], progress=False)
+    with torch.inference_mode():
+        want = target(tokens[None]).logits[0, 3:-1]  # the outputs that predict tokens 4..11
+        got = final_logits(target.get_output_embeddings()(example.hidden), *logit_transform(target))
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert logit_transform(target) != (1.0, None)
+
+
 def test_a_target_without_a_decoder_stack_is_refused_before_generating(tmp_path, monkeypatch):
     script = _script()
     bert = tiny_of(transformers.BertConfig, is_decoder=True)
