@@ -89,14 +89,19 @@ def hidden_source(model: torch.nn.Module, name: str | None = None) -> torch.nn.M
 
 @torch.inference_mode()
 def _head_error(model: torch.nn.Module, decoder: torch.nn.Module, head: torch.nn.Module) -> float:
-    """max |logits - final_logits(head(decoder output))| / max |logits| over 8 tokens (a few
-    milliseconds even for a large model): ~0 where the head reads the decoder's output, up to
-    rounding in low precision."""
+    """max |logits - final_logits(head(decoder output))| / max |logits| over 8 tokens (two passes of
+    8 tokens, in eval mode: no dropout): ~0 where the head reads the decoder's output, up to rounding
+    in low precision."""
     weight = head.weight
     ids = torch.arange(8, device=weight.device)[None] % weight.shape[0]
-    with grouped_attention(model):
-        want = model(input_ids=ids, use_cache=False).logits.float()
-        got = final_logits(head(decoder(input_ids=ids, use_cache=False)[0]).float(), *logit_transform(model))
+    training = model.training
+    model.eval()
+    try:
+        with grouped_attention(model):
+            want = model(input_ids=ids, use_cache=False).logits.float()
+            got = final_logits(head(decoder(input_ids=ids, use_cache=False)[0]).float(), *logit_transform(model))
+    finally:
+        model.train(training)
     return float((got - want).abs().max() / want.abs().max().clamp_min(1e-6))
 
 
