@@ -20,6 +20,7 @@ projection) and nothing in the config says so.
 from __future__ import annotations
 
 import copy
+import weakref
 
 import torch
 
@@ -30,6 +31,9 @@ from specdec.errors import InvalidInput
 # GPT-NeoX's (`final_layer_norm`), XGLM's and BioGPT's (`layer_norm`), CTRL's (`layernorm`).
 LAYER_LISTS = ("layers", "h")
 FINAL_NORMS = ("norm", "final_layernorm", "final_layer_norm", "ln_f", "layer_norm", "layernorm")
+# Models whose logits `hidden_source` found to be their head's output on the decoder's: a property of
+# the model's structure, checked once per model object (every proposer, engine and teacher pass asks).
+_HEAD_CHECKED: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
 
 def decoder_stack(decoder: torch.nn.Module) -> tuple[str, torch.nn.ModuleList, torch.nn.Module] | None:
@@ -63,8 +67,9 @@ def hidden_source(model: torch.nn.Module, name: str | None = None) -> torch.nn.M
     both see the same features. ValueError for a model without one: no `get_decoder()` (or one that
     names the output projection, ModernBERT-decoder's), a head that reads another width (ELECTRA's
     generator projects its hidden states before the head), or logits that are not the head's output
-    (`final_logits`) on the decoder's, checked on 8 tokens (BERT-style decoders: a prediction
-    transform, dense + activation + norm, sits between them). `name`: the model's name in the message."""
+    (`final_logits`) on the decoder's, checked on 8 tokens once per model (BERT-style decoders: a
+    prediction transform, dense + activation + norm, sits between them). `name`: the model's name in
+    the message."""
     name = name or type(model).__name__
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     head = model.get_output_embeddings()
@@ -79,11 +84,13 @@ def hidden_source(model: torch.nn.Module, name: str | None = None) -> torch.nn.M
         raise ValueError(f"{name}: {type(model).__name__}'s output head reads {width}-wide inputs, "
                          f"not its decoder's {hidden}-wide hidden states (a projection sits between them); "
                          "drafters that read hidden states cannot use it; use a draft model or method=ngram")
-    error = _head_error(model, decoder, head)
-    if error > 0.01:
-        raise ValueError(f"{name}: {type(model).__name__}'s logits are not its output head applied to its decoder's "
-                         f"output (they differ by {error:.0%} of their range: a layer sits between them); "
-                         "drafters that read hidden states cannot use it; use a draft model or method=ngram")
+    if model not in _HEAD_CHECKED:
+        error = _head_error(model, decoder, head)
+        if error > 0.01:
+            raise ValueError(f"{name}: {type(model).__name__}'s logits are not its output head applied to its "
+                             f"decoder's output (they differ by {error:.0%} of their range: a layer sits between "
+                             "them); drafters that read hidden states cannot use it; use a draft model or method=ngram")
+        _HEAD_CHECKED.add(model)
     return decoder
 
 
@@ -131,10 +138,10 @@ def early_exit_view(model: torch.nn.Module, exit_layer: int, key: str = "method.
             f"{user} needs a causal LM whose decoder (get_decoder()) keeps a list of layers and a final norm "
             f"(Llama's model.layers and model.norm, GPT-2's transformer.h and ln_f, GPT-NeoX's, Phi's, ...) "
             f"and an output head; {type(model).__name__} has another layout")
-    text = model.config.get_text_config(decoder=True)  # a multimodal wrapper's language model
-    if getattr(text, "hidden_size_per_layer_input", None) or getattr(text, "num_kv_shared_layers", None):
+    original = model.config.get_text_config(decoder=True)  # a multimodal wrapper's language model
+    if getattr(original, "hidden_size_per_layer_input", None) or getattr(original, "num_kv_shared_layers", None):
         raise InvalidInput(
-            f"{user}: model type {text.model_type!r} ({type(model).__name__}) feeds its decoder layers per-layer "
+            f"{user}: model type {original.model_type!r} ({type(model).__name__}) feeds its decoder layers per-layer "
             "inputs from a table sized by the layer count, or lets its last layers read earlier layers' keys "
             "and values (Gemma-3n, Gemma-4 E2B and E4B): a shallower model is not its first layers; "
             "use a draft model or method=ngram")
@@ -149,7 +156,7 @@ def early_exit_view(model: torch.nn.Module, exit_layer: int, key: str = "method.
     text.num_hidden_layers = exit_layer  # an alias where the config calls it otherwise (GPT-2's n_layer)
     if getattr(text, "layer_types", None) is not None:
         text.layer_types = list(text.layer_types)[:exit_layer]
-    configs = {id(model.config): config, id(model.config.get_text_config(decoder=True)): text}
+    configs = {id(model.config): config, id(original): text}
 
     def own(module: torch.nn.Module) -> torch.nn.Module:
         out = _shallow(module)
