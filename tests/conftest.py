@@ -36,6 +36,43 @@ def engine_factory(target):
     return make
 
 
+class TargetTime:
+    """A clock on which time passes only in the target's passes: 1 per pass plus `width` per extra
+    token scored per row; drafting is free. The cost-aware policies learn their costs from clocks, so
+    on a shared machine one stalled step can make drafting look unprofitable for the rest of a short
+    run, and a test that asserts they drafted fails by chance; on this clock their decisions are the
+    same on every machine, and drafting pays wherever anything is accepted."""
+
+    def __init__(self, monkeypatch, engine: Engine, width: float = 0.01):
+        import specdec.decoding
+        import specdec.engine
+        import specdec.policy
+        import specdec.proposers.hybrid
+
+        self.now = 0.0
+        for module in (specdec.decoding, specdec.engine, specdec.policy, specdec.proposers.hybrid):
+            monkeypatch.setattr(module, "time", self)
+        forward = engine.target.forward
+
+        def timed(tokens: torch.Tensor, *args, **kwargs):  # tokens: [B, T]
+            self.now += 1.0 + width * (tokens.shape[1] - 1)
+            return forward(tokens, *args, **kwargs)
+
+        monkeypatch.setattr(engine.target, "forward", timed)
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    process_time = perf_counter
+
+
+@pytest.fixture
+def target_time(monkeypatch):
+    """`target_time(engine)`: from then on, until the test ends, the policies' clocks are
+    `TargetTime` on that engine's target."""
+    return lambda engine, width=0.01: TargetTime(monkeypatch, engine, width)
+
+
 def tiny_of(config_class, attention: str = "sdpa", **extra) -> torch.nn.Module:
     """A tiny random causal LM of another family (`config_class`, e.g. GPTNeoXConfig) on the tiny
     tokenizer's vocabulary (256), 2 layers of width 64, `attention`, seed 0, eval mode."""
