@@ -33,6 +33,13 @@ Learning without losing:
   finding out costs at most one step one token wider than known (at batch 16 on this CPU a first
   step 7 wide, taken when only T = 1 was known, cost 3.4 plain steps). Every estimate is a median
   over the last `window` observations.
+- Confirming: a width measured fewer than `confirm` (3) times does not rule drafting out on its own
+  word. A plan that loses to plain decoding only through such a width is taken anyway, in a step
+  whose measurement pairs with the one before (a step of another width), until the width has its
+  `confirm` measurements; the median then rejects a single outlier. Otherwise one stalled step on a
+  shared machine (0.5 s in a 30 ms step of the embedded target: the first width measured at 17 plain
+  steps) stopped drafting for good, since a width that is never taken is never measured again;
+  finding out costs at most `confirm` - 1 steps per width that really loses.
 - Acceptance: decayed counts per draft position, each shrunk to the position before it (the
   first to a prior); a per-row factor for the rows of the current batch (a summarization row and
   a QA row differ). When the policy stops drafting
@@ -127,6 +134,7 @@ class CostModel:
         self.window = window
         self.pairs: dict[int, dict[tuple[int, int], deque]] = {}  # B -> (T, T') -> log(R_T / R_T')
         self.last: dict[int, tuple[int, float]] = {}  # B -> (T, seconds) of the last measured step
+        self.measured: dict[int, dict[int, int]] = {}  # B -> T -> steps measured
         self.plain_s: dict[int, float] = {}  # B -> seconds of a plain step, lately (for reports)
         self.draft: dict[tuple[str, int], Timings] = {}
         self.switch: dict[tuple[str, int], deque] = {}  # (source, B) -> (k, cost) of drafting after not drafting
@@ -145,6 +153,8 @@ class CostModel:
                 math.log(s_hi / s_lo))
             self._rho.pop(b, None)
         self.last[b] = (t, rest_s)
+        counts = self.measured.setdefault(b, {})
+        counts[t] = counts.get(t, 0) + 1
         plain = rest_s / self.rest(b, t)
         self.plain_s[b] = plain
         for source, k, seconds, steady in drafts:
@@ -193,6 +203,13 @@ class CostModel:
             out.update({w: float(x[col[w]]) for w in unknown})
         self._rho[b] = out
         return out
+
+    def confirming(self, b: int, t: int, confirm: int) -> bool:
+        """Width t > 1 was measured at batch size b, fewer than `confirm` times, and a step of that
+        width now would measure it again: the last step at b (this generation) had another width,
+        and the two form a pair. Consecutive steps of one width form no pair."""
+        n = self.measured.get(b, {}).get(t, 0)
+        return t > 1 and 0 < n < confirm and b in self.last and self.last[b][0] != t
 
     def widest(self, b: int) -> int:
         """The widest T whose cost at batch size b is measured (linked to T = 1 by pairs); 1 if none."""
@@ -333,11 +350,13 @@ def verified(offered: list[int], accepted: list[int], active: list[bool]) -> dic
 @dataclass
 class Plan:
     """A candidate for one step: `k` drafts per row (asked of the proposer, or kept of its proposal),
-    `tokens` expected from the batch, `cost` the step's predicted time in plain steps."""
+    `tokens` expected from the batch, `cost` the step's predicted time in plain steps; `tentative`:
+    its width is being confirmed (`CostModel.confirming`), so it is taken even if it loses."""
 
     k: int
     tokens: float
     cost: float
+    tentative: bool = False
 
     @property
     def rate(self) -> float:
@@ -351,17 +370,18 @@ class Planner:
 
     def __init__(self, k_max: int, min_k: int = 0, start: int = 1, margin: float = 0.02, explore: float = 0.01,
                  prior: float = 0.5, prior_weight: float = 2.0, decay: float = 0.98, window: int = 16,
-                 cheap: float = 0.01, probe: int = 32, width_error: float = 0.5):
+                 cheap: float = 0.01, probe: int = 32, width_error: float = 0.5, confirm: int = 3):
         if not 0 <= min_k <= k_max:
             raise ValueError(f"min_k must be in [0, {k_max}], got {min_k}")
         if not 1 <= start <= k_max:
             raise ValueError(f"start must be in [1, {k_max}], got {start}")
         if margin < 0 or not 0 <= explore < 1 or not 0 < prior < 1 or prior_weight <= 0 or not 0 < decay <= 1 \
-                or window < 1 or cheap < 0 or probe < 0 or width_error < 0:
+                or window < 1 or cheap < 0 or probe < 0 or width_error < 0 or confirm < 1:
             raise ValueError("need margin >= 0, 0 <= explore < 1, 0 < prior < 1, prior_weight > 0, "
-                             "0 < decay <= 1, window >= 1, cheap >= 0, probe >= 0, width_error >= 0")
+                             "0 < decay <= 1, window >= 1, cheap >= 0, probe >= 0, width_error >= 0, confirm >= 1")
         self.k_max, self.min_k, self.start = k_max, min_k, start
         self.margin, self.explore, self.cheap, self.probe, self.width_error = margin, explore, cheap, probe, width_error
+        self.confirm = confirm
         self.model_args = {"prior": prior, "prior_weight": prior_weight, "decay": decay}
         self.costs = CostModel(window)
         self.models: dict[str, AcceptanceModel] = {}
@@ -445,8 +465,18 @@ class Planner:
             curves = [model.curve(r, asked) for r in rows]
         caps = [lengths[r] for r in rows] if lengths is not None else [cap] * len(rows)
         longest = max(caps, default=0)
-        rest = [self.rest(b, 1 + self.width(source, min(j, longest))) for j in range(cap + 1)]
-        return [Plan(j, sum(c[min(j, n)] for c, n in zip(curves, caps)), draft + rest[j]) for j in range(cap + 1)]
+        widths = [1 + self.width(source, min(j, longest)) for j in range(cap + 1)]
+        return [Plan(j, sum(c[min(j, n)] for c, n in zip(curves, caps)), draft + self.rest(b, t),
+                     self.costs.confirming(b, t, self.confirm)) for j, t in enumerate(widths)]
+
+    def _confirmed_or_best(self, plans: list[Plan], plain: Plan) -> Plan:
+        """The best plan, or, when it would lose to plain decoding, the best of those whose width is
+        being confirmed: a loss that rests on one or two measurements is measured again first."""
+        best = max(plans, key=lambda p: (p.rate, p.k))
+        tentative = [p for p in plans if p.tentative]
+        if tentative and best.rate < plain.rate * (1 + self.margin):
+            return max(tentative, key=lambda p: (p.rate, p.k))
+        return best
 
     def best_ask(self, source: str, b: int, rows: list[int], trimmable: bool, sunk: float = 0.0,
                  cap: int | None = None, switching: bool = False) -> Plan | None:
@@ -464,14 +494,17 @@ class Planner:
         extra = sunk + (self.costs.switch_cost(source, b) if switching else 0.0)
         model = self.model(source)
         curves = [model.curve(r, asked=True) for r in rows]
+        plain = self.plain(b, rows, sunk)
         for k in range(min(max(self.min_k, 1), top), top + 1):
             widths = self._plans(source, b, rows, k, extra + self.costs.draft_cost(source, b, k), asked=True,
                                  curves=curves)
-            best = max(widths, key=lambda p: p.rate) if trimmable else widths[k]
-            plans.append(Plan(k, best.tokens, best.cost))
-        if self.min_k == 0 and self.ceiling(source, b, rows, sunk, cap) < self.plain(b, rows, sunk).rate * (1 + self.margin):
+            best = self._confirmed_or_best(widths, plain) if trimmable else widths[k]
+            plans.append(Plan(k, best.tokens, best.cost, best.tentative))
+        best = self._confirmed_or_best(plans, plain)
+        if self.min_k == 0 and not best.tentative and \
+                self.ceiling(source, b, rows, sunk, cap) < plain.rate * (1 + self.margin):
             return None  # it cannot pay even if every draft were accepted: not worth exploring either
-        return max(plans, key=lambda p: (p.rate, p.k))
+        return best
 
     def ceiling(self, source: str, b: int, rows: list[int], sunk: float = 0.0, cap: int | None = None) -> float:
         """The best rate any k <= cap (k_max) could reach if every draft were accepted, in steady
@@ -490,7 +523,7 @@ class Planner:
             return None
         plans = self._plans(source, b, rows, cap, draft, asked=False, lengths=lengths)[1:]
         floor = min(max(self.min_k, 1), cap)
-        return max((p for p in plans if p.k >= floor), key=lambda p: (p.rate, p.k))
+        return self._confirmed_or_best([p for p in plans if p.k >= floor], self.plain(b, rows, draft))
 
     def worth_proposing(self, source: str, b: int, rows: list[int], sunk: float = 0.0,
                         others: list[tuple[str, Plan | None]] = ()) -> bool:
@@ -506,13 +539,18 @@ class Planner:
         """The best option; plain (None) unless a speculative one beats it by `margin` (or min_k > 0).
         A source passed over explores once every ceil((cost * loss + margin) / explore) steps without
         a verdict on its drafts: loss is its predicted shortfall in rate against the choice, so
-        cost * loss is the time (in plain steps) one exploring step is expected to waste."""
+        cost * loss is the time (in plain steps) one exploring step is expected to waste. When plain
+        decoding would win, a plan whose width is being confirmed (`Plan.tentative`) is taken instead."""
         options = [(s, p) for s, p in options if p is not None]
         if not options:
             return None, plain
         name, best = max(options, key=lambda o: (o[1].rate, o[1].k))
         if self.min_k == 0 and best.rate < plain.rate * (1 + self.margin):
             name, best = None, plain
+        if name is None:  # a loss that rests on a width being confirmed is measured again first
+            tentative = [o for o in options if o[1].tentative]
+            if tentative:
+                return max(tentative, key=lambda o: (o[1].rate, o[1].k))
         if self.explore > 0:
             for source, plan in options:
                 if source == name:

@@ -144,6 +144,46 @@ def test_widths_are_learned_upwards_one_at_a_time():
     assert Planner(8, min_k=3).widest(16) == 3  # a forced minimum is always allowed
 
 
+def test_one_stalled_step_does_not_stop_drafting_for_good():
+    # Plain steps cost 0.03 s, a 2-wide step 0.031 s, but the first 2-wide step stalled for 0.5 s:
+    # 17 plain steps. It rules drafting out only once it has been measured `confirm` times.
+    def run(confirm: int, stall: float = 0.5) -> list[int]:
+        p = Planner(8, confirm=confirm)
+        m = p.model(SRC)
+        m.reached, m.accepted = [1e3] * 8, [0.9e3] * 8  # drafts that pay when a step costs what it should
+        p.costs.add_step(1, 1, 0.03)
+        p.costs.add_step(1, 2, 0.031 + stall)
+        chosen = []
+        for _ in range(40):
+            p.next_step()
+            k = p.keep(SRC, 1, [0], [8], asked=8).k
+            chosen.append(k)
+            p.costs.add_step(1, 1 + k, 0.03 + 0.001 * k)
+            p.stepped(1, 1 + k)
+            if k:
+                p.observe(SRC, {0: (k, k)})
+        return chosen
+
+    assert run(confirm=1) == [0] * 40  # the first measurement decided: drafting never came back
+    chosen = run(confirm=3)
+    assert chosen[:4] == [0, 1, 0, 1]  # measured again twice, each time after a plain step
+    assert chosen[-10:] == [8] * 10  # then drafting, wider as widths are learned
+    assert run(confirm=3, stall=0.0) == run(confirm=1, stall=0.0)  # without a stall: the same choices
+    # a width that really loses is confirmed at most confirm - 1 more times
+    p = Planner(8, confirm=3, explore=0)
+    p.model(SRC).reached, p.model(SRC).accepted = [1e3] * 8, [0.1e3] * 8
+    p.costs.add_step(1, 1, 0.03)
+    p.costs.add_step(1, 2, 0.06)
+    chosen = []
+    for _ in range(20):
+        k = p.keep(SRC, 1, [0], [8], asked=8).k
+        chosen.append(k)
+        p.costs.add_step(1, 1 + k, 0.03 * (1 + k))
+    assert chosen[:4] == [0, 1, 0, 1] and chosen[4:] == [0] * 16
+    with pytest.raises(ValueError, match="confirm"):
+        Planner(8, confirm=0)
+
+
 def test_decisions_price_the_extra_cost_of_width_with_its_error():
     # learned: a 2-wide step costs 1.2 plain steps; priced at 1 + 0.2 * 1.5 = 1.3, so one draft
     # accepted a quarter of the time (1.25 tokens) pays at width_error 0 and not at 0.5
