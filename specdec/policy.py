@@ -33,13 +33,15 @@ Learning without losing:
   finding out costs at most one step one token wider than known (at batch 16 on this CPU a first
   step 7 wide, taken when only T = 1 was known, cost 3.4 plain steps). Every estimate is a median
   over the last `window` observations.
-- Confirming: a width measured fewer than `confirm` (3) times does not rule drafting out on its own
-  word. A plan that loses to plain decoding only through such a width is taken anyway, in a step
-  whose measurement pairs with the one before (a step of another width), until the width has its
-  `confirm` measurements; the median then rejects a single outlier. Otherwise one stalled step on a
-  shared machine (0.5 s in a 30 ms step of the embedded target: the first width measured at 17 plain
-  steps) stopped drafting for good, since a width that is never taken is never measured again;
-  finding out costs at most `confirm` - 1 steps per width that really loses.
+- Confirming: a cost measured fewer than `confirm` (3) times does not rule drafting out on its own
+  word. A plan that loses to plain decoding through such a cost is taken anyway until it has its
+  `confirm` measurements; the median then rejects a single outlier. A width is measured again in a
+  step that pairs with the one before (a step of another width); drafting k, in any step drafting k
+  (after a pause that step also catches up, so it counts only when cheaper: an upper bound).
+  Otherwise one stalled step on a shared machine stopped drafting for good, since what is never
+  taken is never measured again (0.5 s in a 30 ms step of the embedded target: its first 2-wide
+  step measured at 17 plain steps; in EAGLE's drafting, depth 1 at 8.8). Finding out costs at most
+  `confirm` - 1 steps per width or k that really loses.
 - Acceptance: decayed counts per draft position, each shrunk to the position before it (the
   first to a prior); a per-row factor for the rows of the current batch (a summarization row and
   a QA row differ). When the policy stops drafting
@@ -130,11 +132,12 @@ class CostModel:
       source drafted too; the first step after a pause also pays a switch cost (a draft model
       feeding the tokens it missed), kept apart (`switch_cost`)."""
 
-    def __init__(self, window: int = 16):
-        self.window = window
+    def __init__(self, window: int = 16, confirm: int = 1):
+        self.window, self.confirm = window, confirm
         self.pairs: dict[int, dict[tuple[int, int], deque]] = {}  # B -> (T, T') -> log(R_T / R_T')
         self.last: dict[int, tuple[int, float]] = {}  # B -> (T, seconds) of the last measured step
         self.measured: dict[int, dict[int, int]] = {}  # B -> T -> steps measured
+        self.futile: dict[tuple[str, int, int], int] = {}  # (source, B, k) -> re-measurements that told nothing
         self.plain_s: dict[int, float] = {}  # B -> seconds of a plain step, lately (for reports)
         self.draft: dict[tuple[str, int], Timings] = {}
         self.switch: dict[tuple[str, int], deque] = {}  # (source, B) -> (k, cost) of drafting after not drafting
@@ -158,10 +161,19 @@ class CostModel:
         plain = rest_s / self.rest(b, t)
         self.plain_s[b] = plain
         for source, k, seconds, steady in drafts:
-            if k > 0 and steady:
+            if k == 0:
+                continue
+            timings = self.draft.get((source, b))
+            if steady:
                 self.draft.setdefault((source, b), Timings(self.window)).add(k, seconds / plain)
-            elif k > 0:  # less what steady drafting costs, once that is known (see switch_cost)
-                self.switch.setdefault((source, b), deque(maxlen=self.window)).append((k, seconds / plain))
+                continue
+            # less what steady drafting costs, once that is known (see switch_cost)
+            self.switch.setdefault((source, b), deque(maxlen=self.window)).append((k, seconds / plain))
+            if timings is not None and 0 < len(timings.obs.get(k, ())) < self.confirm:
+                if seconds / plain < timings.medians()[k]:  # catching up included, it cost less: a bound
+                    timings.add(k, seconds / plain)
+                else:
+                    self.futile[(source, b, k)] = self.futile.get((source, b, k), 0) + 1
 
     def ready(self, b: int) -> bool:
         """A step at batch size b was measured."""
@@ -204,12 +216,20 @@ class CostModel:
         self._rho[b] = out
         return out
 
-    def confirming(self, b: int, t: int, confirm: int) -> bool:
+    def confirming(self, b: int, t: int) -> bool:
         """Width t > 1 was measured at batch size b, fewer than `confirm` times, and a step of that
         width now would measure it again: the last step at b (this generation) had another width,
         and the two form a pair. Consecutive steps of one width form no pair."""
         n = self.measured.get(b, {}).get(t, 0)
-        return t > 1 and 0 < n < confirm and b in self.last and self.last[b][0] != t
+        return t > 1 and 0 < n < self.confirm and b in self.last and self.last[b][0] != t
+
+    def draft_confirming(self, source: str, b: int, k: int) -> bool:
+        """Drafting k at batch size b was measured fewer than `confirm` times: a step drafting k now
+        measures it again (steadily, or, after a pause, as an upper bound: see `add_step`). At most
+        `confirm` such steps may tell nothing (a bound above the estimate), so confirming ends."""
+        timings = self.draft.get((source, b))
+        n = len(timings.obs.get(k, ())) if timings is not None else 0
+        return 0 < n < self.confirm and self.futile.get((source, b, k), 0) < self.confirm
 
     def widest(self, b: int) -> int:
         """The widest T whose cost at batch size b is measured (linked to T = 1 by pairs); 1 if none."""
@@ -351,7 +371,8 @@ def verified(offered: list[int], accepted: list[int], active: list[bool]) -> dic
 class Plan:
     """A candidate for one step: `k` drafts per row (asked of the proposer, or kept of its proposal),
     `tokens` expected from the batch, `cost` the step's predicted time in plain steps; `tentative`:
-    its width is being confirmed (`CostModel.confirming`), so it is taken even if it loses."""
+    a cost it rests on is being confirmed (`CostModel.confirming`, `draft_confirming`), so it is
+    taken even if it loses."""
 
     k: int
     tokens: float
@@ -381,9 +402,8 @@ class Planner:
                              "0 < decay <= 1, window >= 1, cheap >= 0, probe >= 0, width_error >= 0, confirm >= 1")
         self.k_max, self.min_k, self.start = k_max, min_k, start
         self.margin, self.explore, self.cheap, self.probe, self.width_error = margin, explore, cheap, probe, width_error
-        self.confirm = confirm
         self.model_args = {"prior": prior, "prior_weight": prior_weight, "decay": decay}
-        self.costs = CostModel(window)
+        self.costs = CostModel(window, confirm)
         self.models: dict[str, AcceptanceModel] = {}
         self.steps = 0
         self.last_scored: dict[str, int] = {}  # source -> step at which its drafts were last judged
@@ -467,11 +487,11 @@ class Planner:
         longest = max(caps, default=0)
         widths = [1 + self.width(source, min(j, longest)) for j in range(cap + 1)]
         return [Plan(j, sum(c[min(j, n)] for c, n in zip(curves, caps)), draft + self.rest(b, t),
-                     self.costs.confirming(b, t, self.confirm)) for j, t in enumerate(widths)]
+                     self.costs.confirming(b, t)) for j, t in enumerate(widths)]
 
     def _confirmed_or_best(self, plans: list[Plan], plain: Plan) -> Plan:
-        """The best plan, or, when it would lose to plain decoding, the best of those whose width is
-        being confirmed: a loss that rests on one or two measurements is measured again first."""
+        """The best plan, or, when it would lose to plain decoding, the best of those being confirmed
+        (`Plan.tentative`): a loss that rests on one or two measurements is measured again first."""
         best = max(plans, key=lambda p: (p.rate, p.k))
         tentative = [p for p in plans if p.tentative]
         if tentative and best.rate < plain.rate * (1 + self.margin):
@@ -499,7 +519,8 @@ class Planner:
             widths = self._plans(source, b, rows, k, extra + self.costs.draft_cost(source, b, k), asked=True,
                                  curves=curves)
             best = self._confirmed_or_best(widths, plain) if trimmable else widths[k]
-            plans.append(Plan(k, best.tokens, best.cost, best.tentative))
+            tentative = best.tentative or self.costs.draft_confirming(source, b, k)
+            plans.append(Plan(k, best.tokens, best.cost, tentative))
         best = self._confirmed_or_best(plans, plain)
         if self.min_k == 0 and not best.tentative and \
                 self.ceiling(source, b, rows, sunk, cap) < plain.rate * (1 + self.margin):
@@ -540,14 +561,14 @@ class Planner:
         A source passed over explores once every ceil((cost * loss + margin) / explore) steps without
         a verdict on its drafts: loss is its predicted shortfall in rate against the choice, so
         cost * loss is the time (in plain steps) one exploring step is expected to waste. When plain
-        decoding would win, a plan whose width is being confirmed (`Plan.tentative`) is taken instead."""
+        decoding would win, a plan being confirmed (`Plan.tentative`) is taken instead."""
         options = [(s, p) for s, p in options if p is not None]
         if not options:
             return None, plain
         name, best = max(options, key=lambda o: (o[1].rate, o[1].k))
         if self.min_k == 0 and best.rate < plain.rate * (1 + self.margin):
             name, best = None, plain
-        if name is None:  # a loss that rests on a width being confirmed is measured again first
+        if name is None:  # a loss that rests on a cost being confirmed is measured again first
             tentative = [o for o in options if o[1].tentative]
             if tentative:
                 return max(tentative, key=lambda o: (o[1].rate, o[1].k))

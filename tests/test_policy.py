@@ -184,6 +184,42 @@ def test_one_stalled_step_does_not_stop_drafting_for_good():
         Planner(8, confirm=0)
 
 
+def test_one_stalled_drafting_step_does_not_stop_drafting_for_good():
+    # A draft model whose token costs a tenth of a plain step, but whose first measured draft
+    # stalled (0.5 s against a 0.03 s plain step): priced at 17 plain steps a token, it could not pay
+    # even if always accepted, so it was neither chosen nor explored, and never measured again.
+    def run(confirm: int, switch_s: float = 0.0) -> list[int]:
+        p = _fed(Planner(8, confirm=confirm), None, lambda t: 0.03, source="other")  # widths: flat, known
+        m = p.model(SRC)
+        m.reached, m.accepted = [1e3] * 8, [0.9e3] * 8
+        p.costs.add_step(1, 2, 0.03, [(SRC, 1, 0.5, True)])
+        chosen, before = [], True
+        for _ in range(30):
+            p.next_step()
+            k = p.ask(SRC, 1, [0], trimmable=False, switching=not before).k
+            chosen.append(k)
+            p.costs.add_step(1, 1 + k, 0.03, [(SRC, k, 0.003 * k + (0 if before else switch_s), before)])
+            p.stepped(1, 1 + k)
+            if k:
+                p.observe(SRC, {0: (k, k)})
+            before = k > 0
+        return chosen
+
+    assert run(confirm=1) == [0] * 30
+    chosen = run(confirm=3)
+    assert chosen[:2] == [1, 1] and min(chosen[2:]) > 1  # measured again twice, then drafting pays
+    # after a pause a step also catches up: it tells something only when it costs less than the estimate
+    p = _fed(Planner(8, confirm=3), None, lambda t: 0.03, source="other")
+    p.costs.add_step(1, 2, 0.03, [(SRC, 1, 0.5, True)])
+    p.costs.add_step(1, 2, 0.03, [(SRC, 1, 0.6, False)])  # a switch costlier than the estimate
+    assert p.costs.draft_cost(SRC, 1, 1) == pytest.approx(0.5 / 0.03) and p.costs.draft_confirming(SRC, 1, 1)
+    p.costs.add_step(1, 2, 0.03, [(SRC, 1, 0.006, False)])  # cheaper, catching up included
+    assert p.costs.draft_cost(SRC, 1, 1) == pytest.approx((0.5 + 0.006) / 0.03 / 2)
+    for _ in range(3):  # switches that tell nothing end the confirming
+        p.costs.add_step(1, 2, 0.03, [(SRC, 1, 0.6, False)])
+    assert not p.costs.draft_confirming(SRC, 1, 1)
+
+
 def test_decisions_price_the_extra_cost_of_width_with_its_error():
     # learned: a 2-wide step costs 1.2 plain steps; priced at 1 + 0.2 * 1.5 = 1.3, so one draft
     # accepted a quarter of the time (1.25 tokens) pays at width_error 0 and not at 0.5

@@ -2,10 +2,12 @@
 
 The policy learns what a scoring width costs from the run's own clocks. A step that stalls (another
 process, a page fault) is measured as an expensive width; before `confirm`, the first measurement of
-a width decided alone, and a width ruled out is never taken, so never measured again. This study
-decodes the embedded target with suffix decoding and n-gram lookup under `method.schedule=cost_aware`
-with `confirm=1` (the first measurement decides) and `confirm=3` (the default), each with and
-without a 0.5 s sleep injected into the first 2-wide target pass of the run, against plain decoding
+a width decided alone, and a width ruled out is never taken, so never measured again; the same holds for drafting costs. This
+study decodes the embedded target with suffix decoding and n-gram lookup under
+`method.schedule=cost_aware` with `confirm=1` (the first measurement decides) and `confirm=3` (the
+default), each without a stall, with a 0.5 s sleep in the first 2-wide target pass of the run
+(`scoring`), and with one in the proposer's second proposal of the run (`drafting`: its first
+steady one; the first after a plain step is priced apart), against plain decoding
 (`exact_greedy=false`: widths as the policy chooses them, plain decoding one token wide),
 interleaved prompt batch by prompt batch (the order rotates), after a warm-up.
 
@@ -31,6 +33,7 @@ from specdec.proposers.suffix import SuffixProposer
 from specdec.schedules import make_schedule
 
 CATEGORIES = ("qa", "translation", "math_reasoning")
+STALLS = (None, "scoring", "drafting")
 
 
 def prompts_of(tok, per_category: int) -> list[list[int]]:
@@ -41,19 +44,36 @@ def prompts_of(tok, per_category: int) -> list[list[int]]:
 
 
 class Stall:
-    """Sleeps `seconds` in the first pass that scores 2 tokens per row after `arm()`."""
+    """While `armed`, sleeps `seconds` once: in the first target pass that scores 2 tokens per row
+    (`scoring`), or in the second proposal of the proposer given to `drafting` (`drafting`)."""
 
     def __init__(self, engine: Engine, seconds: float):
-        self.armed, self.seconds = False, seconds
+        self.armed, self.seconds, self.proposals = None, seconds, 0
         forward = engine.target.forward
 
         def stalled(tokens: torch.Tensor, *args, **kwargs):  # tokens: [B, T]
-            if self.armed and tokens.shape[1] == 2:
-                self.armed = False
-                time.sleep(self.seconds)
+            if self.armed == "scoring" and tokens.shape[1] == 2:
+                self.sleep()
             return forward(tokens, *args, **kwargs)
 
         engine.target.forward = stalled
+
+    def sleep(self) -> None:
+        self.armed = None
+        time.sleep(self.seconds)
+
+    def drafting(self, proposer):
+        propose = proposer.propose
+
+        def stalled(*args, **kwargs):
+            if self.armed == "drafting":
+                self.proposals += 1
+                if self.proposals == 2:
+                    self.sleep()
+            return propose(*args, **kwargs)
+
+        proposer.propose = stalled
+        return proposer
 
 
 def main() -> None:
@@ -80,9 +100,9 @@ def main() -> None:
             conditions = {"plain": SpeculativeDecoder(engine, exact_greedy=False)}
             for name, make in proposers.items():
                 for confirm in (1, 3):
-                    for stalled in (False, True):
+                    for stalled in STALLS:
                         conditions[(name, confirm, stalled)] = SpeculativeDecoder(
-                            engine, make(), num_speculative_tokens=8, exact_greedy=False,
+                            engine, stall.drafting(make()), num_speculative_tokens=8, exact_greedy=False,
                             schedule=make_schedule("cost_aware", 8, confirm=confirm))
             cpu = {key: 0.0 for key in conditions}
             tokens = {key: 0 for key in conditions}
@@ -90,7 +110,7 @@ def main() -> None:
             order = list(conditions)
             for i, batch in enumerate(batches):
                 for key in order[i % len(order):] + order[:i % len(order)]:
-                    stall.armed = i == 0 and key != "plain" and key[2]
+                    stall.armed, stall.proposals = (key[2] if i == 0 and key != "plain" else None), 0
                     out = conditions[key].generate(batch, max_new_tokens=args.max_new)
                     cpu[key] += out.stats.cpu_s
                     tokens[key] += sum(len(o) for o in out.output_ids)
@@ -103,17 +123,18 @@ def main() -> None:
                              "speedup_cpu": tokens[key] / cpu[key] / plain_rate,
                              "drafting_steps": steps[key][0] / max(steps[key][1], 1), "steps": steps[key][1]})
             print(f"batch {b} rep {rep} done", flush=True)
-    print("| batch | proposer | confirm | stall | CPU-time speedup, median (min-max) | steps drafting, median |")
+    print(f"| batch | proposer | confirm | {args.stall} s stall in | CPU-time speedup, median (min-max) | "
+          "steps drafting, median |")
     print("| ---: | --- | ---: | --- | --- | ---: |")
     for b in args.batch:
         for name in proposers:
             for confirm in (1, 3):
-                for stalled in (False, True):
+                for stalled in STALLS:
                     sel = [r for r in rows if (r["batch"], r["proposer"], r["confirm"], r["stalled"]) ==
                            (b, name, confirm, stalled)]
                     s = [r["speedup_cpu"] for r in sel]
                     d = statistics.median(r["drafting_steps"] for r in sel)
-                    print(f"| {b} | {name} | {confirm} | {'0.5 s' if stalled else 'none'} | "
+                    print(f"| {b} | {name} | {confirm} | {stalled or 'none'} | "
                           f"{statistics.median(s):.2f}x ({min(s):.2f}-{max(s):.2f}) | {d:.0%} |")
     if args.out:
         with open(args.out, "w") as f:
