@@ -34,14 +34,16 @@ Learning without losing:
   step 7 wide, taken when only T = 1 was known, cost 3.4 plain steps). Every estimate is a median
   over the last `window` observations.
 - Confirming: a cost measured fewer than `confirm` (3) times does not rule drafting out on its own
-  word. A plan that loses to plain decoding through such a cost is taken anyway until it has its
-  `confirm` measurements; the median then rejects a single outlier. A width is measured again in a
+  word. A plan that loses to plain decoding only through such a cost (it would win were that cost
+  zero) is taken anyway until the cost has its `confirm` measurements; the median then rejects a single outlier. A width is measured again in a
   step that pairs with the one before (a step of another width); drafting k, in any step drafting k
-  (after a pause that step also catches up, so it counts only when cheaper: an upper bound).
+  (after a pause that step also catches up, so it counts only when cheaper: an upper bound); the
+  switch cost, in the next step that drafts after a step without.
   Otherwise one stalled step on a shared machine stopped drafting for good, since what is never
   taken is never measured again (0.5 s in a 30 ms step of the embedded target: its first 2-wide
-  step measured at 17 plain steps; in EAGLE's drafting, depth 1 at 8.8). Finding out costs at most
-  `confirm` - 1 steps per width or k that really loses.
+  step measured at 17 plain steps; in EAGLE's drafting, depth 1 at 8.8; in suffix decoding's first
+  proposal after a plain step at batch 4, a switch cost of 15). Finding out costs at most
+  `confirm` - 1 steps per width, k or switch cost that really loses.
 - Acceptance: decayed counts per draft position, each shrunk to the position before it (the
   first to a prior); a per-row factor for the rows of the current batch (a summarization row and
   a QA row differ). When the policy stops drafting
@@ -58,6 +60,7 @@ depend on the sampled tokens); its length was chosen beforehand, from the past a
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -227,9 +230,14 @@ class CostModel:
         """Drafting k at batch size b was measured fewer than `confirm` times: a step drafting k now
         measures it again (steadily, or, after a pause, as an upper bound: see `add_step`). At most
         `confirm` such steps may tell nothing (a bound above the estimate), so confirming ends."""
-        timings = self.draft.get((source, b))
+        timings = self.nearest(self.draft, source, b)  # what `draft_cost` reads
         n = len(timings.obs.get(k, ())) if timings is not None else 0
         return 0 < n < self.confirm and self.futile.get((source, b, k), 0) < self.confirm
+
+    def switch_confirming(self, source: str, b: int) -> bool:
+        """The switch cost at batch size b was measured fewer than `confirm` times: drafting now,
+        after a step without, measures it again."""
+        return 0 < len(self.nearest(self.switch, source, b) or ()) < self.confirm  # what `switch_cost` reads
 
     def widest(self, b: int) -> int:
         """The widest T whose cost at batch size b is measured (linked to T = 1 by pairs); 1 if none."""
@@ -370,13 +378,16 @@ def verified(offered: list[int], accepted: list[int], active: list[bool]) -> dic
 @dataclass
 class Plan:
     """A candidate for one step: `k` drafts per row (asked of the proposer, or kept of its proposal),
-    `tokens` expected from the batch, `cost` the step's predicted time in plain steps; `tentative`:
-    a cost it rests on is being confirmed (`CostModel.confirming`, `draft_confirming`), so it is
-    taken even if it loses."""
+    `tokens` expected from the batch, `cost` the step's predicted time in plain steps, of which
+    `unconfirmed` rests on costs being confirmed (`CostModel.confirming`, `draft_confirming`,
+    `switch_confirming`): the extra cost of an unconfirmed width, an unconfirmed drafting or switch
+    cost. `tentative`: it would beat plain decoding without that part, so it is taken even if it
+    loses (`Planner.confirmed_or_best`)."""
 
     k: int
     tokens: float
     cost: float
+    unconfirmed: float = 0.0
     tentative: bool = False
 
     @property
@@ -486,17 +497,21 @@ class Planner:
         caps = [lengths[r] for r in rows] if lengths is not None else [cap] * len(rows)
         longest = max(caps, default=0)
         widths = [1 + self.width(source, min(j, longest)) for j in range(cap + 1)]
-        return [Plan(j, sum(c[min(j, n)] for c, n in zip(curves, caps)), draft + self.rest(b, t),
-                     self.costs.confirming(b, t)) for j, t in enumerate(widths)]
+        rests = [self.rest(b, t) for t in widths]
+        return [Plan(j, sum(c[min(j, n)] for c, n in zip(curves, caps)), draft + rest,
+                     rest - 1.0 if self.costs.confirming(b, t) else 0.0)
+                for j, (t, rest) in enumerate(zip(widths, rests))]
 
-    def _confirmed_or_best(self, plans: list[Plan], plain: Plan) -> Plan:
-        """The best plan, or, when it would lose to plain decoding, the best of those being confirmed
-        (`Plan.tentative`): a loss that rests on one or two measurements is measured again first."""
+    def confirmed_or_best(self, plans: list[Plan], plain: Plan) -> Plan:
+        """The best plan; when it would lose to plain decoding, the best of those that would beat
+        plain decoding but for the costs being confirmed (marked `tentative`): a loss that rests on
+        one or two measurements is measured again first."""
         best = max(plans, key=lambda p: (p.rate, p.k))
-        tentative = [p for p in plans if p.tentative]
-        if tentative and best.rate < plain.rate * (1 + self.margin):
-            return max(tentative, key=lambda p: (p.rate, p.k))
-        return best
+        if best.rate >= plain.rate * (1 + self.margin):
+            return best
+        bar = plain.rate * (1 + self.margin)
+        tentative = [p for p in plans if p.unconfirmed > 0 and p.tokens / max(p.cost - p.unconfirmed, 1e-12) >= bar]
+        return dataclasses.replace(max(tentative, key=lambda p: (p.rate, p.k)), tentative=True) if tentative else best
 
     def best_ask(self, source: str, b: int, rows: list[int], trimmable: bool, sunk: float = 0.0,
                  cap: int | None = None, switching: bool = False) -> Plan | None:
@@ -518,10 +533,12 @@ class Planner:
         for k in range(min(max(self.min_k, 1), top), top + 1):
             widths = self._plans(source, b, rows, k, extra + self.costs.draft_cost(source, b, k), asked=True,
                                  curves=curves)
-            best = self._confirmed_or_best(widths, plain) if trimmable else widths[k]
-            tentative = best.tentative or self.costs.draft_confirming(source, b, k)
-            plans.append(Plan(k, best.tokens, best.cost, tentative))
-        best = self._confirmed_or_best(plans, plain)
+            best = self.confirmed_or_best(widths, plain) if trimmable else widths[k]
+            unconfirmed = best.unconfirmed + \
+                (self.costs.draft_cost(source, b, k) if self.costs.draft_confirming(source, b, k) else 0.0) + \
+                (self.costs.switch_cost(source, b) if switching and self.costs.switch_confirming(source, b) else 0.0)
+            plans.append(Plan(k, best.tokens, best.cost, unconfirmed))
+        best = self.confirmed_or_best(plans, plain)
         if self.min_k == 0 and not best.tentative and \
                 self.ceiling(source, b, rows, sunk, cap) < plain.rate * (1 + self.margin):
             return None  # it cannot pay even if every draft were accepted: not worth exploring either
@@ -544,7 +561,7 @@ class Planner:
             return None
         plans = self._plans(source, b, rows, cap, draft, asked=False, lengths=lengths)[1:]
         floor = min(max(self.min_k, 1), cap)
-        return self._confirmed_or_best([p for p in plans if p.k >= floor], self.plain(b, rows, draft))
+        return self.confirmed_or_best([p for p in plans if p.k >= floor], self.plain(b, rows, draft))
 
     def worth_proposing(self, source: str, b: int, rows: list[int], sunk: float = 0.0,
                         others: list[tuple[str, Plan | None]] = ()) -> bool:

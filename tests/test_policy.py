@@ -218,6 +218,17 @@ def test_one_stalled_drafting_step_does_not_stop_drafting_for_good():
     for _ in range(3):  # switches that tell nothing end the confirming
         p.costs.add_step(1, 2, 0.03, [(SRC, 1, 0.6, False)])
     assert not p.costs.draft_confirming(SRC, 1, 1)
+    # the stall in the first draft after a plain step: a switch cost of 17 plain steps
+    asked = {}
+    for confirm in (1, 3):
+        p = _fed(Planner(8, confirm=confirm), None, lambda t: 0.03, source="other")
+        p.model(SRC).reached, p.model(SRC).accepted = [1e3] * 8, [0.9e3] * 8
+        for _ in range(3):
+            p.costs.add_step(1, 2, 0.03, [(SRC, 1, 0.003, True)])
+        p.costs.add_step(1, 2, 0.03, [(SRC, 1, 0.003 + 0.5, False)])
+        assert p.costs.switch_cost(SRC, 1) == pytest.approx(0.5 / 0.03)
+        asked[confirm] = p.ask(SRC, 1, [0], trimmable=False, switching=True).k
+    assert asked[1] == 0 and asked[3] > 0
 
 
 def test_decisions_price_the_extra_cost_of_width_with_its_error():
