@@ -412,19 +412,23 @@ def validate(cfg: DictConfig) -> None:
         log.warning("generation.temperature=0 decodes greedily and ignores %s; set a temperature > 0 to "
                     "sample from the filtered distribution", " and ".join(filters))
 
-    params = SamplingParams(g.temperature, g.top_k, g.top_p)
-    for key, m in method_configs(cfg):
-        _validate_method(key, m, cfg, params)
-
+    # Where the models are comes before the methods: a mistyped target.path is that, not a method's
+    # checkpoint trained for another target.
     if not cfg.target.path and not cfg.target.gguf_file:
         _fail("target.path", "is empty; set target=smollm2_135m, target=tiny_random or target.path=<model>")
     if cfg.target.path == "self":
         _fail("target.path", "`self` is for drafts only")
     roles = ["target"]
-    if cfg.draft.path != "self" and any(m.needs_draft for _, m in method_configs(cfg)):
+    if cfg.draft.path not in ("self", None) and any(m.needs_draft for _, m in method_configs(cfg)):
+        # (draft=none with a method that needs a draft is the method's error, below)
         roles.append("draft")
     for role in roles:
         _check_model(cfg, role)
+
+    params = SamplingParams(g.temperature, g.top_k, g.top_p)
+    for key, m in method_configs(cfg):
+        _validate_method(key, m, cfg, params)
+
     for role in roles:
         _check_context(cfg, role)
 

@@ -363,6 +363,14 @@ def test_embedded_heads_are_refused_for_another_target_before_any_model_loads(ov
     validate(cfg)  # the same config on the embedded target passes
 
 
+def test_a_missing_target_is_named_before_the_default_runs_heads(tmp_path):
+    # The default run includes heads trained for the embedded target: a mistyped target.path must be
+    # reported as a missing model, not as heads trained for another target.
+    cfg = _compose([f"target.path={tmp_path / 'no_such_model'}"])
+    with pytest.raises(ConfigError, match=r"^target.path: Model directory .*no_such_model' does not exist"):
+        validate(cfg)
+
+
 
 def test_a_broken_or_wrong_heads_checkpoint_is_refused_before_any_model_loads(tmp_path):
     """Only the file's header is read: a file that is not safetensors, or holds the other kind of heads."""
