@@ -33,8 +33,8 @@ class SamplingParams:
     def __post_init__(self):
         for key, integer in (("temperature", False), ("top_k", True), ("top_p", False)):
             object.__setattr__(self, key, check_number(f"generation.{key}", getattr(self, key), integer))
-        if not self.temperature >= 0:
-            raise ValueError(f"generation.temperature must be >= 0 (0 is greedy), got {self.temperature}")
+        if not 0 <= self.temperature < float("inf"):  # as the config says: nan and inf are no temperatures
+            raise ValueError(f"generation.temperature must be finite and >= 0 (0 is greedy), got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"generation.top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
