@@ -756,18 +756,23 @@ def _call(module: torch.nn.Module, *args):
     return module(*args)
 
 
-class CompiledModule(_BucketedPasses):
-    """A drafter's passes over its own `RowCache`, compiled at the same buckets as a model's (width,
-    key length, pooled buffers): `module(inputs..., positions, mask, cache)` for a module whose
-    tokens come as `[B, T, ...]` tensors and whose attention reads the mask it is given. `model` is
-    the transformers model whose attention implementation the module's layers share (EAGLE's drafter
-    layer is built from the target's config)."""
+class _ModulePasses(_BucketedPasses):
+    """Compiled calls of a module that is not a transformers model, on its parameters' device and
+    dtype; `model`: the transformers model whose attention implementation its layers share."""
 
     def __init__(self, module: torch.nn.Module, model: torch.nn.Module, backend: str = "inductor",
                  cuda_graphs: str = "trees", graph_class=None, autotune: bool = False):
         first = next(module.parameters())
         super().__init__(first.device, first.dtype, backend, cuda_graphs, graph_class, autotune)
         self.module, self.model = module, model
+
+
+class CompiledModule(_ModulePasses):
+    """A drafter's passes over its own `RowCache`, compiled at the same buckets as a model's (width,
+    key length, pooled buffers): `module(inputs..., positions, mask, cache)` for a module whose
+    tokens come as `[B, T, ...]` tensors and whose attention reads the mask it is given. `model` is
+    the transformers model whose attention implementation the module's layers share (EAGLE's drafter
+    layer is built from the target's config)."""
 
     @torch.inference_mode()
     def forward(self, cache, inputs: tuple[torch.Tensor, ...], positions: torch.Tensor, counts: list[int],
@@ -792,7 +797,7 @@ class CompiledModule(_BucketedPasses):
         return out.clone() if self.device.type == "cuda" else out
 
 
-class CompiledCall(_BucketedPasses):
+class CompiledCall(_ModulePasses):
     """A module without a cache, compiled whole at the shapes it is called with: `module(*inputs)`,
     one graph per distinct set of input shapes and plain values (a proposer calls it with a few).
     Its weights are frozen on a CPU like a model's: Medusa's heads end in the target's full output
@@ -800,12 +805,6 @@ class CompiledCall(_BucketedPasses):
     this CPU against 3.5-4.7 ms compiled with the weight packed (experiments/gpu/README.md). Under
     `cuda_graphs="explicit"` its kernels run compiled but uncaptured (no cache view to capture
     over); under `trees`, inductor captures them as any compiled call."""
-
-    def __init__(self, module: torch.nn.Module, model: torch.nn.Module, backend: str = "inductor",
-                 cuda_graphs: str = "trees", graph_class=None, autotune: bool = False):
-        first = next(module.parameters())
-        super().__init__(first.device, first.dtype, backend, cuda_graphs, graph_class, autotune)
-        self.module, self.model = module, model
 
     @torch.inference_mode()
     def forward(self, *inputs):

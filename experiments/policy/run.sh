@@ -9,7 +9,8 @@ set -euo pipefail
 # ~experiment: no preset (the default one adds methods of its own)
 RUNS=${RUNS:-experiments/policy/runs}
 MAX_NEW=${MAX_NEW:-32}   # new tokens per turn
-COMMON="~experiment data=spec_bench generation.max_new_tokens=$MAX_NEW exact_greedy=false logger=none plots=false progress=false draft=self"
+EXTRA=${EXTRA:-}         # more overrides for every run, e.g. EXTRA=generation.temperature=0.7
+COMMON="~experiment data=spec_bench generation.max_new_tokens=$MAX_NEW exact_greedy=false logger=none plots=false progress=false draft=self $EXTRA"
 METHODS=${METHODS:-"method=ngram method.num_speculative_tokens=8
   +method@compare.ngram_ca=ngram compare.ngram_ca.name=ngram_ca compare.ngram_ca.num_speculative_tokens=8 compare.ngram_ca.schedule=cost_aware
   +method@compare.suffix=suffix
