@@ -25,8 +25,9 @@ steps cost 1.27 in process CPU time, so steps predicted to gain a few percent we
 (experiments/policy). A flat 10% margin instead also dropped batch 1's cheap drafts.
 
 Learning without losing:
-- Costs: the first step at a new batch size is a plain step (no loss), and so is one in every
-  `probe` steps (32), since costs are ratios to the plain steps around them; widths never measured
+- Costs: the steps at a new batch size are plain (no loss) until one is measured, and so is one in
+  every `probe` steps (32), since costs are ratios to the plain steps around them; the first step
+  of each shape (B, T) is not measured (`StepClock`: it pays one-time costs); widths never measured
   are read off the measured ones (interpolated, extrapolated with a non-negative slope, flat where
   nothing else is known), and a step scores at most one token per row more than the widest width
   measured at its batch size (`Planner.widest`): widths are learned upwards one at a time, so
@@ -636,11 +637,17 @@ class Planner:
 class StepClock:
     """Times the rest of each step (from its start to the next step's start, less drafting) and
     hands it to the cost model. The last step of a generation is not measured (what follows it is
-    not a step)."""
+    not a step), nor is the first step of each shape (B, T): it pays one-time costs, the CPU's
+    kernels built for new matrix shapes among them (the embedded target's first plain step at
+    batch 2 took 39 ms, the next ones 26-30). As the first step at a batch size it was the
+    reference of every cost after it: the target drafting for itself at batch 2 then priced a
+    2-wide step at 0.85 plain steps and drafted in all 31 steps. The cost model pairs the next
+    step with the one before the unmeasured one."""
 
     def __init__(self):
         self.start: float | None = None
         self.pending: tuple[int, int, float, list[tuple[str, int, float, bool]]] | None = None
+        self.shapes: set[tuple[int, int]] = set()  # (B, T) of the steps timed so far, every generation
 
     def reset(self) -> None:
         self.start, self.pending = None, None
@@ -650,7 +657,9 @@ class StepClock:
         now = time.perf_counter()
         if self.start is not None and self.pending is not None:
             b, t, draft_s, drafts = self.pending
-            costs.add_step(b, t, now - self.start - draft_s, drafts)
+            if (b, t) in self.shapes:
+                costs.add_step(b, t, now - self.start - draft_s, drafts)
+            self.shapes.add((b, t))
         self.start, self.pending = now, None
 
     def done(self, b: int, t: int, draft_s: float, drafts: list[tuple[str, int, float, bool]]) -> None:

@@ -12,7 +12,7 @@ import torch
 from specdec.decoding import SpeculativeDecoder
 from specdec.engine import Engine
 from specdec.models import tiny_random_model
-from specdec.policy import AcceptanceModel, CostModel, Plan, Planner, Timings, drafting
+from specdec.policy import AcceptanceModel, CostModel, Plan, Planner, StepClock, Timings, drafting
 from specdec.proposers.base import Proposal
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.eagle import EagleProposer
@@ -182,6 +182,29 @@ def test_one_stalled_step_does_not_stop_drafting_for_good():
     assert chosen[:4] == [0, 1, 0, 1] and chosen[4:] == [0] * 16
     with pytest.raises(ValueError, match="confirm"):
         Planner(8, confirm=0)
+
+
+def test_the_first_step_of_each_shape_is_not_measured(monkeypatch):
+    # The embedded target's first plain step at batch 2 took 39 ms, the next ones 26-30 (kernels
+    # built for new shapes). Taken as the reference, it priced the first 2-wide step (33 ms) at 0.85
+    # plain steps: drafting looked cheaper than not drafting.
+    now = [0.0]
+    monkeypatch.setattr("specdec.policy.time.perf_counter", lambda: now[0])
+    costs, clock = CostModel(), StepClock()
+    for b, t, seconds in [(2, 1, 0.039), (2, 2, 0.033), (2, 1, 0.027), (2, 2, 0.033), (2, 1, 0.027)]:
+        clock.tick(costs)
+        clock.done(b, t, 0.0, [])
+        now[0] += seconds
+        if len(clock.shapes) < 2:
+            assert not costs.ready(2)  # nothing measured yet: the policy's steps stay plain
+    clock.tick(costs)
+    assert costs.measured[2] == {1: 2, 2: 1} and costs.rest(2, 2) == pytest.approx(0.033 / 0.027)
+    clock.reset()  # a new generation: the shapes stay known
+    clock.tick(costs)
+    clock.done(2, 1, 0.0, [])
+    now[0] += 0.027
+    clock.tick(costs)
+    assert costs.measured[2][1] == 3
 
 
 def test_one_stalled_drafting_step_does_not_stop_drafting_for_good():
