@@ -39,7 +39,8 @@ Learning without losing:
   zero) is taken anyway until the cost has its `confirm` measurements; the median then rejects a single outlier. A width is measured again in a
   step that pairs with the one before (a step of another width); drafting k, in any step drafting k
   (after a pause that step also catches up, so it counts only when cheaper: an upper bound); the
-  switch cost, in the next step that drafts after a step without.
+  switch cost, in the next step that drafts after a step without. A cost borrowed from another
+  batch size is confirmed at that batch size, not by drafting at this one.
   Otherwise one stalled step on a shared machine stopped drafting for good, since what is never
   taken is never measured again (0.5 s in a 30 ms step of the embedded target: its first 2-wide
   step measured at 17 plain steps; in EAGLE's drafting, depth 1 at 8.8; in suffix decoding's first
@@ -230,15 +231,19 @@ class CostModel:
     def draft_confirming(self, source: str, b: int, k: int) -> bool:
         """Drafting k at batch size b was measured fewer than `confirm` times: a step drafting k now
         measures it again (steadily, or, after a pause, as an upper bound: see `add_step`). At most
-        `confirm` such steps may tell nothing (a bound above the estimate), so confirming ends."""
-        timings = self.nearest(self.draft, source, b)  # what `draft_cost` reads
+        `confirm` such steps may tell nothing (a bound above the estimate), so confirming ends.
+        A cost borrowed from another batch size (`nearest`) is confirmed there, not here: the target
+        drafting for itself, measured fewer than `confirm` times in a batch-1 warm-up of 8 tokens,
+        was otherwise tried for four steps at each new batch size, the first of them a prefill of
+        the whole batch for the draft (0.91x plain decoding at batch 4)."""
+        timings = self.draft.get((source, b))
         n = len(timings.obs.get(k, ())) if timings is not None else 0
         return 0 < n < self.confirm and self.futile.get((source, b, k), 0) < self.confirm
 
     def switch_confirming(self, source: str, b: int) -> bool:
-        """The switch cost at batch size b was measured fewer than `confirm` times: drafting now,
-        after a step without, measures it again."""
-        return 0 < len(self.nearest(self.switch, source, b) or ()) < self.confirm  # what `switch_cost` reads
+        """The switch cost at batch size b was measured fewer than `confirm` times at b: drafting
+        now, after a step without, measures it again."""
+        return 0 < len(self.switch.get((source, b), ())) < self.confirm
 
     def widest(self, b: int) -> int:
         """The widest T whose cost at batch size b is measured (linked to T = 1 by pairs); 1 if none."""

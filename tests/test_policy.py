@@ -254,6 +254,19 @@ def test_one_stalled_drafting_step_does_not_stop_drafting_for_good():
     assert asked[1] == 0 and asked[3] > 0
 
 
+def test_a_cost_borrowed_from_another_batch_size_is_not_confirmed_here():
+    # The target drafting for itself (a draft token costs a plain step), timed once at batch 1: at
+    # batch 4, where nothing is measured yet, that cost is borrowed and rules drafting out. Only at
+    # batch 1 is it measured again first.
+    p = _fed(Planner(8, confirm=3), 0.99, lambda t: 0.03, source="other", b=4)  # batch 4's widths: flat
+    p.costs.add_step(1, 1, 0.03)
+    p.costs.add_step(1, 2, 0.03, [(SRC, 1, 0.03, True)])
+    p.model(SRC).reached, p.model(SRC).accepted = [1e3] * 8, [0.99e3] * 8
+    assert p.costs.draft_confirming(SRC, 1, 1) and not p.costs.draft_confirming(SRC, 4, 1)
+    assert p.ask(SRC, 4, [0, 1, 2, 3], trimmable=False, switching=True).k == 0
+    assert p.ask(SRC, 1, [0], trimmable=False).k == 1  # at batch 1: measured again
+
+
 def test_decisions_price_the_extra_cost_of_width_with_its_error():
     # learned: a 2-wide step costs 1.2 plain steps; priced at 1 + 0.2 * 1.5 = 1.3, so one draft
     # accepted a quarter of the time (1.25 tokens) pays at width_error 0 and not at 0.5

@@ -5,8 +5,8 @@ process, a page fault) is measured as an expensive width; before `confirm`, the 
 a width decided alone, and a width ruled out is never taken, so never measured again; the same holds for drafting costs. This
 study decodes the embedded target with suffix decoding and n-gram lookup under
 `method.schedule=cost_aware` with `confirm=1` (the first measurement decides) and `confirm=3` (the
-default), each without a stall, with a 0.5 s sleep in the first 2-wide target pass of the run
-(`scoring`), and with one in the proposer's second proposal of the run (`drafting`: its first
+default), each without a stall, with a 0.5 s sleep in the second 2-wide target pass of the run
+(`scoring`; `--nth 1`: the first, which the policy does not measure since it pays one-time costs), and with one in the proposer's second proposal of the run (`drafting`: its first
 steady one; the first after a plain step is priced apart), against plain decoding
 (`exact_greedy=false`: widths as the policy chooses them, plain decoding one token wide),
 interleaved prompt batch by prompt batch (the order rotates), after a warm-up.
@@ -44,16 +44,18 @@ def prompts_of(tok, per_category: int) -> list[list[int]]:
 
 
 class Stall:
-    """While `armed`, sleeps `seconds` once: in the first target pass that scores 2 tokens per row
+    """While `armed`, sleeps `seconds` once: in the `nth` target pass that scores 2 tokens per row
     (`scoring`), or in the second proposal of the proposer given to `drafting` (`drafting`)."""
 
-    def __init__(self, engine: Engine, seconds: float):
-        self.armed, self.seconds, self.proposals = None, seconds, 0
+    def __init__(self, engine: Engine, seconds: float, nth: int = 2):
+        self.armed, self.seconds, self.proposals, self.nth, self.passes = None, seconds, 0, nth, 0
         forward = engine.target.forward
 
         def stalled(tokens: torch.Tensor, *args, **kwargs):  # tokens: [B, T]
             if self.armed == "scoring" and tokens.shape[1] == 2:
-                self.sleep()
+                self.passes += 1
+                if self.passes == self.nth:
+                    self.sleep()
             return forward(tokens, *args, **kwargs)
 
         engine.target.forward = stalled
@@ -83,12 +85,13 @@ def main() -> None:
     ap.add_argument("--per-category", type=int, default=2)
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--stall", type=float, default=0.5)
+    ap.add_argument("--nth", type=int, default=2, help="the 2-wide target pass that stalls (scoring)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)
     model, tok = load_model(ModelSpec(path="embedded"))
     engine = Engine(model, dtype="auto")
-    stall = Stall(engine, args.stall)
+    stall = Stall(engine, args.stall, args.nth)
     prompts = prompts_of(tok, args.per_category)
     proposers = {"suffix": SuffixProposer, "ngram": lambda: NgramProposer(engine)}
     rows = []
@@ -110,7 +113,7 @@ def main() -> None:
             order = list(conditions)
             for i, batch in enumerate(batches):
                 for key in order[i % len(order):] + order[:i % len(order)]:
-                    stall.armed, stall.proposals = (key[2] if i == 0 and key != "plain" else None), 0
+                    stall.armed, stall.proposals, stall.passes = (key[2] if i == 0 and key != "plain" else None), 0, 0
                     out = conditions[key].generate(batch, max_new_tokens=args.max_new)
                     cpu[key] += out.stats.cpu_s
                     tokens[key] += sum(len(o) for o in out.output_ids)
