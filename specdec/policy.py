@@ -37,7 +37,9 @@ Learning without losing:
 - Confirming: a cost measured fewer than `confirm` (3) times does not rule drafting out on its own
   word. A plan that loses to plain decoding only through such a cost (it would win were that cost
   zero) is taken anyway until the cost has its `confirm` measurements; the median then rejects a single outlier. A width is measured again in a
-  step that pairs with the one before (a step of another width); drafting k, in any step drafting k
+  step that pairs with the one before (a step of another width), if it measured above what scoring
+  each token in a plain step of its own would cost (within that, it is taken at its word: at batch
+  16 a width confirmed that way cost two steps each predicted to lose 38%); drafting k, in any step drafting k
   (after a pause that step also catches up, so it counts only when cheaper: an upper bound); the
   switch cost, in the next step that drafts after a step without. A cost borrowed from another
   batch size is confirmed at that batch size, not by drafting at this one.
@@ -222,11 +224,16 @@ class CostModel:
         return out
 
     def confirming(self, b: int, t: int) -> bool:
-        """Width t > 1 was measured at batch size b, fewer than `confirm` times, and a step of that
-        width now would measure it again: the last step at b (this generation) had another width,
-        and the two form a pair. Consecutive steps of one width form no pair."""
+        """Width t > 1 was measured at batch size b, fewer than `confirm` times, at more than t plain
+        steps, and a step of that width now would measure it again: the last step at b (this
+        generation) had another width, and the two form a pair. Consecutive steps of one width form
+        no pair. A pass scoring t tokens per row costs at most t passes scoring one, so only a
+        width measured above that is suspect (a 0.5 s stall in the embedded target's first 2-wide
+        step: 17 plain steps). One measured within it is taken at its word: at batch 16, where 5
+        tokens a row cost 2.1 plain steps, confirming that width took two more 5-wide steps that
+        were predicted to lose 38% against plain decoding."""
         n = self.measured.get(b, {}).get(t, 0)
-        return t > 1 and 0 < n < self.confirm and b in self.last and self.last[b][0] != t
+        return t > 1 and 0 < n < self.confirm and b in self.last and self.last[b][0] != t and self.rest(b, t) > t
 
     def draft_confirming(self, source: str, b: int, k: int) -> bool:
         """Drafting k at batch size b was measured fewer than `confirm` times: a step drafting k now

@@ -169,17 +169,19 @@ def test_one_stalled_step_does_not_stop_drafting_for_good():
     assert chosen[:4] == [0, 1, 0, 1]  # measured again twice, each time after a plain step
     assert chosen[-10:] == [8] * 10  # then drafting, wider as widths are learned
     assert run(confirm=3, stall=0.0) == run(confirm=1, stall=0.0)  # without a stall: the same choices
-    # a width that really loses is confirmed at most confirm - 1 more times
-    p = Planner(8, confirm=3, explore=0)
-    p.model(SRC).reached, p.model(SRC).accepted = [1e3] * 8, [0.1e3] * 8
-    p.costs.add_step(1, 1, 0.03)
-    p.costs.add_step(1, 2, 0.06)
-    chosen = []
-    for _ in range(20):
-        k = p.keep(SRC, 1, [0], [8], asked=8).k
-        chosen.append(k)
-        p.costs.add_step(1, 1 + k, 0.03 * (1 + k))
-    assert chosen[:4] == [0, 1, 0, 1] and chosen[4:] == [0] * 16
+    # a width measured above t plain steps that really costs that is confirmed at most confirm - 1
+    # more times; one measured within t plain steps (possible, if costly) is taken at its word
+    for seconds, choices in ((0.075, [0, 1, 0, 1] + [0] * 16), (0.057, [0] * 20)):
+        p = Planner(8, confirm=3, explore=0)
+        p.model(SRC).reached, p.model(SRC).accepted = [1e3] * 8, [0.1e3] * 8
+        p.costs.add_step(1, 1, 0.03)
+        p.costs.add_step(1, 2, seconds)
+        chosen = []
+        for _ in range(20):
+            k = p.keep(SRC, 1, [0], [8], asked=8).k
+            chosen.append(k)
+            p.costs.add_step(1, 1 + k, 0.03 if k == 0 else seconds)
+        assert chosen == choices, seconds
     with pytest.raises(ValueError, match="confirm"):
         Planner(8, confirm=0)
 
