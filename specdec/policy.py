@@ -615,7 +615,7 @@ class Planner:
     def ask(self, source: str, b: int, rows: list[int], trimmable: bool, switching: bool = False) -> Plan:
         """How many drafts to ask `source` for, 0 for a plain step. A cheap proposer is asked for
         k_max (the cut after proposing decides); a costly one for its best k if that beats plain."""
-        if not rows or not self.ready(b) or self.probing(b):  # plain: a first step at this batch size, or a probe
+        if not rows or not self.ready(b) or self.probing(b):  # plain: nothing measured at this batch size yet, or a probe
             return Plan(self.min_k, 0.0, 0.0)
         if not self.costs.draft_known(source, b):
             return Plan(max(self.start, self.min_k), 0.0, 0.0)

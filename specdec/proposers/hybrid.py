@@ -165,7 +165,7 @@ class HybridProposer:
         b, rows = state.batch_size, [r for r, on in enumerate(state.active) if on]
         k = min(k, planner.k_max) if planner is not None else 0
         self._step = {"name": "plain", "asked": 0, "drafts": [], "lookups": {}, "options": {}}
-        if k == 0 or not rows or not planner.ready(b) or planner.probing(b):  # plain: a first step here, or a probe
+        if k == 0 or not rows or not planner.ready(b) or planner.probing(b):  # plain: nothing measured here yet, or a probe
             return Proposal.empty(b, state.tokens.device)
         untimed = [n for n in self.parts if not planner.costs.draft_known(n, b) and n not in self.hints]
         if untimed:  # a first try drafts one token: a draft model's first steps cost little
