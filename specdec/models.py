@@ -229,6 +229,13 @@ def _safetensors_problem(file: Path) -> str | None:
         return first_line(err).rstrip('.')
 
 
+# transformers 5.25 turns hub kernels on by default (`use_kernels=None` -> True): layers replaced by
+# code fetched from the model hub, which fails offline (and fails to load at all without the
+# `kernels` package) and would swap in layers the engine's attention and compiled paths were not
+# checked with. Every release this project supports (5.17 on) accepts the flag.
+NO_HUB_KERNELS = {"use_kernels": False}
+
+
 def _from_pretrained(source: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     from safetensors import SafetensorError
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -241,7 +248,7 @@ def _from_pretrained(source: str) -> tuple[PreTrainedModel, PreTrainedTokenizerB
             AttentionLayout.of(AutoModelForCausalLM.from_config(config, attn_implementation="eager"))
         attention = "eager" if eager_attention_needed(config.get_text_config()) else "sdpa"
         model, info = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, attn_implementation=attention,
-                                                           output_loading_info=True)
+                                                           output_loading_info=True, **NO_HUB_KERNELS)
         tokenizer = AutoTokenizer.from_pretrained(source)
     except InvalidInput:
         raise
@@ -456,7 +463,8 @@ def _load_gguf(gguf: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     try:
         # dequantize=True: plain float Linear layers even where transformers could keep packed GGUF blocks.
         model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, dtype=torch.float32, quantization_config=GgufConfig(dequantize=True)
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32, quantization_config=GgufConfig(dequantize=True),
+            **NO_HUB_KERNELS,
         )
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     except (OSError, ValueError, KeyError, IndexError, TypeError, EOFError) as err:

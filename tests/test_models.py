@@ -323,6 +323,28 @@ def _saved(directory, **config):
     return directory
 
 
+def test_the_loader_turns_hub_kernels_off(tmp_path, monkeypatch):
+    """transformers 5.25 replaces layers with kernels fetched from the model hub unless told not to:
+    offline that fails, and the layers it swaps in are not the ones the engine was checked with.
+    Both loaders (a saved directory, a GGUF file) must say use_kernels=False."""
+    from transformers import AutoModelForCausalLM
+
+    asked, real = [], AutoModelForCausalLM.from_pretrained.__func__
+
+    def spy(cls, source, *args, **kwargs):
+        asked.append(kwargs.get("use_kernels"))
+        if "gguf_file" in kwargs:
+            raise ValueError("stand-in: no GGUF is parsed here")
+        return real(cls, source, *args, **kwargs)
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", classmethod(spy))
+    load_model(ModelSpec(path=str(_saved(tmp_path / "m"))))
+    (tmp_path / "x.gguf").write_bytes(b"GGUF")
+    with pytest.raises(models.InvalidInput):
+        models._load_gguf(tmp_path / "x.gguf")
+    assert asked == [False, False]
+
+
 @pytest.mark.parametrize("layers, kind", [(3, "has no weights for"), (1, "does not describe")])
 def test_weights_that_config_json_does_not_describe_are_refused(tmp_path, layers, kind):
     """A config.json from another model over these weights: transformers would start the missing
