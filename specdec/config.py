@@ -578,9 +578,10 @@ def _check_heads(key: str, m: DictConfig, cfg: DictConfig, kind: str, optional: 
 
 
 def _check_arguments(key: str, cls: Any, spec: DictConfig) -> None:
-    """Every argument `spec` gives is one `cls` takes (a misspelt or `+`-added one would otherwise
-    fail only once the models have loaded)."""
-    from specdec.registry import takes
+    """Every argument `spec` gives is one `cls` takes, of the type its annotation says where that is
+    a scalar (a misspelt or `+`-added one, or `max_ngram=abc`, would otherwise fail only once the
+    models have loaded)."""
+    from specdec.registry import takes, wrong_types
 
     unknown = [str(k) for k in spec if not str(k).startswith("_") and not takes(cls, str(k))]
     if unknown:
@@ -588,6 +589,10 @@ def _check_arguments(key: str, cls: Any, spec: DictConfig) -> None:
 
         params = [n for n in inspect.signature(cls).parameters if n != "engine"]
         _fail(f"{key}.{unknown[0]}", f"{cls.__name__} takes no argument {unknown[0]!r}; it takes: {', '.join(params)}")
+    # heads_path is `_check_heads`'s: null there leaves a hybrid's part out
+    wrong = wrong_types(cls, {k: v for k, v in spec.items() if not str(k).startswith("_") and k != "heads_path"})
+    if wrong:
+        _fail(f"{key}.{wrong[0]}", wrong[1])
 
 
 def _validate_method(key: str, m: DictConfig, cfg: DictConfig, params: Any) -> None:

@@ -142,6 +142,46 @@ def takes(target: Any, name: str) -> bool:
     return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
+_SCALARS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def scalar_types(target: Any) -> dict[str, tuple[type, bool]]:
+    """Parameter -> (int, float, bool or str; whether None is allowed) for the parameters of
+    `target` annotated with one of those scalars (or one of them | None). Others are not listed."""
+    import types
+    import typing
+
+    try:
+        hints = typing.get_type_hints(target.__init__ if isinstance(target, type) else target)
+    except Exception:  # an annotation that does not resolve here: nothing to check against
+        return {}
+    out = {}
+    for name, hint in hints.items():
+        union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+        args = typing.get_args(hint) if union else (hint,)
+        kinds = [a for a in args if a is not type(None)]
+        if len(kinds) == 1 and kinds[0] in _SCALARS:
+            out[name] = (kinds[0], type(None) in args)
+    return out
+
+
+def wrong_types(target: Any, values: Mapping) -> tuple[str, str] | None:
+    """The first (name, message) among `values` whose type `target`'s annotation rules out, else None:
+    `max_ngram=abc` fails before any model loads, not as a comparison of int and str after."""
+    types = scalar_types(target)
+    for name, value in values.items():
+        if str(name) not in types:
+            continue
+        kind, optional = types[str(name)]
+        if value is None and optional:
+            continue
+        fits = isinstance(value, (int, float)) if kind is float else isinstance(value, kind)
+        if not fits or (kind in (int, float) and isinstance(value, bool)):
+            return str(name), (f"must be {_SCALARS[kind]}{' or null' if optional else ''}, "
+                               f"got {value!r} ({type(value).__name__})")
+    return None
+
+
 def resolve(folder: str, spec: Any, key: str, args: Mapping | None = None, passed: Iterable[str] = (),
             offered: Mapping | None = None) -> tuple[dict, Any, dict, dict]:
     """Everything `build` checks, without building: (node, target, the user's args, the offered
@@ -155,6 +195,9 @@ def resolve(folder: str, spec: Any, key: str, args: Mapping | None = None, passe
     fixed = [k for k in spec_node if not str(k).startswith("_")]
     nested = [k for k in fixed if isinstance(spec_node[k], Mapping) and "_target_" in spec_node[k]]
     check_args(target, label, f"{key}_args", args, [*passed, *offered], fixed, nested)
+    wrong = wrong_types(target, args)
+    if wrong:
+        raise ValueError(f"{key}_args.{wrong[0]}: {wrong[1]}")
     return spec_node, target, args, {k: v for k, v in offered.items() if v is not None}
 
 

@@ -190,6 +190,12 @@ TINY = ["~experiment", "target=tiny_random", "draft=tiny_random", "logger=none"]
     ("+foo=1", "foo"),  # `+` adds a key the schema lacks: nothing would read it
     ("+generation.temprature=0.7", "generation.temprature"),
     ("+method.proposer.bogus=3", "method.proposer.bogus"),  # method=draft: DraftModelProposer's arguments
+    # a proposer's, a hybrid part's and a schedule's arguments of the wrong type, by their annotations
+    ("method=ngram method.proposer.max_ngram=abc", "method.proposer.max_ngram: must be an integer, got 'abc'"),
+    ("method=ngram method.proposer.max_ngram=2.5", "method.proposer.max_ngram: must be an integer, got 2.5"),
+    ("method=hybrid +method.proposer.parts.suffix.max_depth=x", "method.proposer.parts.suffix.max_depth: must be"),
+    ("method=hybrid method.proposer.margin=[1]", "method.proposer.margin: must be a number"),
+    ("method.schedule=cost_aware +method.schedule_args.margin=abc", "schedule_args.margin: must be a number"),
 ])
 def test_bad_values_fail_before_models_load(override, key, monkeypatch, tmp_path):
     cfg = _compose([*TINY, *override.split()])
