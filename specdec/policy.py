@@ -53,8 +53,11 @@ Learning without losing:
   a QA row differ). When the policy stops drafting
   it also stops learning acceptance, so it explores: one step with the best speculative plan
   every `ceil((cost * loss + margin) / explore)` steps without a verdict, where cost * loss is the
-  time that plan is predicted to waste, which keeps the time lost to exploring under about
-  `explore` (1%).
+  time that plan would waste were its first-position acceptance `optimism` (1) standard deviations
+  above the estimate (for plans asked of a proposer before it runs, a draft model's or EAGLE's; a
+  lookup's offers are valued at the estimate). Once the verdicts are many, that is about the time it is predicted to waste,
+  and exploring takes about `explore` (1%) of the time; while they are few, it comes sooner, so an
+  estimate pulled down by a few early rejections is corrected within a generation.
 
 Decisions that look at proposed tokens are taken only for deterministic proposals (no q): their
 tokens are functions of the past, so shortening them keeps every verifier lossless. A proposal
@@ -316,12 +319,14 @@ class AcceptanceModel:
     with weight `prior_weight` to `prior` (i = 1) or to a_{i-1} (i > 1); the decay (per step with drafts) lets the estimate follow
     the text. o_i = P(a row offers >= i drafts | asked for >= i): lookups often find shorter or no
     continuations, and that is known only after proposing. Row b of the current batch multiplies
-    a_i by its own acceptance relative to the pool (shrunk with `row_weight` pseudo-observations)."""
+    a_i by its own acceptance relative to the pool (shrunk with `row_weight` pseudo-observations).
+    `optimism`: the optimistic estimate (`rates(optimistic=True)`) raises a_1 by that many standard
+    deviations of its estimate, for deciding when to explore (`Planner.choose`)."""
 
     def __init__(self, k_max: int, prior: float = 0.5, prior_weight: float = 2.0, decay: float = 0.98,
-                 row_weight: float = 4.0):
-        self.k_max, self.prior, self.prior_weight, self.decay, self.row_weight = \
-            k_max, prior, prior_weight, decay, row_weight
+                 row_weight: float = 4.0, optimism: float = 1.0):
+        self.k_max, self.prior, self.prior_weight, self.decay, self.row_weight, self.optimism = \
+            k_max, prior, prior_weight, decay, row_weight, optimism
         self.accepted = [0.0] * k_max
         self.reached = [0.0] * k_max
         self.offered = [0.0] * k_max
@@ -331,16 +336,20 @@ class AcceptanceModel:
     def reset_rows(self) -> None:
         self.rows = {}
 
-    def rates(self, row: int | None = None) -> list[float]:
+    def rates(self, row: int | None = None, optimistic: bool = False) -> list[float]:
         """a_i for i = 1..k_max (for `row` of the current batch when given). Position 1 is shrunk
         to `prior`, position i > 1 to the estimate of position i - 1: deep positions are reached
         rarely, and with a flat prior they stayed at it (n-gram lookup at batch 4 on short
         Spec-Bench prompts learned [0.41, 0.50, 0.50, ...] while 17-31% of its drafts were
-        accepted), so long drafts looked worth scoring."""
+        accepted), so long drafts looked worth scoring. `optimistic`: a_1 plus `optimism` standard
+        deviations of its estimate (sqrt(a (1 - a) / n), n its decayed verdicts and the prior's
+        weight), the deeper positions shrunk to that: high while few verdicts are in."""
         w, p = self.prior_weight, self.prior
         pooled, shrink_to = [], p
-        for a, r in zip(self.accepted, self.reached):
+        for i, (a, r) in enumerate(zip(self.accepted, self.reached)):
             shrink_to = (a + shrink_to * w) / (r + w)
+            if optimistic and i == 0:
+                shrink_to = min(shrink_to + self.optimism * math.sqrt(shrink_to * (1 - shrink_to) / (r + w)), 0.99)
             pooled.append(shrink_to)
         if row is None or row not in self.rows:
             return pooled
@@ -352,10 +361,11 @@ class AcceptanceModel:
     def offer_rates(self) -> list[float]:
         return [(o + 1.0) / (n + 1.0) for o, n in zip(self.offered, self.asked)]
 
-    def curve(self, row: int | None = None, asked: bool = False) -> list[float]:
-        """E(l) for l = 0..k_max: expected tokens from l drafts offered (asked=True: l asked for)."""
+    def curve(self, row: int | None = None, asked: bool = False, optimistic: bool = False) -> list[float]:
+        """E(l) for l = 0..k_max: expected tokens from l drafts offered (asked=True: l asked for),
+        under the optimistic acceptance when `optimistic` (see `rates`)."""
         offers = self.offer_rates() if asked else None
-        return metrics.expected_tokens_curve(self.rates(row), offers)
+        return metrics.expected_tokens_curve(self.rates(row, optimistic), offers)
 
     def observe_offers(self, asked: int, offered: list[int]) -> None:
         """Rows that were asked for `asked` drafts offered `offered[r]` (before any cut)."""
@@ -395,17 +405,23 @@ class Plan:
     `unconfirmed` rests on costs being confirmed (`CostModel.confirming`, `draft_confirming`,
     `switch_confirming`): the extra cost of an unconfirmed width, an unconfirmed drafting or switch
     cost. `tentative`: it would beat plain decoding without that part, so it is taken even if it
-    loses (`Planner.confirmed_or_best`)."""
+    loses (`Planner.confirmed_or_best`). `hope`: the tokens expected under the optimistic
+    acceptance (`AcceptanceModel.rates`), which values the plan for exploring; None: `tokens`."""
 
     k: int
     tokens: float
     cost: float
     unconfirmed: float = 0.0
     tentative: bool = False
+    hope: float | None = None
 
     @property
     def rate(self) -> float:
         return self.tokens / max(self.cost, 1e-12)
+
+    @property
+    def hope_rate(self) -> float:
+        return (self.tokens if self.hope is None else self.hope) / max(self.cost, 1e-12)
 
 
 class Planner:
@@ -415,18 +431,19 @@ class Planner:
 
     def __init__(self, k_max: int, min_k: int = 0, start: int = 1, margin: float = 0.02, explore: float = 0.01,
                  prior: float = 0.5, prior_weight: float = 2.0, decay: float = 0.98, window: int = 16,
-                 cheap: float = 0.01, probe: int = 32, width_error: float = 0.5, confirm: int = 3):
+                 cheap: float = 0.01, probe: int = 32, width_error: float = 0.5, confirm: int = 3,
+                 optimism: float = 1.0):
         if not 0 <= min_k <= k_max:
             raise ValueError(f"min_k must be in [0, {k_max}], got {min_k}")
         if not 1 <= start <= k_max:
             raise ValueError(f"start must be in [1, {k_max}], got {start}")
         if margin < 0 or not 0 <= explore < 1 or not 0 < prior < 1 or prior_weight <= 0 or not 0 < decay <= 1 \
-                or window < 1 or cheap < 0 or probe < 0 or width_error < 0 or confirm < 1:
-            raise ValueError("need margin >= 0, 0 <= explore < 1, 0 < prior < 1, prior_weight > 0, "
-                             "0 < decay <= 1, window >= 1, cheap >= 0, probe >= 0, width_error >= 0, confirm >= 1")
+                or window < 1 or cheap < 0 or probe < 0 or width_error < 0 or confirm < 1 or not optimism >= 0:
+            raise ValueError("need margin >= 0, 0 <= explore < 1, 0 < prior < 1, prior_weight > 0, 0 < decay <= 1, "
+                             "window >= 1, cheap >= 0, probe >= 0, width_error >= 0, confirm >= 1, optimism >= 0")
         self.k_max, self.min_k, self.start = k_max, min_k, start
         self.margin, self.explore, self.cheap, self.probe, self.width_error = margin, explore, cheap, probe, width_error
-        self.model_args = {"prior": prior, "prior_weight": prior_weight, "decay": decay}
+        self.model_args = {"prior": prior, "prior_weight": prior_weight, "decay": decay, "optimism": optimism}
         self.costs = CostModel(window, confirm)
         self.models: dict[str, AcceptanceModel] = {}
         self.steps = 0
@@ -501,9 +518,11 @@ class Planner:
         return source not in self.nodes or self.nodes[source] <= max(self.costs.widest(b), self.min_k)
 
     def _plans(self, source: str, b: int, rows: list[int], cap: int, draft: float, asked: bool,
-               lengths: list[int] | None = None, curves: list[list[float]] | None = None) -> list[Plan]:
+               lengths: list[int] | None = None, curves: list[list[float]] | None = None,
+               hopes: list[list[float]] | None = None) -> list[Plan]:
         """Plans keeping j = 0..cap drafts per row (row r keeps min(lengths[r], j) when lengths are
-        given); `curves`: the rows' expected-token curves, when the caller already has them."""
+        given); `curves`: the rows' expected-token curves, when the caller already has them;
+        `hopes`: their optimistic curves, for plans asked of a proposer (`best_ask`), else none."""
         if curves is None:
             model = self.model(source)
             curves = [model.curve(r, asked) for r in rows]
@@ -512,7 +531,8 @@ class Planner:
         widths = [1 + self.width(source, min(j, longest)) for j in range(cap + 1)]
         rests = [self.rest(b, t) for t in widths]
         return [Plan(j, sum(c[min(j, n)] for c, n in zip(curves, caps)), draft + rest,
-                     rest - 1.0 if self.costs.confirming(b, t) else 0.0)
+                     rest - 1.0 if self.costs.confirming(b, t) else 0.0,
+                     hope=sum(c[min(j, n)] for c, n in zip(hopes, caps)) if hopes is not None else None)
                 for j, (t, rest) in enumerate(zip(widths, rests))]
 
     def confirmed_or_best(self, plans: list[Plan], plain: Plan) -> Plan:
@@ -540,17 +560,21 @@ class Planner:
         elif not self.reachable(source, b):
             return None  # its trees are wider than anything measured here yet
         extra = sunk + (self.costs.switch_cost(source, b) if switching else 0.0)
+        # Its plans carry their optimistic value for exploring (`choose`); a lookup's offers, valued
+        # after proposing (`best_keep`), do not: there it measured no gain and a loss of 4-6% at
+        # batch 4 and 16 (wider exploring steps), within the noise but in 5 of 6 cells.
         model = self.model(source)
         curves = [model.curve(r, asked=True) for r in rows]
+        hopes = [model.curve(r, asked=True, optimistic=True) for r in rows]
         plain = self.plain(b, rows, sunk)
         for k in range(min(max(self.min_k, 1), top), top + 1):
             widths = self._plans(source, b, rows, k, extra + self.costs.draft_cost(source, b, k), asked=True,
-                                 curves=curves)
+                                 curves=curves, hopes=hopes)
             best = self.confirmed_or_best(widths, plain) if trimmable else widths[k]
             unconfirmed = best.unconfirmed + \
                 (self.costs.draft_cost(source, b, k) if self.costs.draft_confirming(source, b, k) else 0.0) + \
                 (self.costs.switch_cost(source, b) if switching and self.costs.switch_confirming(source, b) else 0.0)
-            plans.append(Plan(k, best.tokens, best.cost, unconfirmed))
+            plans.append(Plan(k, best.tokens, best.cost, unconfirmed, hope=best.hope))
         best = self.confirmed_or_best(plans, plain)
         if self.min_k == 0 and not best.tentative and \
                 self.ceiling(source, b, rows, sunk, cap) < plain.rate * (1 + self.margin):
@@ -589,8 +613,12 @@ class Planner:
     def choose(self, options: list[tuple[str, Plan]], plain: Plan) -> tuple[str | None, Plan]:
         """The best option; plain (None) unless a speculative one beats it by `margin` (or min_k > 0).
         A source passed over explores once every ceil((cost * loss + margin) / explore) steps without
-        a verdict on its drafts: loss is its predicted shortfall in rate against the choice, so
-        cost * loss is the time (in plain steps) one exploring step is expected to waste. When plain
+        a verdict on its drafts: loss is its shortfall in rate against the choice, valued at the
+        optimistic acceptance (`Plan.hope`), so cost * loss is the time (in plain steps) one
+        exploring step may waste if the source is as good as its verdicts so far allow. Valued at
+        the estimate itself, an early run of rejections made its own correction rare: the lower the
+        estimate, the rarer the exploring (EAGLE at batch 1: a depth-1 estimate of 0.12-0.19 for
+        most of a run, one try in about 30 steps, against 0.41 drafting every step). When plain
         decoding would win, a plan being confirmed (`Plan.tentative`) is taken instead."""
         options = [(s, p) for s, p in options if p is not None]
         if not options:
@@ -606,7 +634,7 @@ class Planner:
             for source, plan in options:
                 if source == name:
                     continue
-                loss = max(1.0 - plan.rate / max(best.rate, 1e-12), 0.0)
+                loss = max(1.0 - plan.hope_rate / max(best.rate, 1e-12), 0.0)
                 period = math.ceil((plan.cost * loss + self.margin) / self.explore)
                 if self.steps - self.last_scored.get(source, 0) >= period:
                     return source, plan

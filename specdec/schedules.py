@@ -148,7 +148,8 @@ class CostAwareSchedule(ConstantSchedule):
     fraction of a plain step counts as free), `probe` (a plain step at least every `probe` steps, to
     keep measuring what the costs are ratios to), `width_error` (decisions price the learned extra
     cost of width at 1 + this times itself), `confirm` (measurements of a width before it alone can
-    rule drafting out; 1: the first decides).
+    rule drafting out; 1: the first decides), `optimism` (exploring values a passed-over plan at its
+    depth-1 acceptance plus this many standard deviations of the estimate; 0: at the estimate).
     """
 
     name = "cost_aware"
@@ -158,11 +159,12 @@ class CostAwareSchedule(ConstantSchedule):
 
     def __init__(self, num_speculative_tokens: int = 8, min_k: int = 0, start: int = 1, margin: float = 0.02,
                  explore: float = 0.01, prior: float = 0.5, prior_weight: float = 2.0, decay: float = 0.98,
-                 window: int = 16, cheap: float = 0.01, probe: int = 32, width_error: float = 0.5, confirm: int = 3):
+                 window: int = 16, cheap: float = 0.01, probe: int = 32, width_error: float = 0.5, confirm: int = 3,
+                 optimism: float = 1.0):
         super().__init__(num_speculative_tokens)
         try:
             self.planner = Planner(self.k_max, min_k, start, margin, explore, prior, prior_weight, decay, window,
-                                   cheap, probe, width_error, confirm)
+                                   cheap, probe, width_error, confirm, optimism)
         except ValueError as err:
             raise ValueError(f"schedule_args: {err}") from None
         self.min_k = min_k

@@ -115,6 +115,39 @@ def test_it_explores_once_every_ceil_of_loss_plus_margin_over_budget_steps():
     assert explored == [period, 2 * period, 3 * period]
 
 
+def _recovery(optimism: float, early: int, rate: float = 0.45, steps: int = 300) -> tuple[int, int | None]:
+    """A drafter that pays (one draft, a third of a plain step to draft it, accepted at `rate`), whose
+    first `early` drafts are all rejected: (steps that drafted, the first step of 20 drafting in a
+    row, None if never). Verdicts after the early ones follow a fixed stream of that rate."""
+    p = _fed(Planner(1, optimism=optimism), None, lambda t: 0.03, lambda k: 0.01 * k)
+    judged, drafted = 0, []
+    for _ in range(steps):
+        p.next_step()
+        k = p.ask(SRC, 1, [0], trimmable=False).k
+        p.stepped(1, 1 + k)
+        drafted.append(k > 0)
+        if k > 0:
+            judged += 1
+            j = judged - early
+            p.observe(SRC, {0: (int(j > 0 and int(j * rate) > int((j - 1) * rate)), 1)})
+    steady = next((i for i in range(steps - 20) if all(drafted[i:i + 20])), None)
+    return sum(drafted), steady
+
+
+def test_an_estimate_pulled_down_by_early_rejections_recovers():
+    """Exploring values a passed-over plan at an optimistic acceptance, so a few early rejections do
+    not make their own correction rare. At the estimate itself (optimism=0) the drafter, worth 1.45
+    tokens for 1.33 plain steps, stays priced out for most of the run: the lower the estimate,
+    the rarer the tries that could correct it (59 drafting steps of 300 against 180)."""
+    drafted, steady = _recovery(1.0, early=4)
+    assert steady is not None and steady < 160 and drafted > 160
+    drafted0, steady0 = _recovery(0.0, early=4)
+    assert (steady0 is None or steady0 > 250) and drafted0 < 80
+    assert _recovery(1.0, early=5)[1] is not None and _recovery(0.0, early=5)[1] is None
+    # a drafter that does not pay (accepted at 0.1) is still explored rarely
+    assert _recovery(1.0, early=0, rate=0.1)[0] < 20
+
+
 def test_a_policy_that_always_drafts_takes_a_plain_probe_step_now_and_then():
     p = _fed(Planner(8, probe=5), 0.9, lambda t: 0.03)  # drafting pays: every step drafts
     p.stepped(1, 1)

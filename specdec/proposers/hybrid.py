@@ -94,7 +94,7 @@ class HybridProposer:
     def __init__(self, engine=None, parts: Mapping | None = None, margin: float = 0.02, explore: float = 0.01,
                  prior: float = 0.5, prior_weight: float = 2.0, decay: float = 0.98, window: int = 16,
                  cheap: float = 0.01, probe: int = 32, width_error: float = 0.5, confirm: int = 3,
-                 standing: str = "request"):
+                 optimism: float = 1.0, standing: str = "request"):
         if not parts:
             raise ValueError("method.proposer.parts: the hybrid needs at least one proposer, e.g. "
                              "{suffix: {_target_: specdec.proposers.suffix.SuffixProposer, _partial_: true}}")
@@ -117,7 +117,7 @@ class HybridProposer:
         self.hints = {n: c for n, c in ((n, model_cost_hint(p, engine)) for n, p in self.parts.items()) if c is not None}
         self.args = {"margin": margin, "explore": explore, "prior": prior, "prior_weight": prior_weight,
                      "decay": decay, "window": window, "cheap": cheap, "probe": probe,
-                     "width_error": width_error, "confirm": confirm}
+                     "width_error": width_error, "confirm": confirm, "optimism": optimism}
         self.planner: Planner | None = None  # made at the first step, when k_max is known
         self.clock = StepClock()
         self._drafted_before: set[str] = set()
