@@ -263,12 +263,11 @@ def _check_type(key: str, value: Any, kind: type, optional: bool = False) -> Non
     """`value` must be an int (kind int) or a number (kind float), or None if `optional`. A config built
     in Python bypasses the schema's conversions, so "0.5" or None would otherwise fail later as a bare
     TypeError far from the key."""
-    if value is None and optional:
-        return
-    number = isinstance(value, int) if kind is int else isinstance(value, (int, float))
-    if not number or isinstance(value, bool):
-        what = "an integer" if kind is int else "a number"
-        _fail(key, f"must be {what}{' or null' if optional else ''}, got {value!r} ({type(value).__name__})")
+    from specdec.registry import type_problem
+
+    problem = type_problem(value, kind, optional)
+    if problem:
+        _fail(key, problem)
 
 
 def _check_target(key: str, target: Any) -> None:

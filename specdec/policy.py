@@ -55,9 +55,10 @@ Learning without losing:
   every `ceil((cost * loss + margin) / explore)` steps without a verdict, where cost * loss is the
   time that plan would waste were its first-position acceptance `optimism` (1) standard deviations
   above the estimate (for plans asked of a proposer before it runs, a draft model's or EAGLE's; a
-  lookup's offers are valued at the estimate). Once the verdicts are many, that is about the time it is predicted to waste,
-  and exploring takes about `explore` (1%) of the time; while they are few, it comes sooner, so an
-  estimate pulled down by a few early rejections is corrected within a generation.
+  lookup's offers are valued at the estimate). Once the verdicts are many, that is about the time
+  it is predicted to waste, and exploring takes about `explore` (1%) of the time; while they are
+  few, it comes sooner, so an estimate pulled down by a few early rejections is corrected within a
+  generation.
 
 Decisions that look at proposed tokens are taken only for deterministic proposals (no q): their
 tokens are functions of the past, so shortening them keeps every verifier lossless. A proposal
@@ -565,7 +566,8 @@ class Planner:
         # batch 4 and 16 (wider exploring steps), within the noise but in 5 of 6 cells.
         model = self.model(source)
         curves = [model.curve(r, asked=True) for r in rows]
-        hopes = [model.curve(r, asked=True, optimistic=True) for r in rows]
+        hopes = [model.curve(r, asked=True, optimistic=True) for r in rows] \
+            if self.explore > 0 and model.optimism > 0 else None  # else the same as `curves`, or unused
         plain = self.plain(b, rows, sunk)
         for k in range(min(max(self.min_k, 1), top), top + 1):
             widths = self._plans(source, b, rows, k, extra + self.costs.draft_cost(source, b, k), asked=True,

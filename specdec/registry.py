@@ -165,20 +165,25 @@ def scalar_types(target: Any) -> dict[str, tuple[type, bool]]:
     return out
 
 
+def type_problem(value: Any, kind: type, optional: bool = False) -> str | None:
+    """What is wrong with `value` as a `kind` (int, float: any number, bool or str; None allowed when
+    `optional`), else None. A bool is not a number here."""
+    if value is None and optional:
+        return None
+    fits = isinstance(value, (int, float)) if kind is float else isinstance(value, kind)
+    if fits and not (kind in (int, float) and isinstance(value, bool)):
+        return None
+    return f"must be {_SCALARS[kind]}{' or null' if optional else ''}, got {value!r} ({type(value).__name__})"
+
+
 def wrong_types(target: Any, values: Mapping) -> tuple[str, str] | None:
     """The first (name, message) among `values` whose type `target`'s annotation rules out, else None:
     `max_ngram=abc` fails before any model loads, not as a comparison of int and str after."""
     types = scalar_types(target)
     for name, value in values.items():
-        if str(name) not in types:
-            continue
-        kind, optional = types[str(name)]
-        if value is None and optional:
-            continue
-        fits = isinstance(value, (int, float)) if kind is float else isinstance(value, kind)
-        if not fits or (kind in (int, float) and isinstance(value, bool)):
-            return str(name), (f"must be {_SCALARS[kind]}{' or null' if optional else ''}, "
-                               f"got {value!r} ({type(value).__name__})")
+        problem = type_problem(value, *types[str(name)]) if str(name) in types else None
+        if problem:
+            return str(name), problem
     return None
 
 
