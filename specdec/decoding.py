@@ -99,6 +99,8 @@ class SpeculativeDecoder:
         self.k = num_speculative_tokens if self.speculative else 0
         self.schedule = schedule or ConstantSchedule(max(self.k, 1))
         self.k = self.schedule.k_max if self.speculative else 0
+        if self.speculative and hasattr(self.schedule, "bind"):  # a schedule that prices its proposer
+            self.schedule.bind(self.proposer, engine)
         # A proposer that drafts trees scores up to `num_nodes` nodes per step: caches make room for them.
         self.k = max(self.k, getattr(self.proposer, "num_nodes", 0))
         self.verifier_name = verifier

@@ -76,6 +76,7 @@ from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from specdec import metrics
 
@@ -127,6 +128,19 @@ class Timings:
     def at(self, x: int, origin: bool = False) -> float | None:
         pts = self.medians()
         return interpolate({0: 0.0, **pts} if origin and 0 not in pts else pts, x)
+
+
+def model_cost_hint(proposer, engine) -> float | None:
+    """A prior for the drafting cost per token of a proposer that runs a draft model
+    (`proposer.draft`, a `CachedModel`: a draft model, the target's early layers), in plain steps:
+    the draft's share of the target's parameters. Small models rarely run faster than their share,
+    so the prior errs low: such a proposer is still tried when it could pay, and priced out untried
+    when it could not (the target drafting for itself: 1.0). None for other proposers."""
+    model = getattr(getattr(proposer, "draft", None), "model", None)
+    target = getattr(getattr(engine, "target", None), "model", None)
+    if not isinstance(model, torch.nn.Module) or not isinstance(target, torch.nn.Module):
+        return None
+    return sum(p.numel() for p in model.parameters()) / sum(p.numel() for p in target.parameters())
 
 
 class CostModel:
@@ -288,11 +302,19 @@ class CostModel:
     def draft_cost(self, source: str, b: int, k: int) -> float:
         """c(source, B, k) in plain steps; 0 for k = 0. While unmeasured: k times the source's
         `hints` entry (a prior per drafted token, e.g. a draft model's share of the target's
-        parameters, which small models rarely beat), else 0 (optimistic)."""
+        parameters, which small models rarely beat), else 0 (optimistic). A cost borrowed from
+        another batch size is never below that prior: a draft model's catch-up pass scores the
+        tokens it missed, and that width, nearly free at batch 1, is not at 16 (the target
+        drafting for itself: 0.78 plain steps a token at batch 1, 1.15 at batch 16, where the
+        borrowed 0.78 had it draft, and lose, for four steps)."""
         if k == 0:
             return 0.0
         timings = self.nearest(self.draft, source, b)
-        return timings.at(k, origin=True) if timings else k * self.hints.get(source, 0.0)
+        prior = k * self.hints.get(source, 0.0)
+        if not timings:
+            return prior
+        cost = timings.at(k, origin=True)
+        return cost if (source, b) in self.draft else max(cost, prior)
 
     def switch_cost(self, source: str, b: int) -> float:
         """What drafting costs on top of c(k) when the source did not draft in the step before (a
@@ -647,7 +669,7 @@ class Planner:
         k_max (the cut after proposing decides); a costly one for its best k if that beats plain."""
         if not rows or not self.ready(b) or self.probing(b):  # plain: nothing measured at this batch size yet, or a probe
             return Plan(self.min_k, 0.0, 0.0)
-        if not self.costs.draft_known(source, b):
+        if not self.costs.draft_known(source, b) and source not in self.costs.hints:  # try it, blind
             return Plan(max(self.start, self.min_k), 0.0, 0.0)
         if trimmable and self.is_cheap(source, b):  # ask for all; `keep` cuts. Unless no offer could pay.
             return Plan(self.k_max if self.worth_proposing(source, b, rows) else 0, 0.0, 0.0)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.policy import Planner, StepClock, drafting, verified
+from specdec.policy import Planner, StepClock, drafting, model_cost_hint, verified
 from specdec.tree import TreeProposal
 from specdec.types import Proposal
 
@@ -174,6 +174,14 @@ class CostAwareSchedule(ConstantSchedule):
         self._offered: list[int] = []
         self._trimmable = True  # the last proposal had no q (a lookup, or a draft model decoding greedily)
         self._drafted_before = False  # the proposer drafted in the previous step of this generation
+
+    def bind(self, proposer, engine) -> None:
+        """Called by the decoder with its proposer: one that runs a draft model is priced, until
+        measured, at the draft's share of the target's parameters (`model_cost_hint`), not as free,
+        so that the target drafting for itself is never tried blind."""
+        hint = model_cost_hint(proposer, engine)
+        if hint is not None:
+            self.planner.costs.hints[self.source] = hint
 
     def reset(self) -> None:
         self.clock.reset()

@@ -302,6 +302,48 @@ def test_a_cost_borrowed_from_another_batch_size_is_not_confirmed_here():
     assert p.ask(SRC, 1, [0], trimmable=False).k == 1  # at batch 1: measured again
 
 
+def test_a_cost_borrowed_from_another_batch_size_is_never_below_the_prior():
+    # The target drafting for itself (prior: 1.0 plain steps a token) measured 0.78 a token at
+    # batch 1, where width is nearly free. At batch 16, with only T = 1 measured there, the
+    # borrowed 0.78 made a step drafting one token look like 1.95 tokens for 1.78 plain steps.
+    def planner(hint):
+        p = Planner(8, confirm=3, explore=0)
+        if hint is not None:
+            p.costs.hints[SRC] = hint
+        _fed(p, 0.96, lambda t: 0.04, lambda k: 0.78 * 0.04 * k, b=1)
+        p.costs.add_step(16, 1, 0.06)
+        p.costs.add_step(16, 1, 0.06)
+        return p
+
+    for hint, at_16 in ((None, 0.78), (1.0, 1.0), (0.5, 0.78)):
+        p = planner(hint)
+        assert p.costs.draft_cost(SRC, 1, 1) == pytest.approx(0.78)  # measured here: taken at its word
+        assert p.costs.draft_cost(SRC, 16, 1) == pytest.approx(at_16)
+    assert planner(None).ask(SRC, 16, list(range(16)), trimmable=False, switching=True).k == 1
+    assert planner(1.0).ask(SRC, 16, list(range(16)), trimmable=False, switching=True).k == 0
+    assert planner(1.0).ask(SRC, 1, [0], trimmable=False).k > 0  # at batch 1 it paid, measured
+
+
+def test_the_policy_prices_a_draft_model_at_its_share_until_measured(make_engine, unrelated_draft):
+    # bound by the decoder to its proposer: the target drafting for itself costs a plain step a
+    # token, so no step drafts (nothing could pay, even every draft accepted: not even explored);
+    # a lookup gets no prior (its drafting is measured, and nearly free)
+    engine = make_engine("self")
+    sched = make_schedule("cost_aware", 4)
+    out = SpeculativeDecoder(engine, DraftModelProposer(engine), schedule=sched).generate(
+        REPEATING, max_new_tokens=40)
+    assert sched.planner.costs.hints == {sched.source: pytest.approx(1.0)}
+    assert out.stats.total.proposed == 0 and set(sched.history) == {0}
+    small = make_engine(unrelated_draft)
+    sched = make_schedule("cost_aware", 4)
+    SpeculativeDecoder(small, DraftModelProposer(small), schedule=sched)
+    share = sum(p.numel() for p in small.draft.model.parameters()) / sum(p.numel() for p in small.target.model.parameters())
+    assert 0 < share < 1 and sched.planner.costs.hints == {sched.source: pytest.approx(share)}
+    sched = make_schedule("cost_aware", 4)
+    SpeculativeDecoder(engine, NgramProposer(engine), schedule=sched)
+    assert sched.planner.costs.hints == {}
+
+
 def test_decisions_price_the_extra_cost_of_width_with_its_error():
     # learned: a 2-wide step costs 1.2 plain steps; priced at 1 + 0.2 * 1.5 = 1.3, so one draft
     # accepted a quarter of the time (1.25 tokens) pays at width_error 0 and not at 0.5

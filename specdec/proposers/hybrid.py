@@ -57,22 +57,9 @@ from dataclasses import replace
 
 import torch
 
-from specdec.policy import Plan, Planner, StepClock, drafting, verified
+from specdec.policy import Plan, Planner, StepClock, drafting, model_cost_hint, verified
 from specdec.proposers.base import Proposal
 from specdec.schedules import cut
-
-
-def model_cost_hint(part, engine) -> float | None:
-    """A prior for the drafting cost per token of a part that runs a draft model (`part.draft`, a
-    `CachedModel`), in target steps: the draft's share of the target's parameters. Small models
-    rarely run faster than their share, so the prior errs low: such a part is still tried when it
-    could pay, and priced out untried when it could not (the target drafting for itself: 1.0).
-    None for other parts."""
-    model = getattr(getattr(part, "draft", None), "model", None)
-    target = getattr(getattr(engine, "target", None), "model", None)
-    if not isinstance(model, torch.nn.Module) or not isinstance(target, torch.nn.Module):
-        return None
-    return sum(p.numel() for p in model.parameters()) / sum(p.numel() for p in target.parameters())
 
 
 def _without_heads(part) -> bool:
