@@ -1,10 +1,10 @@
 """Where a policy step's time goes: a speculative decoder whose policy picks 0 drafts against plain
 decoding, per part of the step, interleaved.
 
-    python experiments/policy/profile_step.py [--batch 16] [--rounds 3] [--tokens 32]
+    python experiments/policy/profile_step.py [--batch 16] [--rounds 3] [--tokens 32] [--categories qa,rag]
 
-Every decoder decodes the same batch of Spec-Bench prompts (qa, translation, math_reasoning, the
-first of each in turn) with the embedded SmolLM2 in its default dtype, 1 thread. The policy's
+Every decoder decodes the same batch of Spec-Bench prompts (qa, translation, math_reasoning by
+default, the first of each in turn) with the embedded SmolLM2 in its default dtype, 1 thread. The policy's
 decoders are told never to draft (margin 1e9, no exploring): each of their steps scores one token
 per row, like plain decoding, and whatever else the step does is overhead. Printed per decoder:
 median milliseconds per step (wall, process CPU) over the rounds, and the mean milliseconds per
@@ -25,6 +25,8 @@ import torch
 from specdec import Engine, ModelSpec, load_model
 from specdec.data import build_turn_input, load_prompts
 from specdec.decoding import SpeculativeDecoder
+from specdec.proposers.draft_model import DraftModelProposer
+from specdec.proposers.eagle import EagleProposer
 from specdec.proposers.hybrid import HybridProposer
 from specdec.proposers.ngram import NgramProposer
 from specdec.proposers.suffix import SuffixProposer
@@ -59,6 +61,11 @@ def decoders(engine) -> dict[str, SpeculativeDecoder]:
         "hybrid_k0": SpeculativeDecoder(engine, HybridProposer(engine, {"suffix": SuffixProposer(),
                                                                         "ngram": NgramProposer()}, **NEVER),
                                         8, exact_greedy=False),
+        # the target drafting for itself (draft=self): the policy prices it out, every step is plain
+        "draft_ca_k0": SpeculativeDecoder(engine, DraftModelProposer(engine), 4, schedule=ca(), exact_greedy=False),
+        # the trained drafter's tree (conf/method/eagle.yaml): its plain steps keep the target's hidden states
+        "eagle_ca_k0": SpeculativeDecoder(engine, EagleProposer(engine, "embedded", budget=4, topk=4, width=4, depth=2),
+                                          2, schedule=make_schedule("cost_aware", 2, **NEVER), exact_greedy=False),
     }
 
 
@@ -89,11 +96,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--categories", default="qa,translation,math_reasoning", help="Spec-Bench categories, comma-separated")
     args = ap.parse_args()
     torch.set_num_threads(1)
     model, tok = load_model(ModelSpec(path="embedded"))
-    engine = Engine(model)
-    prompts = load_prompts("spec_bench", categories=["qa", "translation", "math_reasoning"], limit=6)
+    engine = Engine(model, draft=model)
+    prompts = load_prompts("spec_bench", categories=args.categories.split(","), limit=6)
     ids = [build_turn_input(tok, [], p.turns[0]) for p in prompts][:args.batch]
     decs = decoders(engine)
     spent = {name: defaultdict(float) for name in decs}
