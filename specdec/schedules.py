@@ -180,7 +180,9 @@ class CostAwareSchedule(ConstantSchedule):
         measured, at the draft's share of the target's parameters (`model_cost_hint`), not as free,
         so that the target drafting for itself is never tried blind."""
         hint = model_cost_hint(proposer, engine)
-        if hint is not None:
+        if hint is None:
+            self.planner.costs.hints.pop(self.source, None)
+        else:
             self.planner.costs.hints[self.source] = hint
 
     def reset(self) -> None:
