@@ -299,6 +299,11 @@ class CostModel:
     def draft_known(self, source: str, b: int) -> bool:
         return bool(self.nearest(self.draft, source, b))
 
+    def blind(self, source: str, b: int) -> bool:
+        """Nothing prices the source's drafting at batch size b: never measured at any batch size,
+        and no prior (`hints`). Only such a source is tried without its cost (a first try)."""
+        return not self.draft_known(source, b) and source not in self.hints
+
     def draft_cost(self, source: str, b: int, k: int) -> float:
         """c(source, B, k) in plain steps; 0 for k = 0. While unmeasured: k times the source's
         `hints` entry (a prior per drafted token, e.g. a draft model's share of the target's
@@ -669,7 +674,7 @@ class Planner:
         k_max (the cut after proposing decides); a costly one for its best k if that beats plain."""
         if not rows or not self.ready(b) or self.probing(b):  # plain: nothing measured at this batch size yet, or a probe
             return Plan(self.min_k, 0.0, 0.0)
-        if not self.costs.draft_known(source, b) and source not in self.costs.hints:  # try it, blind
+        if self.costs.blind(source, b):  # try it
             return Plan(max(self.start, self.min_k), 0.0, 0.0)
         if trimmable and self.is_cheap(source, b):  # ask for all; `keep` cuts. Unless no offer could pay.
             return Plan(self.k_max if self.worth_proposing(source, b, rows) else 0, 0.0, 0.0)

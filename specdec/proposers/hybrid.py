@@ -154,7 +154,7 @@ class HybridProposer:
         self._step = {"name": "plain", "asked": 0, "drafts": [], "lookups": {}, "options": {}}
         if k == 0 or not rows or not planner.ready(b) or planner.probing(b):  # plain: nothing measured here yet, or a probe
             return Proposal.empty(b, state.tokens.device)
-        untimed = [n for n in self.parts if not planner.costs.draft_known(n, b) and n not in self.hints]
+        untimed = [n for n in self.parts if planner.costs.blind(n, b)]
         if untimed:  # a first try drafts one token: a draft model's first steps cost little
             return self._use(untimed[0], self._timed(untimed[0], state, 1), 1)
 
