@@ -32,7 +32,9 @@ Learning without losing:
   nothing else is known), and a step scores at most one token per row more than the widest width
   measured at its batch size (`Planner.widest`): widths are learned upwards one at a time, so
   finding out costs at most one step one token wider than known (at batch 16 on this CPU a first
-  step 7 wide, taken when only T = 1 was known, cost 3.4 plain steps). Every estimate is a median
+  step 7 wide, taken when only T = 1 was known, cost 3.4 plain steps). A token tree, never cut, may
+  also take a width measured at a smaller batch size, priced no lower than it cost there: width
+  costs more the larger the batch (`CostModel.floor`). Every estimate is a median
   over the last `window` observations.
 - Confirming: a cost measured fewer than `confirm` (3) times does not rule drafting out on its own
   word. A plan that loses to plain decoding only through such a cost (it would win were that cost
@@ -279,11 +281,21 @@ class CostModel:
         Between measured widths: interpolated in log space. Beyond the widest: extrapolated linearly
         in rho along the measured widths' least-squares slope (never negative): a step's cost grows
         about linearly with the tokens it scores once the pass is compute-bound (batch 16 on this
-        CPU), and an exponential would price wide steps out at batch 1. With nothing known, 1.0."""
+        CPU), and an exponential would price wide steps out at batch 1; never below what a smaller
+        batch size measured at that width (`floor`). With nothing known, 1.0."""
         solved = self._solve(b)
         if t <= max(solved):
             return math.exp(interpolate(solved, t))
-        return interpolate({w: math.exp(v) for w, v in solved.items()}, t)
+        ahead, floor = interpolate({w: math.exp(v) for w, v in solved.items()}, t), self.floor(b, t)
+        return ahead if floor is None else max(ahead, floor)
+
+    def floor(self, b: int, t: int) -> float | None:
+        """rho(b', t) at the largest batch size b' < b whose measured widths reach t: a lower bound
+        on rho(b, t), since the extra cost of width grows with the batch size (the pass moves from
+        reading weights towards computing: T = 9 cost 1.25x T = 1 at batch 1 on this CPU, 2.8x at
+        batch 16). None when no smaller batch size measured that wide."""
+        smaller = [s for s in self.pairs if s < b and self.widest(s) >= t]
+        return self.rest(max(smaller), t) if smaller else None
 
     @staticmethod
     def nearest(table: dict, source: str, b: int):
@@ -542,8 +554,15 @@ class Planner:
 
     def reachable(self, source: str, b: int) -> bool:
         """A tree's width is within one token of the widest measured at batch size b (widths are
-        learned upwards, see `widest`); a chain's always is (its k is capped instead)."""
-        return source not in self.nodes or self.nodes[source] <= max(self.costs.widest(b), self.min_k)
+        learned upwards, see `widest`), or was measured at a smaller batch size, which prices it
+        from below (`CostModel.floor`); a chain's always is (its k is capped instead). A tree is
+        never cut, so its width cannot be learned a token at a time: without the smaller batch
+        size, a tree method drafted at no batch size but its first (EAGLE + policy at batch 4 and
+        16: no step drafted, with width 5 measured at batch 1)."""
+        if source not in self.nodes:
+            return True
+        t = 1 + self.nodes[source]
+        return t <= 1 + max(self.costs.widest(b), self.min_k) or self.costs.floor(b, t) is not None
 
     def _plans(self, source: str, b: int, rows: list[int], cap: int, draft: float, asked: bool,
                lengths: list[int] | None = None, curves: list[list[float]] | None = None,

@@ -177,6 +177,29 @@ def test_widths_are_learned_upwards_one_at_a_time():
     assert Planner(8, min_k=3).widest(16) == 3  # a forced minimum is always allowed
 
 
+def test_a_tree_takes_a_width_measured_at_a_smaller_batch_size():
+    # A tree is never cut, so its width cannot be learned upwards a token at a time: with only plain
+    # steps measured at batch 4, EAGLE + policy drafted no step there (nor at 16), whatever it was
+    # worth. A smaller batch size's cost of that width prices it from below.
+    p = Planner(4, explore=0)
+    p.nodes[SRC] = 4  # every tree scores 4 drafts: T = 5
+    _fed(p, 0.9, lambda t: 0.01 * (1 + 0.02 * (t - 1)), lambda k: 0.0005 * k, b=1)  # widths up to 5, nearly free
+    rows = list(range(4))
+    p.costs.add_step(4, 1, 0.02)
+    assert p.costs.widest(4) == 1 and p.reachable(SRC, 4)
+    assert p.costs.rest(4, 5) == pytest.approx(p.costs.rest(1, 5)) and p.costs.rest(1, 5) > 1.0
+    assert p.ask(SRC, 4, rows, trimmable=False).k > 0
+    no_smaller = Planner(4, explore=0)
+    no_smaller.nodes[SRC] = 4
+    no_smaller.costs.add_step(4, 1, 0.02)
+    assert not no_smaller.reachable(SRC, 4) and no_smaller.best_ask(SRC, 4, rows, trimmable=False) is None
+    # Measured dearer at batch 4: its own cost there, and the floor for batch 16 (the largest smaller size).
+    p.costs.add_step(4, 5, 0.08)
+    assert p.costs.rest(4, 5) == pytest.approx(4.0) and p.costs.floor(16, 5) == pytest.approx(4.0)
+    assert p.ask(SRC, 4, rows, trimmable=False).k == 0  # priced at 1 + 3 x 2.5 plain steps, for 4.1 tokens a row
+    assert p.costs.floor(2, 9) is None  # nothing that wide measured below
+
+
 def test_one_stalled_step_does_not_stop_drafting_for_good():
     # Plain steps cost 0.03 s, a 2-wide step 0.031 s, but the first 2-wide step stalled for 0.5 s:
     # 17 plain steps. It rules drafting out only once it has been measured `confirm` times.
@@ -424,7 +447,8 @@ def test_width_costs_are_ratios_that_survive_a_change_of_machine_speed():
     assert costs.rest(4, 5) == pytest.approx(1.5) and costs.rest(4, 1) == 1.0
     assert costs.rest(4, 3) == pytest.approx(1.5 ** 0.5)  # interpolated in log space
     assert costs.draft_cost("ngram", 4, 4) == pytest.approx(0.1)  # a tenth of a plain step
-    assert costs.rest(16, 5) == 1.0 and not costs.ready(16)  # another batch size: widths unknown,
+    assert costs.rest(2, 5) == 1.0 and not costs.ready(2)  # a smaller batch size: widths unknown,
+    assert costs.rest(16, 5) == pytest.approx(1.5)  # a larger one: no cheaper than at batch size 4
     assert costs.draft_cost("ngram", 16, 4) == pytest.approx(0.1)  # drafting taken from batch size 4
     costs.new_generation()
     costs.add_step(4, 9, 1.0)  # not paired with the last step of the previous generation
