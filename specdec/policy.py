@@ -596,11 +596,15 @@ class Planner:
     def best_ask(self, source: str, b: int, rows: list[int], trimmable: bool, sunk: float = 0.0,
                  cap: int | None = None, switching: bool = False) -> Plan | None:
         """The best k in [max(min_k, 1), cap or k_max] (and `widest`) to ask `source` for, by
-        expected rate; a deterministic proposal may still be cut to a shorter width afterwards, so
-        asking k is worth its best width <= k. `switching`: the source did not draft in the step before.
+        expected rate; a deterministic chain may still be cut to a shorter width afterwards, so
+        asking k is worth its best width <= k (a tree, never cut, its whole width). `switching`: the source did not draft in the step before.
         None when no k could beat plain decoding even if every draft were accepted (a draft model as
         costly as the target): such a source is neither chosen nor explored."""
         plans = []
+        # A tree is never cut: it is worth its whole width only. Valued at its best cut, a losing
+        # tree was priced at no width at all (plain scoring plus its drafting), and the hybrid
+        # explored EAGLE at batch 16 every 30 steps, each step costing 2.1 plain steps of scoring.
+        trimmable = trimmable and source not in self.nodes
         top = self.k_max if cap is None else min(cap, self.k_max)
         if source not in self.nodes:
             top = min(top, self.widest(b))

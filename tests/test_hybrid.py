@@ -196,6 +196,21 @@ def test_a_tree_part_is_priced_at_its_node_width_whatever_its_depth():
     assert planner.best_ask("tree", 1, [0], trimmable=False) is None
 
 
+def test_a_tree_is_valued_at_its_whole_width_even_when_drafts_could_be_cut():
+    # The hybrid asks with trimmable=True when decoding greedily (a chain may be cut after
+    # proposing); a tree never is. Valued at its best cut, a tree losing at batch 16 was priced at
+    # plain scoring plus its drafting (1.15 plain steps against 2.8), so exploring it, budgeted at 1%
+    # of the time, cost about 4% (EAGLE explored every 30 steps, each step 2.1 plain steps).
+    planner = Planner(4)
+    planner.nodes["tree"] = 4
+    _fed(planner, 0.3, lambda t: 0.01 * (1 + 0.4 * (t - 1)), lambda k: 0.001, b=16, source="tree")
+    rows = list(range(16))
+    for trimmable in (False, True):
+        plan = planner.best_ask("tree", 16, rows, trimmable=trimmable)
+        assert plan.cost == pytest.approx(planner.costs.draft_cost("tree", 16, plan.k) + planner.rest(16, 5))
+        assert plan.tokens > len(rows)  # valued with its drafts, not as a plain step
+
+
 def _with_tree_part(engine, b: int, told: bool) -> HybridProposer:
     parts = {"suffix": lambda engine: SuffixProposer(max_spec_factor=2.0),
              "eagle": functools.partial(EagleProposer, heads_path=str(TINY_EAGLE), budget=4, topk=2, width=2, depth=2)}
