@@ -622,7 +622,9 @@ class Planner:
         for k in range(min(max(self.min_k, 1), top), top + 1):
             widths = self._plans(source, b, rows, k, extra + self.costs.draft_cost(source, b, k), asked=True,
                                  curves=curves, hopes=hopes)
-            best = self.confirmed_or_best(widths, plain) if trimmable else widths[k]
+            # Asking k is worth its best width j >= 1: keeping none is a plain step with its drafting
+            # wasted, never a plan (valued as one, a chain that loses looked nearly free to explore).
+            best = self.confirmed_or_best(widths[1:], plain) if trimmable else widths[k]
             unconfirmed = best.unconfirmed + \
                 (self.costs.draft_cost(source, b, k) if self.costs.draft_confirming(source, b, k) else 0.0) + \
                 (self.costs.switch_cost(source, b) if switching and self.costs.switch_confirming(source, b) else 0.0)

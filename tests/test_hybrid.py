@@ -211,6 +211,20 @@ def test_a_tree_is_valued_at_its_whole_width_even_when_drafts_could_be_cut():
         assert plan.tokens > len(rows)  # valued with its drafts, not as a plain step
 
 
+def test_a_deterministic_draft_is_scored_at_the_width_it_was_valued_at(make_engine):
+    # Drafting costs the same for any k (so asking more is free) but a step scoring more than 2
+    # tokens a row costs t plain steps: asked k_max, the draft is worth its first token only. The
+    # hybrid cut it to the k it asked for, and scored every draft.
+    engine = make_engine("self")
+    hybrid = HybridProposer(engine, {"draft": DraftModelProposer}, window=512)
+    planner = hybrid._planner(K)
+    _fed(planner, 0.9, lambda t: 0.01 if t <= 2 else 0.01 * t, lambda k: 0.0002, source="draft", rounds=300)
+    assert not planner.is_cheap("draft", 1) and planner.best_ask("draft", 1, [0], trimmable=True).k == K
+    out = SpeculativeDecoder(engine, hybrid, num_speculative_tokens=K).generate(RAGGED_PROMPTS[:1], max_new_tokens=30)
+    assert out.output_ids == SpeculativeDecoder(engine).generate(RAGGED_PROMPTS[:1], max_new_tokens=30).output_ids
+    assert out.reports["proposer"]["counts"]["draft"] > 0 and max(out.stats.draft_lengths) == 1
+
+
 def _with_tree_part(engine, b: int, told: bool) -> HybridProposer:
     parts = {"suffix": lambda engine: SuffixProposer(max_spec_factor=2.0),
              "eagle": functools.partial(EagleProposer, heads_path=str(TINY_EAGLE), budget=4, topk=2, width=2, depth=2)}

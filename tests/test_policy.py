@@ -200,6 +200,17 @@ def test_a_tree_takes_a_width_measured_at_a_smaller_batch_size():
     assert p.costs.floor(2, 9) is None  # nothing that wide measured below
 
 
+def test_asking_is_worth_its_best_width_of_one_draft_or_more():
+    # Keeping none of the drafts asked for is a plain step with the drafting wasted, never a plan:
+    # valued as one, a chain that loses at batch 16 (T = 2: 1.3 plain steps) looked nearly free to
+    # explore (1.03 plain steps for 16 tokens), was explored every 5 steps and scored at width 2.
+    p = _fed(Planner(4), 0.3, lambda t: 0.01 * (1 + 0.3 * (t - 1)), lambda k: 0.0003 * k, b=16)
+    rows = list(range(16))
+    plan = p.best_ask(SRC, 16, rows, trimmable=True)
+    assert plan.tokens > len(rows) and plan.cost > p.rest(16, 2)
+    assert p.ask(SRC, 16, rows, trimmable=True).k == 0  # it loses: plain
+
+
 def test_one_stalled_step_does_not_stop_drafting_for_good():
     # Plain steps cost 0.03 s, a 2-wide step 0.031 s, but the first 2-wide step stalled for 0.5 s:
     # 17 plain steps. It rules drafting out only once it has been measured `confirm` times.

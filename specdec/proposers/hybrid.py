@@ -60,6 +60,7 @@ import torch
 from specdec.policy import Plan, Planner, StepClock, drafting, model_cost_hint, verified
 from specdec.proposers.base import Proposal
 from specdec.schedules import cut
+from specdec.tree import TreeProposal
 
 
 def _without_heads(part) -> bool:
@@ -190,8 +191,13 @@ class HybridProposer:
         if name in lookups:
             return self._use(name, cut(lookups[name], plan.k), k, offered=lookups[name].lengths)
         proposal = self._timed(name, state, plan.k)
-        if proposal.probs is None and proposal.max_length > plan.k:
-            proposal = cut(proposal, plan.k)
+        if proposal.probs is None and not isinstance(proposal, TreeProposal):
+            # A deterministic chain is kept at the width that pays, given what each row offered, as
+            # `cost_aware` does (`Planner.keep`): asked k, it was valued at its best width <= k, and
+            # scoring all k drafts at batch 16, where a width costs what it is not worth, lost.
+            keep = planner.keep(name, b, rows, proposal.lengths, plan.k).k
+            if proposal.max_length > keep:
+                return self._use(name, cut(proposal, keep), plan.k, offered=proposal.lengths)
         return self._use(name, proposal, plan.k)
 
     def _use(self, name: str, proposal: Proposal, asked: int, offered: list[int] | None = None) -> Proposal:
