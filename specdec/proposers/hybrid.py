@@ -8,7 +8,9 @@ Every step:
 2. parts that cost something (a draft model) are valued before running, by the k with the best
    expected rate from their acceptance so far and their measured drafting cost;
 3. the best of these and plain decoding wins (`Planner.choose`: plain unless a part beats it by
-   `margin`; a part passed over for long explores); a costly winner runs now.
+   `margin`; a part passed over for long explores); a costly winner runs now, and a deterministic
+   chain it proposes is kept at the width that pays given what each row offered (`Planner.keep`,
+   as `cost_aware` does); a tree is scored whole.
 A part never measured is tried first, drafting one token; one whose single token cost under
 `cheap` of a plain step is then run with the lookups, at the full k, to measure that. A part that
 runs a draft model is not tried blind: until measured its drafting is priced at the draft's share of
