@@ -114,10 +114,12 @@ class Timings:
         self.window = window
         self.obs: dict[int, deque] = {}
         self._medians: dict[int, float] | None = None  # cached until the next `add`
+        self._at: dict[tuple[int, bool], float | None] = {}  # `at`, likewise
 
     def add(self, x: int, value: float) -> None:
         self.obs.setdefault(x, deque(maxlen=self.window)).append(value)
         self._medians = None
+        self._at = {}
 
     def __bool__(self) -> bool:
         return bool(self.obs)
@@ -128,8 +130,10 @@ class Timings:
         return self._medians
 
     def at(self, x: int, origin: bool = False) -> float | None:
-        pts = self.medians()
-        return interpolate({0: 0.0, **pts} if origin and 0 not in pts else pts, x)
+        if (x, origin) not in self._at:
+            pts = self.medians()
+            self._at[(x, origin)] = interpolate({0: 0.0, **pts} if origin and 0 not in pts else pts, x)
+        return self._at[(x, origin)]
 
 
 def model_cost_hint(proposer, engine) -> float | None:
@@ -169,6 +173,7 @@ class CostModel:
         self.draft: dict[tuple[str, int], Timings] = {}
         self.switch: dict[tuple[str, int], deque] = {}  # (source, B) -> (k, cost) of drafting after not drafting
         self._rho: dict[int, dict[int, float]] = {}  # B -> T -> log rho, solved; cleared on new pairs
+        self._rests: dict[tuple[int, int], float] = {}  # (B, T) -> rho, asked ~100 times a step; same
         self.hints: dict[str, float] = {}  # source -> drafting cost per token, in plain steps, until measured
 
     def add_step(self, b: int, t: int, rest_s: float, drafts: list[tuple[str, int, float, bool]] = ()) -> None:
@@ -182,6 +187,7 @@ class CostModel:
             self.pairs.setdefault(b, {}).setdefault((hi, lo), deque(maxlen=self.window)).append(
                 math.log(s_hi / s_lo))
             self._rho.pop(b, None)
+            self._rests.clear()  # a larger batch size's floor reads this one's
         self.last[b] = (t, rest_s)
         counts = self.measured.setdefault(b, {})
         counts[t] = counts.get(t, 0) + 1
@@ -283,11 +289,16 @@ class CostModel:
         about linearly with the tokens it scores once the pass is compute-bound (batch 16 on this
         CPU), and an exponential would price wide steps out at batch 1; never below what a smaller
         batch size measured at that width (`floor`). With nothing known, 1.0."""
+        if (b, t) in self._rests:
+            return self._rests[(b, t)]
         solved = self._solve(b)
         if t <= max(solved):
-            return math.exp(interpolate(solved, t))
-        ahead, floor = interpolate({w: math.exp(v) for w, v in solved.items()}, t), self.floor(b, t)
-        return ahead if floor is None else max(ahead, floor)
+            rho = math.exp(interpolate(solved, t))
+        else:
+            ahead, floor = interpolate({w: math.exp(v) for w, v in solved.items()}, t), self.floor(b, t)
+            rho = ahead if floor is None else max(ahead, floor)
+        self._rests[(b, t)] = rho
+        return rho
 
     def floor(self, b: int, t: int) -> float | None:
         """rho(b', t) at the largest batch size b' < b whose measured widths reach t: a lower bound
@@ -619,12 +630,14 @@ class Planner:
         hopes = [model.curve(r, asked=True, optimistic=True) for r in rows] \
             if self.explore > 0 and model.optimism > 0 else None  # else the same as `curves`, or unused
         plain = self.plain(b, rows, sunk)
+        # The plans keeping j = 0..top drafts, once: asked k, keeping j <= k differs only in drafting.
+        kept = self._plans(source, b, rows, top, 0.0, asked=True, curves=curves, hopes=hopes)
         for k in range(min(max(self.min_k, 1), top), top + 1):
-            widths = self._plans(source, b, rows, k, extra + self.costs.draft_cost(source, b, k), asked=True,
-                                 curves=curves, hopes=hopes)
+            d = extra + self.costs.draft_cost(source, b, k)
+            widths = [Plan(p.k, p.tokens, p.cost + d, p.unconfirmed, hope=p.hope) for p in kept[:k + 1]]
             # Asking k is worth its best width j >= 1: keeping none is a plain step with its drafting
             # wasted, never a plan (valued as one, a chain that loses looked nearly free to explore).
-            best = self.confirmed_or_best(widths[1:], plain) if trimmable else widths[k]
+            best = self.confirmed_or_best(widths[1:] or widths, plain) if trimmable else widths[k]
             unconfirmed = best.unconfirmed + \
                 (self.costs.draft_cost(source, b, k) if self.costs.draft_confirming(source, b, k) else 0.0) + \
                 (self.costs.switch_cost(source, b) if switching and self.costs.switch_confirming(source, b) else 0.0)
