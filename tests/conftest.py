@@ -86,9 +86,10 @@ def tiny_of(config_class, attention: str = "sdpa", **extra) -> torch.nn.Module:
         return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention).eval()
 
 
-def load_script(name: str):
-    """scripts/<name>.py as a module (the scripts are not a package), so tests call its functions."""
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py")
+def load_script(name: str, folder: str = "scripts"):
+    """<folder>/<name>.py of the repository as a module (scripts and experiments are not packages),
+    so tests call its functions."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -4,21 +4,16 @@ decoded token-identically, BLOOM (ALiBi) and BERT without `is_decoder` are refus
 compile=on, with Medusa and EAGLE, eager, compiled and trained, and in bfloat16 (exact greedy), and
 GPT-2's EAGLE refused."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-PATH = Path(__file__).resolve().parents[1] / "experiments" / "architectures" / "sweep.py"
+from tests.conftest import load_script
 
 
 @pytest.fixture(scope="module")
 def sweep():
-    spec = importlib.util.spec_from_file_location("architecture_sweep", PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("sweep", "experiments/architectures")
 
 
 @pytest.mark.parametrize("spec, cls, why", [

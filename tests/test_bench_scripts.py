@@ -143,10 +143,6 @@ def test_predicted_speedup_is_the_cost_model_of_specdec_metrics(tmp_path):
 def test_the_decisions_benchmark_decides_alike_on_every_run():
     """experiments/policy/bench_decisions.py: its digest of the decisions is what tells a pure
     speed-up of the policy from a change of behaviour, so it must not depend on the clock."""
-    import importlib.util
-    path = Path(__file__).resolve().parents[1] / "experiments" / "policy" / "bench_decisions.py"
-    spec = importlib.util.spec_from_file_location("bench_decisions", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("bench_decisions", "experiments/policy")
     (ms, first), (_, second) = bench.run(4, 60), bench.run(4, 60)
     assert ms > 0 and first == second and first != bench.run(16, 60)[1]

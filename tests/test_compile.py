@@ -9,7 +9,6 @@ The inductor run itself is a slow test, and CUDA graphs a CUDA-only one.
 """
 
 import contextlib
-import importlib.util
 import json
 from pathlib import Path
 
@@ -35,7 +34,7 @@ from specdec.proposers.layer_skip import LayerSkipProposer
 from specdec.proposers.medusa import MedusaProposer
 from specdec.proposers.suffix import SuffixTreeProposer
 from specdec.schedules import HeuristicSchedule
-from tests.conftest import RAGGED_PROMPTS
+from tests.conftest import RAGGED_PROMPTS, load_script
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 
@@ -603,11 +602,7 @@ def test_cuda_graphs_greedy_equals_eager(target, unrelated_draft, k):
 
 def _study_script():
     """experiments/gpu/cpu_compile.py as a module (experiments are not a package)."""
-    path = Path(__file__).resolve().parents[1] / "experiments" / "gpu" / "cpu_compile.py"
-    spec = importlib.util.spec_from_file_location("cpu_compile", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
+    return load_script("cpu_compile", "experiments/gpu")
 
 
 def test_cpu_compile_study_runs_every_method_in_both_modes(tmp_path):

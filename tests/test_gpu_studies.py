@@ -1,21 +1,16 @@
 """The experiments/gpu studies that run anywhere: their plumbing on tiny models, and the one bound
 that a study's measurement sets for the code (the operators around a compiled pass)."""
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 
 from specdec import compiled
 from specdec.compiled import CPP_GEMM_ROWS
+from tests.conftest import load_script
 
 
 def _experiment(name: str):
-    path = Path(__file__).resolve().parents[1] / "experiments" / "gpu" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(name, "experiments/gpu")
 
 
 def test_overlap_study_runs_and_compares_tokens(tmp_path):
