@@ -173,7 +173,7 @@ class CostModel:
         self.draft: dict[tuple[str, int], Timings] = {}
         self.switch: dict[tuple[str, int], deque] = {}  # (source, B) -> (k, cost) of drafting after not drafting
         self._rho: dict[int, dict[int, float]] = {}  # B -> T -> log rho, solved; cleared on new pairs
-        self._rests: dict[tuple[int, int], float] = {}  # (B, T) -> rho, asked ~100 times a step; same
+        self._rests: dict[tuple[int, int], float] = {}  # (B, T) -> rho (~100 asks a step), cleared with _rho
         self.hints: dict[str, float] = {}  # source -> drafting cost per token, in plain steps, until measured
 
     def add_step(self, b: int, t: int, rest_s: float, drafts: list[tuple[str, int, float, bool]] = ()) -> None:
