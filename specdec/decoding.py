@@ -412,7 +412,7 @@ class SpeculativeDecoder:
                 emitted.append(0)
                 continue
             row = tokens[b][:n]
-            room = state.max_new_tokens - (state.seq_lens[b] - state.prompt_lens[b])
+            room = state.room(b)
             row = row[:room]
             for i, t in enumerate(row):
                 if t in self.eos_ids:

@@ -16,9 +16,12 @@ changes under other load still compares like with like. Scoring width is almost 
 and expensive at batch 16 (SmolLM2 bfloat16 on this CPU, 150-token context: T = 9 cost 1.25x
 T = 1 at batch 1, 2.8x at batch 16). Row b emits E_b(l) = 1 + sum_{i<=l} prod_{j<=i} a_{b,j}
 tokens when it offers l drafts, with a_{b,j} the acceptance of draft j given the ones before it
-were accepted (`AcceptanceModel`). The plan with the highest sum_b E_b / cost wins; plain decoding
-(k = 0, T = 1, cost 1) is always a candidate, and a speculative plan must beat it by `margin`, so
-when drafting cannot pay the step is a plain one. Decisions price the extra cost of width, rho - 1,
+were accepted (`AcceptanceModel`). The plan with the most tokens per unit of cost wins, its tokens
+valued as the decoder's static batches pay for them (`objective="makespan"`, `Planner.worth`): a
+batch ends with its last row, so a step counts what it takes off the most tokens any row still has
+to emit (with rows alike, min_b E_b per row); `throughput` counts sum_b E_b, for a server that
+refills finished rows. Plain decoding (k = 0, T = 1, cost 1) is always a candidate, and a
+speculative plan must beat it by `margin`, so when drafting cannot pay the step is a plain one. Decisions price the extra cost of width, rho - 1,
 at 1 + `width_error` (1.5) times what was learned (`Planner.rest`): at batch 4 the policy learned
 that a 2-wide step costs 1.17 plain steps, an isolated pass measured 1.15, and the run's drafting
 steps cost 1.27 in process CPU time, so steps predicted to gain a few percent were taken and lost
@@ -75,12 +78,18 @@ import math
 import statistics
 import time
 from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from specdec import metrics
+
+OBJECTIVES = ("makespan", "throughput")  # what a plan's tokens are worth (`Planner.worth`)
+# The rows a decision plans over: row -> the tokens it may still emit (`DecodeState.open_rows`), or
+# a list of rows alike.
+Rows = Mapping[int, int] | Sequence[int]
 
 
 def interpolate(pts: dict[int, float], x: int) -> float | None:
@@ -483,7 +492,9 @@ class Planner:
     def __init__(self, k_max: int, min_k: int = 0, start: int = 1, margin: float = 0.02, explore: float = 0.01,
                  prior: float = 0.5, prior_weight: float = 2.0, decay: float = 0.98, window: int = 16,
                  cheap: float = 0.01, probe: int = 32, width_error: float = 0.5, confirm: int = 3,
-                 optimism: float = 1.0):
+                 optimism: float = 1.0, objective: str = "makespan"):
+        if objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
         if not 0 <= min_k <= k_max:
             raise ValueError(f"min_k must be in [0, {k_max}], got {min_k}")
         if not 1 <= start <= k_max:
@@ -492,7 +503,7 @@ class Planner:
                 or window < 1 or cheap < 0 or probe < 0 or width_error < 0 or confirm < 1 or not optimism >= 0:
             raise ValueError("need margin >= 0, 0 <= explore < 1, 0 < prior < 1, prior_weight > 0, 0 < decay <= 1, "
                              "window >= 1, cheap >= 0, probe >= 0, width_error >= 0, confirm >= 1, optimism >= 0")
-        self.k_max, self.min_k, self.start = k_max, min_k, start
+        self.k_max, self.min_k, self.start, self.objective = k_max, min_k, start, objective
         self.margin, self.explore, self.cheap, self.probe, self.width_error = margin, explore, cheap, probe, width_error
         self.model_args = {"prior": prior, "prior_weight": prior_weight, "decay": decay, "optimism": optimism}
         self.costs = CostModel(window, confirm)
@@ -541,8 +552,29 @@ class Planner:
         timings = self.costs.nearest(self.costs.draft, source, b)
         return timings is not None and set(timings.obs) == {1} and self.costs.draft_cost(source, b, 1) <= self.cheap
 
-    def plain(self, b: int, rows: list[int], sunk: float = 0.0) -> Plan:
+    def plain(self, b: int, rows: Rows, sunk: float = 0.0) -> Plan:
         return Plan(0, float(len(rows)), sunk + 1.0)
+
+    def worth(self, tokens: list[float], rooms: list[int] | None = None) -> float:
+        """What a step is worth whose rows emit `tokens` (expected or realized; row i may still emit
+        `rooms[i]`, None: alike), in tokens of plain decoding: a plain step is worth one per row.
+        `throughput`: their sum, right when a finished row's slot goes to a waiting request.
+        `makespan`: a static batch (the decoder's) ends with its last row, so a step is worth what
+        it takes off the most any row still has to emit, D = max(rooms) - max(room - tokens), per
+        row (plain: D = 1; rows alike: the fewest tokens of any row). Counted as throughput, the
+        hybrid's batch of 4 drafted in 31-35 of its 56-58 steps for 5-7 steps fewer than plain
+        decoding's 63: the tokens won went to rows that ended first (experiments/policy)."""
+        if self.objective == "throughput" or len(tokens) <= 1:
+            return float(sum(tokens))
+        if rooms is None:
+            return len(tokens) * float(min(tokens))
+        left = max(r - min(t, r) for t, r in zip(tokens, rooms))
+        return len(tokens) * float(max(rooms) - left)
+
+    @staticmethod
+    def rooms(rows: Rows) -> list[int] | None:
+        """Per row of `rows`, the tokens it may still emit; None for a plain list of rows (alike)."""
+        return [max(rows[r], 1) for r in rows] if isinstance(rows, Mapping) else None
 
     def rest(self, b: int, t: int) -> float:
         """rho(B, T) as decisions price it: what scoring T > 1 tokens per row costs beyond a plain
@@ -575,7 +607,7 @@ class Planner:
         t = 1 + self.nodes[source]
         return t <= 1 + max(self.costs.widest(b), self.min_k) or self.costs.floor(b, t) is not None
 
-    def _plans(self, source: str, b: int, rows: list[int], cap: int, draft: float, asked: bool,
+    def _plans(self, source: str, b: int, rows: Rows, cap: int, draft: float, asked: bool,
                lengths: list[int] | None = None, curves: list[list[float]] | None = None,
                hopes: list[list[float]] | None = None) -> list[Plan]:
         """Plans keeping j = 0..cap drafts per row (row r keeps min(lengths[r], j) when lengths are
@@ -588,9 +620,10 @@ class Planner:
         longest = max(caps, default=0)
         widths = [1 + self.width(source, min(j, longest)) for j in range(cap + 1)]
         rests = [self.rest(b, t) for t in widths]
-        return [Plan(j, sum(c[min(j, n)] for c, n in zip(curves, caps)), draft + rest,
+        rooms = self.rooms(rows)
+        return [Plan(j, self.worth([c[min(j, n)] for c, n in zip(curves, caps)], rooms), draft + rest,
                      rest - 1.0 if self.costs.confirming(b, t) else 0.0,
-                     hope=sum(c[min(j, n)] for c, n in zip(hopes, caps)) if hopes is not None else None)
+                     hope=self.worth([c[min(j, n)] for c, n in zip(hopes, caps)], rooms) if hopes is not None else None)
                 for j, (t, rest) in enumerate(zip(widths, rests))]
 
     def confirmed_or_best(self, plans: list[Plan], plain: Plan) -> Plan:
@@ -604,7 +637,7 @@ class Planner:
         tentative = [p for p in plans if p.unconfirmed > 0 and p.tokens / max(p.cost - p.unconfirmed, 1e-12) >= bar]
         return dataclasses.replace(max(tentative, key=lambda p: (p.rate, p.k)), tentative=True) if tentative else best
 
-    def best_ask(self, source: str, b: int, rows: list[int], trimmable: bool, sunk: float = 0.0,
+    def best_ask(self, source: str, b: int, rows: Rows, trimmable: bool, sunk: float = 0.0,
                  cap: int | None = None, switching: bool = False) -> Plan | None:
         """The best k in [max(min_k, 1), cap or k_max] (and `widest`) to ask `source` for, by
         expected rate; a deterministic chain may still be cut to a shorter width afterwards, so
@@ -648,7 +681,7 @@ class Planner:
             return None  # it cannot pay even if every draft were accepted: not worth exploring either
         return best
 
-    def ceiling(self, source: str, b: int, rows: list[int], sunk: float = 0.0, cap: int | None = None) -> float:
+    def ceiling(self, source: str, b: int, rows: Rows, sunk: float = 0.0, cap: int | None = None) -> float:
         """The best rate any k <= cap (k_max) could reach if every draft were accepted, in steady
         drafting (no switch cost; widths beyond the measured ones extrapolated)."""
         top = self.k_max if cap is None else min(cap, self.k_max)
@@ -656,7 +689,7 @@ class Planner:
                                                + self.rest(b, 1 + self.width(source, k)), 1e-12)
                     for k in range(1, top + 1)), default=0.0)
 
-    def best_keep(self, source: str, b: int, rows: list[int], lengths: list[int], draft: float) -> Plan | None:
+    def best_keep(self, source: str, b: int, rows: Rows, lengths: list[int], draft: float) -> Plan | None:
         """The best number of drafts j >= 1 to keep of a deterministic proposal (row r keeps
         min(lengths[r], j), j <= `widest`); drafting cost `draft` plain steps. None when nothing
         was offered."""
@@ -667,7 +700,7 @@ class Planner:
         floor = min(max(self.min_k, 1), cap)
         return self.confirmed_or_best([p for p in plans if p.k >= floor], self.plain(b, rows, draft))
 
-    def worth_proposing(self, source: str, b: int, rows: list[int], sunk: float = 0.0,
+    def worth_proposing(self, source: str, b: int, rows: Rows, sunk: float = 0.0,
                         others: list[tuple[str, Plan | None]] = ()) -> bool:
         """Whether a deterministic proposal from `source` could be kept this step: its best plan if
         every row offered k_max drafts (the most it can offer; an offer shorter in some row gives
@@ -707,7 +740,7 @@ class Planner:
                     return source, plan
         return name, best
 
-    def ask(self, source: str, b: int, rows: list[int], trimmable: bool, switching: bool = False) -> Plan:
+    def ask(self, source: str, b: int, rows: Rows, trimmable: bool, switching: bool = False) -> Plan:
         """How many drafts to ask `source` for, 0 for a plain step. A cheap proposer is asked for
         k_max (the cut after proposing decides); a costly one for its best k if that beats plain."""
         if not rows or not self.ready(b) or self.probing(b):  # plain: nothing measured at this batch size yet, or a probe
@@ -719,7 +752,7 @@ class Planner:
         best = self.best_ask(source, b, rows, trimmable, switching=switching)
         return self.choose([(source, best)], self.plain(b, rows))[1]
 
-    def keep(self, source: str, b: int, rows: list[int], lengths: list[int], asked: int) -> Plan:
+    def keep(self, source: str, b: int, rows: Rows, lengths: list[int], asked: int) -> Plan:
         """How many drafts of a deterministic proposal to keep per row, 0 for a plain step."""
         if not self.ready(b):
             return Plan(max((lengths[r] for r in rows), default=0), 0.0, 0.0)

@@ -149,7 +149,10 @@ class CostAwareSchedule(ConstantSchedule):
     keep measuring what the costs are ratios to), `width_error` (decisions price the learned extra
     cost of width at 1 + this times itself), `confirm` (measurements of a width before it alone can
     rule drafting out; 1: the first decides), `optimism` (exploring values a passed-over plan at its
-    depth-1 acceptance plus this many standard deviations of the estimate; 0: at the estimate).
+    depth-1 acceptance plus this many standard deviations of the estimate; 0: at the estimate),
+    `objective` (`makespan`: a step is worth what it takes off the longest row's remaining tokens,
+    since a static batch ends with its last row; `throughput`: every row's tokens, for a server
+    that refills finished rows; see `Planner.worth`).
     """
 
     name = "cost_aware"
@@ -160,11 +163,11 @@ class CostAwareSchedule(ConstantSchedule):
     def __init__(self, num_speculative_tokens: int = 8, min_k: int = 0, start: int = 1, margin: float = 0.02,
                  explore: float = 0.01, prior: float = 0.5, prior_weight: float = 2.0, decay: float = 0.98,
                  window: int = 16, cheap: float = 0.01, probe: int = 32, width_error: float = 0.5, confirm: int = 3,
-                 optimism: float = 1.0):
+                 optimism: float = 1.0, objective: str = "makespan"):
         super().__init__(num_speculative_tokens)
         try:
             self.planner = Planner(self.k_max, min_k, start, margin, explore, prior, prior_weight, decay, window,
-                                   cheap, probe, width_error, confirm, optimism)
+                                   cheap, probe, width_error, confirm, optimism, objective)
         except ValueError as err:
             raise ValueError(f"schedule_args: {err}") from None
         self.min_k = min_k
@@ -190,14 +193,10 @@ class CostAwareSchedule(ConstantSchedule):
         self.planner.new_generation()
         self._drafted_before = False
 
-    @staticmethod
-    def _rows(state) -> list[int]:
-        return [b for b, on in enumerate(state.active) if on]
-
     def next_k(self, state) -> int:
         self.clock.tick(self.planner.costs)
         self.planner.next_step()
-        self._asked = self.planner.ask(self.source, state.batch_size, self._rows(state), self._trimmable,
+        self._asked = self.planner.ask(self.source, state.batch_size, state.open_rows(), self._trimmable,
                                        switching=not self._drafted_before).k
         return self._asked
 
@@ -214,7 +213,7 @@ class CostAwareSchedule(ConstantSchedule):
         self._trimmable = proposal.probs is None
         if not self._trimmable:
             return proposal  # a sampled draft is never cut after the fact (see specdec.policy)
-        keep = self.planner.keep(self.source, state.batch_size, self._rows(state), proposal.lengths, self._asked).k
+        keep = self.planner.keep(self.source, state.batch_size, state.open_rows(), proposal.lengths, self._asked).k
         return proposal if keep >= proposal.max_length else cut(proposal, keep)
 
     def observe(self, outcome, draft_s: float, verify_s: float) -> None:

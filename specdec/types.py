@@ -140,6 +140,14 @@ class DecodeState:
     def batch_size(self) -> int:
         return len(self.seq_lens)
 
+    def room(self, b: int) -> int:
+        """Tokens row b may still emit before `max_new_tokens` (EOS may end it sooner)."""
+        return self.max_new_tokens - (self.seq_lens[b] - self.prompt_lens[b])
+
+    def open_rows(self) -> dict[int, int]:
+        """The rows still decoding -> `room` of each: what the policy plans over (`specdec.policy`)."""
+        return {b: self.room(b) for b, on in enumerate(self.active) if on}
+
     def attach(self, model) -> None:
         """Give `model` (a `CachedModel`: the target, a draft) its cache for this generation.
 

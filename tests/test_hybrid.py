@@ -36,8 +36,10 @@ def _parts(draft_kind: str = "model"):
 def _hybrid(engine, b: int, parts=None, draft_s=None, accept: float = 0.5) -> HybridProposer:
     """A hybrid whose planner was told costs at batch size b, so often that this run's own clocks
     cannot outvote them: flat scoring, free lookups accepted half the time, and the draft part's
-    drafting `draft_s(k)` and acceptance `accept`."""
-    h = HybridProposer(engine, parts or _parts(), window=512)
+    drafting `draft_s(k)` and acceptance `accept`. Every row's tokens count (`throughput`), so that
+    a lookup offering in some rows of a batch is chosen too (as `makespan`, the row without an
+    offer makes it worth no more than a plain step)."""
+    h = HybridProposer(engine, parts or _parts(), window=512, objective="throughput")
     planner = h._planner(K)
     for name in h.parts:
         drafting, a = (draft_s, accept) if name == "draft" else (lambda k: 0.0, 0.5)
@@ -171,6 +173,8 @@ def test_parts_must_be_given_and_plain_is_reserved(make_engine):
         HybridProposer(make_engine(), {})
     with pytest.raises(ValueError, match="'plain'"):
         HybridProposer(make_engine(), {"plain": NgramProposer})
+    with pytest.raises(ValueError, match="method.proposer: objective"):  # before any step runs
+        HybridProposer(make_engine(), {"ngram": NgramProposer}, objective="latency")
 
 
 @pytest.mark.parametrize("accept, expect", [(0.9, "draft"), (0.02, "ngram")])

@@ -79,11 +79,45 @@ def test_a_gain_below_the_margin_is_not_taken():
     assert p.keep(SRC, 1, [0], [1], asked=8).k == 1
 
 
+def test_a_step_of_a_static_batch_is_worth_what_it_takes_off_its_longest_row():
+    p = Planner(8)  # makespan, the default
+    assert p.worth([3.0, 1.0], [64, 64]) == 2.0  # rows level: the batch ends no sooner, a plain step's worth
+    assert p.worth([3.0, 1.0], [64, 3]) == 6.0  # row 0 is the longest: 3 tokens off it, for each of 2 rows
+    assert p.worth([3.0, 1.0], [10, 64]) == 2.0  # row 1 is the longest, and gained one token
+    assert p.worth([1.0, 1.0, 1.0], [5, 9, 2]) == 3.0  # a plain step: one per row, whatever is left
+    assert p.worth([3.0, 2.0], None) == 4.0  # rows alike: the fewest tokens of any row, per row
+    assert Planner(8, objective="throughput").worth([3.0, 1.0], [64, 64]) == 4.0
+    with pytest.raises(ValueError, match="objective"):
+        Planner(8, objective="latency")
+    with pytest.raises(ValueError, match="schedule_args: objective"):
+        CostAwareSchedule(8, objective="latency")
+
+
+def test_drafts_in_rows_that_end_first_do_not_pay_in_a_static_batch():
+    def planner(objective: str) -> Planner:  # batch 2; a scored token costs 10% of a plain step
+        return _fed(Planner(8, explore=0, objective=objective), 0.8, lambda t: 0.04 * (1 + 0.1 * (t - 1)), b=2)
+    # Row 0 offers 4 drafts, row 1 none. Counted as throughput, they pay.
+    assert planner("throughput").keep(SRC, 2, {0: 64, 1: 64}, [4, 0], asked=8).k == 4
+    # Both rows have 64 tokens to go: row 0's drafts do not bring the batch's end any closer.
+    assert planner("makespan").keep(SRC, 2, {0: 64, 1: 64}, [4, 0], asked=8).k == 0
+    # Row 1 is nearly done: row 0 is the one the batch waits for, and its drafts shorten the wait.
+    assert planner("makespan").keep(SRC, 2, {0: 64, 1: 3}, [4, 0], asked=8).k == 4
+    # Asking is valued the same way: a draft model whose drafts pay for both rows alike.
+    both = planner("makespan")
+    assert both.best_ask(SRC, 2, {0: 64, 1: 64}, trimmable=False).k > 0
+
+
+def _state(b: int, room: int = 64) -> SimpleNamespace:
+    """A batch of b rows decoding, each with `room` tokens left to emit."""
+    return SimpleNamespace(batch_size=b, active=[True] * b, open_rows=lambda: dict.fromkeys(range(b), room))
+
+
 def test_rows_keep_their_own_drafts_up_to_the_chosen_width():
-    sched = CostAwareSchedule(8, explore=0.0)
+    # every row's tokens count (as makespan, row 0's empty offer would make any width worthless)
+    sched = CostAwareSchedule(8, explore=0.0, objective="throughput")
     # widths up to 4 cost the same, wider ones three times as much: keep 3 drafts
     _fed(sched.planner, 0.9, lambda t: 0.03 if t <= 4 else 0.09, b=3, source=sched.source)
-    state = SimpleNamespace(batch_size=3, active=[True, True, True])
+    state = _state(3)
     proposal = Proposal(torch.arange(15).view(3, 5), [0, 5, 2])
     sched._asked = 8
     out = sched.trim(state, proposal)
@@ -94,7 +128,7 @@ def test_rows_keep_their_own_drafts_up_to_the_chosen_width():
 
 def test_the_first_step_at_a_new_batch_size_is_plain_then_it_tries_drafting():
     sched = CostAwareSchedule(8, start=2)
-    state = SimpleNamespace(batch_size=4, active=[True] * 4)
+    state = _state(4)
     assert sched.next_k(state) == 0
     sched.planner.costs.add_step(4, 1, 0.05)
     assert sched.next_k(state) == 2  # the proposer's cost at this batch size is unknown: try `start`

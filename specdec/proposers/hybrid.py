@@ -84,7 +84,7 @@ class HybridProposer:
     def __init__(self, engine=None, parts: Mapping | None = None, margin: float = 0.02, explore: float = 0.01,
                  prior: float = 0.5, prior_weight: float = 2.0, decay: float = 0.98, window: int = 16,
                  cheap: float = 0.01, probe: int = 32, width_error: float = 0.5, confirm: int = 3,
-                 optimism: float = 1.0, standing: str = "request"):
+                 optimism: float = 1.0, standing: str = "request", objective: str = "makespan"):
         if not parts:
             raise ValueError("method.proposer.parts: the hybrid needs at least one proposer, e.g. "
                              "{suffix: {_target_: specdec.proposers.suffix.SuffixProposer, _partial_: true}}")
@@ -107,7 +107,11 @@ class HybridProposer:
         self.hints = {n: c for n, c in ((n, model_cost_hint(p, engine)) for n, p in self.parts.items()) if c is not None}
         self.args = {"margin": margin, "explore": explore, "prior": prior, "prior_weight": prior_weight,
                      "decay": decay, "window": window, "cheap": cheap, "probe": probe,
-                     "width_error": width_error, "confirm": confirm, "optimism": optimism}
+                     "width_error": width_error, "confirm": confirm, "optimism": optimism, "objective": objective}
+        try:  # a bad argument fails here, not at the first step
+            Planner(1, **self.args)
+        except ValueError as err:
+            raise ValueError(f"method.proposer: {err}") from None
         self.planner: Planner | None = None  # made at the first step, when k_max is known
         self.clock = StepClock()
         self._drafted_before: set[str] = set()
@@ -152,9 +156,9 @@ class HybridProposer:
         if planner is not None:
             self.clock.tick(planner.costs)
             planner.next_step()
-        b, rows = state.batch_size, [r for r, on in enumerate(state.active) if on]
+        b, rows = state.batch_size, state.open_rows()
         k = min(k, planner.k_max) if planner is not None else 0
-        self._step = {"name": "plain", "asked": 0, "drafts": [], "lookups": {}, "options": {}}
+        self._step = {"name": "plain", "asked": 0, "drafts": [], "lookups": {}, "options": {}, "rows": rows}
         if k == 0 or not rows or not planner.ready(b) or planner.probing(b):  # plain: nothing measured here yet, or a probe
             return Proposal.empty(b, state.tokens.device)
         untimed = [n for n in self.parts if planner.costs.blind(n, b)]
@@ -237,7 +241,7 @@ class HybridProposer:
         for part_name, proposal in self._step.get("lookups", {}).items():
             width = options[part_name].k if part_name in options else 0
             rates = self.planner.model(part_name).rates()
-            rows, tokens = {}, 0.0
+            rows, tokens = {}, []  # tokens: per row that took part, what this draft would have given
             drafts = proposal.drafts_on_host()  # a lookup's are on the host already: no read
             for r, (on, n) in enumerate(zip(outcome.active, outcome.emitted)):
                 if not on:
@@ -245,7 +249,7 @@ class HybridProposer:
                 draft = drafts[r][:width]
                 emitted = state.committed[r][outcome.prev_seq_lens[r]: outcome.prev_seq_lens[r] + n]
                 matched = next((i for i, (d, e) in enumerate(zip(draft, emitted)) if d != e), min(len(draft), n))
-                tokens += matched + 1
+                tokens.append(matched + 1.0)
                 if not draft:
                     continue
                 if matched < min(len(draft), n):  # a verdict: draft matched + 1 was wrong
@@ -255,20 +259,27 @@ class HybridProposer:
                     run = 1.0
                     for a in rates[matched: len(draft)]:
                         run *= a
-                        tokens += run
+                        tokens[-1] += run
             self.planner.observe(part_name, rows)
-            counterfactual[part_name] = tokens
+            counterfactual[part_name] = self._worth(tokens)
         self._step["counterfactual"] = counterfactual
 
+    def _worth(self, tokens: list[float]) -> float:
+        """`Planner.worth` of a step whose rows that took part emitted `tokens`, in row order."""
+        return self.planner.worth(tokens, self.planner.rooms(self._step["rows"]))
+
     def _value(self, option: str, plan: Plan, chosen: str, outcome, counterfactual: dict) -> float:
-        """Tokens the step gave, or would have given, under `option`: realized for the choice made,
-        one per row for a plain step, the counterfactual for a lookup judged this step, else the
-        model's expectation."""
+        """What the step gave, or would have given, under `option`, in the policy's tokens
+        (`Planner.worth`): realized for the choice made, one per row for a plain step, the
+        counterfactual for a lookup judged this step, else the model's expectation."""
         if option == chosen:
-            return float(sum(outcome.emitted))
+            return self._realized(outcome)
         if plan.k == 0:
             return float(sum(outcome.active))
         return counterfactual.get(option, plan.tokens)
+
+    def _realized(self, outcome) -> float:
+        return self._worth([float(n) for n, on in zip(outcome.emitted, outcome.active) if on])
 
     def _record_hindsight(self, name: str, outcome) -> None:
         """The step's value under each option (`_value`), over its predicted cost in plain steps."""
@@ -277,7 +288,7 @@ class HybridProposer:
             return  # a step that tried an untimed part: nothing to compare
         counterfactual = self._step.get("counterfactual", {})
         values = {o: (self._value(o, plan, name, outcome, counterfactual), plan.cost) for o, plan in options.items()}
-        values["chosen"] = (float(sum(outcome.emitted)), options[name].cost)
+        values["chosen"] = (self._realized(outcome), options[name].cost)
         for option, (tokens, cost) in values.items():
             total = self.hindsight.setdefault(option, [0.0, 0.0])
             total[0] += tokens
