@@ -21,8 +21,9 @@ valued as the decoder's static batches pay for them (`objective="makespan"`, `Pl
 batch ends with its last row, so a step counts what it takes off the most tokens any row still has
 to emit (with rows alike, min_b E_b per row); `throughput` counts sum_b E_b, for a server that
 refills finished rows. Plain decoding (k = 0, T = 1, cost 1) is always a candidate, and a
-speculative plan must beat it by `margin`, so when drafting cannot pay the step is a plain one. Decisions price the extra cost of width, rho - 1,
-at 1 + `width_error` (1.5) times what was learned (`Planner.rest`): at batch 4 the policy learned
+speculative plan must beat it by `margin`, so when drafting cannot pay the step is a plain one.
+Decisions price the extra cost of width, rho - 1, at 1 + `width_error` (1.5) times what was
+learned (`Planner.rest`): at batch 4 the policy learned
 that a 2-wide step costs 1.17 plain steps, an isolated pass measured 1.15, and the run's drafting
 steps cost 1.27 in process CPU time, so steps predicted to gain a few percent were taken and lost
 (experiments/policy). A flat 10% margin instead also dropped batch 1's cheap drafts.
