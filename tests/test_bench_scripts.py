@@ -146,3 +146,17 @@ def test_the_decisions_benchmark_decides_alike_on_every_run():
     bench = load_script("bench_decisions", "experiments/policy")
     (ms, first), (_, second) = bench.run(4, 60), bench.run(4, 60)
     assert ms > 0 and first == second and first != bench.run(16, 60)[1]
+
+
+def test_the_modeled_speedup_prices_each_step_at_its_width():
+    """experiments/policy/modeled.py: plain steps of a batch over the sum of rho(B, T) of the
+    method's steps; a batch of the method is the rows it wrote together."""
+    modeled = load_script("modeled", "experiments/policy")
+    rho = {2: {1: 1.0, 2: 1.5, 3: 2.0}}
+
+    def rows(method, steps, cpu):
+        return [{"method": method, "prompt_id": str(i), "step_draft_lengths": steps, "cpu_s": cpu} for i in range(2)]
+    # two roles: plain decoding ends the first batch and starts the second
+    runs = rows("m", [1, 2, 0], 1.0) + rows(modeled.BASE, [0] * 5, 1.1) + rows(modeled.BASE, [0] * 3, 0.9) + \
+        rows("m", [0, 0], 0.8)
+    assert modeled.modeled(runs, "m", rho) == [5 / (1.5 + 2.0 + 1.0), 3 / 2.0]

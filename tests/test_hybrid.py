@@ -229,14 +229,19 @@ def test_a_deterministic_draft_is_scored_at_the_width_it_was_valued_at(make_engi
     assert out.reports["proposer"]["counts"]["draft"] > 0 and max(out.stats.draft_lengths) == 1
 
 
+def _tree_parts() -> dict:
+    return {"suffix": lambda engine: SuffixProposer(max_spec_factor=2.0),
+            "eagle": functools.partial(EagleProposer, heads_path=str(TINY_EAGLE), budget=4, topk=2, width=2, depth=2)}
+
+
 def _with_tree_part(engine, b: int, told: bool) -> HybridProposer:
-    parts = {"suffix": lambda engine: SuffixProposer(max_spec_factor=2.0),
-             "eagle": functools.partial(EagleProposer, heads_path=str(TINY_EAGLE), budget=4, topk=2, width=2, depth=2)}
-    hybrid = HybridProposer(engine, parts, window=512)
+    hybrid = HybridProposer(engine, _tree_parts(), window=512)
+    planner = hybrid._planner(K)
     if told:  # the tree part drafts cheaply and is accepted often: it should be chosen
-        planner = hybrid._planner(K)
         for name, accept in (("suffix", 0.3), ("eagle", 0.9)):
             _fed(planner, accept, lambda t: 0.01, lambda k: 0.0005 * k, b=b, source=name, rounds=300)
+    else:  # flat widths, learned by the chain part; the tree part never timed: tried, since its width pays
+        _fed(planner, None, lambda t: 0.01, b=b, source="suffix")
     return hybrid
 
 
@@ -254,9 +259,24 @@ def test_hybrid_with_a_tree_part_equals_autoregressive(batch, told):
         out = dec.generate(prompts, max_new_tokens=30)
         assert out.output_ids == SpeculativeDecoder(engine).generate(prompts, max_new_tokens=30).output_ids
         chosen += out.reports["proposer"]["choices"]
-    assert "eagle" in chosen  # the tree part drafted (tried when untimed; chosen when told it pays)
+    assert "eagle" in chosen  # the tree part drafted (tried untimed where its width pays; chosen when told it pays)
     if told:  # chosen while the estimates favour it (this random drafter's real acceptance is low:
         assert chosen[:4] == ["eagle"] * 4  # the hybrid then follows what did better, tested above)
+
+
+def test_an_untimed_tree_part_waits_for_a_width_that_could_pay():
+    """A tree's first try scores its whole width: where widths are dear and only 2 tokens a row
+    were ever scored, the tree part is not tried blind (a chain would be, one token)."""
+    engine = Engine(tiny_random_model(seed=0, eos_token_id=None), dtype="float32")
+    hybrid = HybridProposer(engine, _tree_parts(), window=512)
+    planner = hybrid._planner(K)
+    for _ in range(300):  # a second token a row costs two plain steps more
+        planner.costs.add_step(1, 1, 0.01)
+        planner.costs.add_step(1, 2, 0.03, [("suffix", 1, 0.0, True)])
+    prompts = REPEATING[:1]
+    out = SpeculativeDecoder(engine, hybrid, num_speculative_tokens=K).generate(prompts, max_new_tokens=30)
+    assert out.output_ids == SpeculativeDecoder(engine).generate(prompts, max_new_tokens=30).output_ids
+    assert "eagle" not in out.reports["proposer"]["choices"] and planner.costs.blind("eagle", 1)
 
 
 def test_a_part_without_heads_is_left_out(make_engine):

@@ -41,16 +41,17 @@ def load(run: Path) -> tuple[dict, list[dict]]:
 
 
 def batches(rows: list[dict], method: str) -> list[list[dict]]:
-    """The method's rows grouped by batch: a batch's rows are written together, and the roles
-    alternate between batches."""
+    """The method's rows grouped by batch: a batch's rows are written together and share its CPU
+    time (`cpu_s` is the batch's); the order of the roles rotates between batches, so with two
+    roles one of them ends a batch and starts the next."""
     groups: list[list[dict]] = []
     previous = None
     for r in rows:
         if r["method"] == method:
-            if previous != method:
+            if previous is None or previous["method"] != method or previous["cpu_s"] != r["cpu_s"]:
                 groups.append([])
             groups[-1].append(r)
-        previous = r["method"]
+        previous = r
     return groups
 
 

@@ -11,8 +11,10 @@ Every step:
    `margin`; a part passed over for long explores); a costly winner runs now, and a deterministic
    chain it proposes is kept at the width that pays given what each row offered (`Planner.keep`,
    as `cost_aware` does); a tree is scored whole.
-A part never measured is tried first, drafting one token; one whose single token cost under
-`cheap` of a plain step is then run with the lookups, at the full k, to measure that. A part that
+A chain part never measured is tried first, drafting one token; one whose single token cost under
+`cheap` of a plain step is then run with the lookups, at the full k, to measure that. A tree part
+never measured is valued as any plan, its drafting free until measured: its first try scores its
+whole width, so it waits for a batch size where that width could pay. A part that
 runs a draft model is not tried blind: until measured its drafting is priced at the draft's share of
 the target's parameters (`model_cost_hint`), and it runs when that could pay. A lookup that could
 not pay even if every row offered k drafts is not run that step (`Planner.worth_proposing`).
@@ -161,8 +163,13 @@ class HybridProposer:
         self._step = {"name": "plain", "asked": 0, "drafts": [], "lookups": {}, "options": {}, "rows": rows}
         if k == 0 or not rows or not planner.ready(b) or planner.probing(b):  # plain: nothing measured here yet, or a probe
             return Proposal.empty(b, state.tokens.device)
-        untimed = [n for n in self.parts if planner.costs.blind(n, b)]
-        if untimed:  # a first try drafts one token: a draft model's first steps cost little
+        # A chain never timed is tried first, one token: a draft model's first steps cost little. A
+        # tree is not: its first try scores its whole width, so it is valued as any plan (drafting
+        # free until measured) and taken where that width pays or when exploring is due. Tried
+        # blind, EAGLE scored its 4 nodes in the first two steps of a batch of 16, which cost 2.3
+        # plain steps each (the first step of a shape is not measured), and was never chosen after.
+        untimed = [n for n in self.parts if planner.costs.blind(n, b) and n not in planner.nodes]
+        if untimed:
             return self._use(untimed[0], self._timed(untimed[0], state, 1), 1)
 
         lookups, spent, skipped = {}, 0.0, set()  # spent: the lookups' drafting, in plain steps, sunk for every option
@@ -331,7 +338,8 @@ class HybridProposer:
         return {
             "choices": list(self.choices),
             "counts": {n: self.choices.count(n) for n in [*self.parts, "plain"]},
-            # tokens per unit of time of each fixed option and of the choices made, plain = 1
+            # tokens (as the policy values them, `objective`) per unit of time of each fixed option and
+            # of the choices made, plain = 1
             "speed_vs_plain": {o: round(r / plain, 3) for o, r in [*rates.items(), ("chosen", chosen)]
                                if plain and r is not None},
             "best_in_hindsight": best,
