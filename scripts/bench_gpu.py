@@ -144,6 +144,8 @@ def decode_rate(decoder: SpeculativeDecoder, prompts: list[list[int]], new_token
 
 
 # CUDA runtime and driver calls that start device work: each is a launch the host pays for
+# --stages' names, in the order the stages run: most important first.
+STAGES = ("plain", "scoring", "forced", "batches", "explicit", "syncs", "profiles", "autotune")
 LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
 GRAPH_CALLS = ("cudaGraphLaunch", "cuGraphLaunch")
 
@@ -276,8 +278,15 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--bandwidth", type=float, default=None, help="peak memory bandwidth, GB/s")
     ap.add_argument("--budget-s", type=float, default=450,
                     help="seconds after which no further stage starts (the stages run most important first)")
+    ap.add_argument("--stages", default=",".join(STAGES),
+                    help="the stages to run, in their fixed order, comma-separated: " + ", ".join(STAGES)
+                         + " (a rerun can leave out what an earlier run measured)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    stages = [s.strip() for s in args.stages.split(",") if s.strip()]
+    unknown = sorted(set(stages) - set(STAGES))
+    if unknown:
+        ap.error(f"--stages: unknown {', '.join(unknown)}; the stages are {', '.join(STAGES)}")
     shape = "tiny" if args.tiny else args.shape
     began = time.perf_counter()
 
@@ -325,8 +334,11 @@ def main(argv: list[str] | None = None) -> dict:
             with open(args.out, "w") as f:
                 json.dump(result, f, indent=2)
 
-    def stage(title: str, run) -> None:
-        """Run one stage unless the time budget is spent (then it is listed in `skipped`)."""
+    def stage(title: str, run, name: str) -> None:
+        """Run one stage unless --stages leaves it out or the time budget is spent (then it is listed
+        in `skipped`)."""
+        if name not in stages:
+            return
         if time.perf_counter() - began > args.budget_s:
             result["skipped"].append(title)
             log(f"{title}: skipped, past the {args.budget_s:.0f} s budget")
@@ -468,17 +480,17 @@ def main(argv: list[str] | None = None) -> dict:
 
     # Most important first: the headline (plain decoding at batch 1 against transformers), then what
     # the speculative goals rest on (scoring costs, c, forced acceptance), then larger batches.
-    stage(f"plain decoding, batch {batch_sizes[0]}", lambda: plain_decoding(batch_sizes[0]))
-    stage("scoring costs", scoring_costs)
-    stage("forced acceptance", forced_acceptance)
+    stage(f"plain decoding, batch {batch_sizes[0]}", lambda: plain_decoding(batch_sizes[0]), "plain")
+    stage("scoring costs", scoring_costs, "scoring")
+    stage("forced acceptance", forced_acceptance, "forced")
     for b in batch_sizes[1:]:
-        stage(f"plain decoding, batch {b}", lambda b=b: plain_decoding(b))
+        stage(f"plain decoding, batch {b}", lambda b=b: plain_decoding(b), "batches")
     if others:
-        stage("explicit CUDA graphs", explicit_graphs)
-    stage("host synchronisations", host_syncs)
-    stage("profiles", profiles)
+        stage("explicit CUDA graphs", explicit_graphs, "explicit")
+    stage("host synchronisations", host_syncs, "syncs")
+    stage("profiles", profiles, "profiles")
     if args.autotune:
-        stage("autotune", autotuned)
+        stage("autotune", autotuned, "autotune")
     save()
     print_tables(result, args)
     return result

@@ -74,6 +74,21 @@ def test_device_benchmark_keeps_to_its_time_budget(tmp_path, capsys):
     assert "skipped for time (--budget-s 0)" in capsys.readouterr().out
 
 
+def test_device_benchmark_runs_only_the_stages_asked_for(tmp_path, capsys):
+    """--stages lets a rerun on a GPU spend its time on what an earlier run did not measure; an unknown
+    stage is refused before any model is built."""
+    bench = _load("bench_gpu")
+    out = bench.main(["--device", "cpu", "--tiny", "--dtype", "float32", "--context", "16", "--k-max", "2",
+                      "--new-tokens", "4", "--repeats", "1", "--batch-sizes", "1,2", "--k", "2", "--skip-hf",
+                      "--compile-backend", "eager", "--explicit-graphs", "off", "--stages", "forced,batches"])
+    assert list(out["stages_s"]) == ["forced acceptance", "plain decoding, batch 2"] and out["skipped"] == []
+    assert set(out["plain_tokens_per_s"]) == {2} and out["forced"]["lossless"] is False
+    assert "target_forward_ms" not in out and "profiles" not in out
+    with pytest.raises(SystemExit):
+        bench.main(["--device", "cpu", "--tiny", "--stages", "forced,bogus"])
+    assert "unknown bogus" in capsys.readouterr().err
+
+
 def test_busy_time_is_the_union_of_kernel_intervals():
     bench = _load("bench_gpu")
     assert bench._busy_us([(0, 10), (5, 12), (20, 25), (21, 22)]) == 17
