@@ -145,7 +145,7 @@ def decode_rate(decoder: SpeculativeDecoder, prompts: list[list[int]], new_token
 
 # CUDA runtime and driver calls that start device work: each is a launch the host pays for
 # --stages' names, in the order the stages run: most important first.
-STAGES = ("plain", "scoring", "forced", "batches", "explicit", "syncs", "profiles", "autotune")
+STAGES = ("plain", "scoring", "forced", "batches", "explicit", "frozen", "syncs", "profiles", "autotune")
 LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
 GRAPH_CALLS = ("cudaGraphLaunch", "cuGraphLaunch")
 
@@ -209,12 +209,15 @@ def hf_rate(model, prompt: torch.Tensor, new_tokens: int, **kwargs) -> float:
 
 
 def make_engine(target, draft, device, dtype, compiled: bool, backend: str, cuda_graphs: str = "trees",
-                autotune: bool = False) -> Engine:
+                autotune: bool = False, freezing: bool | None = None) -> Engine:
+    """An engine over the shared models; `freezing` True or False overrides where inductor freezes the
+    weights (by default: on a CPU only, `specdec.compiled.freezes`)."""
     engine = Engine(target, draft, device=device, dtype=dtype,
                     compile=("autotune" if autotune else "on") if compiled else "off", cuda_graphs=cuda_graphs)
-    if compiled and backend != "inductor":  # the tests' quick graphs (dynamo's eager backend)
+    if compiled and (backend != "inductor" or freezing is not None):  # the tests' quick graphs: dynamo's eager backend
         for m in (engine.target, engine.draft):
-            m.compiled = CompiledForward(m, backend=backend, cuda_graphs=cuda_graphs, autotune=autotune)
+            m.compiled = CompiledForward(m, backend=backend, cuda_graphs=cuda_graphs, autotune=autotune,
+                                         freezing=freezing)
     return engine
 
 
@@ -445,6 +448,20 @@ def main(argv: list[str] | None = None) -> dict:
             "target_forward_ms": target_s * 1e3, "draft_token_ms": draft_s * 1e3,
             "c": draft_token_cost(draft_s, 1, target_s)}
 
+    def frozen() -> None:
+        """compile=on with the weights frozen into the graphs (inductor's freezing, which also
+        concatenates the linear layers that read one input) against compile=on as it is, interleaved,
+        at the first batch size: plain decoding and forced acceptance; then the passes of 1 and k + 1
+        tokens, both ways. On a CPU compile=on freezes already: there the two are the same graphs."""
+        engine = make_engine(target, draft, device, dtype, True, args.compile_backend, freezing=True)
+        compared = side_by_side("on", "frozen", engine, batch_sizes[0])
+        passes = {}
+        for name, e in (("on", engines["compiled"]), ("frozen", engine)):
+            prefill(e)
+            passes[name] = {t: time_forward(e.target, context_ids[:, :t], args.context, args.repeats) * 1e3
+                            for t in (1, args.k + 1)}
+        result["frozen"] = compared | {"target_forward_ms": passes, "compile_report": engine.compile_report()}
+
     def autotuned() -> None:
         """compile=autotune against compile=on, interleaved, at the first batch size: plain decoding
         and forced acceptance; then the one-token pass."""
@@ -487,6 +504,7 @@ def main(argv: list[str] | None = None) -> dict:
         stage(f"plain decoding, batch {b}", lambda b=b: plain_decoding(b), "batches")
     if others:
         stage("explicit CUDA graphs", explicit_graphs, "explicit")
+    stage("frozen weights", frozen, "frozen")
     stage("host synchronisations", host_syncs, "syncs")
     stage("profiles", profiles, "profiles")
     if args.autotune:
@@ -533,6 +551,12 @@ def print_tables(result: dict, args) -> None:
             print(f"| {v} | {r:.1f} tokens/s |")
         print(f"explicit / trees: {x['explicit_over_trees']}; explicit: target one-token pass "
               f"{x['target_forward_ms']:.2f} ms, draft token {x['draft_token_ms']:.2f} ms (c = {x['c']:.3f})")
+    if "frozen" in result:
+        x = result["frozen"]
+        print(f"\ncompile=on with frozen weights against compile=on, batch {x['batch']}:")
+        for v, r in x["tokens_per_s"].items():
+            print(f"| {v} | {r:.1f} tokens/s |")
+        print(f"frozen / on: {x['frozen_over_on']}; target passes, ms by new tokens: {x['target_forward_ms']}")
     if "autotune" in result:
         x = result["autotune"]
         print(f"\ncompile=autotune against compile=on, batch {x['batch']}:")

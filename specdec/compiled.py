@@ -314,7 +314,11 @@ def freezes(device: torch.device, backend: str) -> bool:
     measured 1.55x eager with it against 1.13-1.15x without (experiments/gpu/README.md). Dynamo then
     guards on each weight's identity, so another model of the same shape compiles its own graphs;
     a weight changed *in place* after compiling is not seen (specdec never trains a model it
-    decodes with). CUDA keeps CUDA graphs without freezing: not measured there."""
+    decodes with). CUDA keeps CUDA graphs without freezing by default: a caller's `freezing=True`
+    (the device benchmark's `frozen` stage) freezes there too, where inductor's freezing passes also
+    concatenate the linear layers that read one input (q/k/v, gate/up) into one matrix product each:
+    fewer, larger products for a one-token pass whose per-layer products run below the bandwidth
+    limit (experiments/gpu/README.md, the H200's profile)."""
     return backend == "inductor" and device.type == "cpu"
 
 
@@ -329,19 +333,29 @@ def allow_recompiles(limit: int = RECOMPILE_LIMIT) -> None:
     setattr(config, name, max(getattr(config, name), limit))
 
 
-def _compiled(fn, device: torch.device, backend: str, cuda_graphs: str = "trees", autotune: bool = False):
-    """One compiled `fn` per device type, backend, CUDA-graph mode and autotuning (dynamo keeps one
-    cache per code object; graphs for the target and the draft, and for each shape, are entries of
-    it, each guarded on the compiled function it came from, so an autotuned graph and another of the
-    same shape do not stand in for each other). On CUDA, `trees` compiles with inductor's CUDA-graph
+def _compiled(fn, device: torch.device, backend: str, cuda_graphs: str = "trees", autotune: bool = False,
+              freezing: bool = False):
+    """One compiled `fn` per device type, backend, CUDA-graph mode, autotuning and freezing (dynamo
+    keeps one cache per code object; graphs for the target and the draft, and for each shape, are
+    entries of it, each guarded on the compiled function it came from, so an autotuned or frozen graph
+    and another of the same shape do not stand in for each other). On CUDA, `trees` compiles with inductor's CUDA-graph
     trees; `explicit` without them (specdec captures its own, `specdec.cuda_graphs`)."""
-    key = (fn, device.type, backend, cuda_graphs, autotune)
+    key = (fn, device.type, backend, cuda_graphs, autotune, freezing)
     if key not in _COMPILED:
         allow_recompiles()
         trees = device.type == "cuda" and backend == "inductor" and cuda_graphs == "trees"
         mode = {(True, False): "reduce-overhead", (True, True): "max-autotune",
                 (False, True): "max-autotune-no-cudagraphs"}.get((trees, autotune and backend == "inductor"))
-        _COMPILED[key] = torch.compile(fn, backend=backend, mode=mode, dynamic=False)
+        if backend != "inductor":
+            _COMPILED[key] = torch.compile(fn, backend=backend, mode=mode, dynamic=False)
+        else:
+            # The mode's options, and freezing among them: dynamo reuses a graph compiled by any backend
+            # that compares equal, and inductor's compare by their options, so a frozen graph and an
+            # unfrozen one of the same shape would otherwise stand in for each other. (`_compiling`
+            # patches freezing as well: dynamo reads it while tracing, before the options apply.)
+            options = (torch._inductor.list_mode_options(mode, dynamic=False) if mode else {}) | (
+                {"freezing": True} if freezing else {})
+            _COMPILED[key] = torch.compile(fn, backend=backend, options=options or None, dynamic=False)
     return _COMPILED[key]
 
 
@@ -470,14 +484,18 @@ class _BucketedPasses:
              without dynamo: `specdec.cuda_graphs`). Elsewhere nothing is captured.
     autotune: inductor's `max_autotune` (`compile=autotune`, `autotunes`); the eager backend,
              which generates no kernels, ignores it.
+    freezing: inductor's weight freezing; None: where `freezes` says (a CPU). The eager backend
+             ignores it.
     """
 
     def __init__(self, device: torch.device, dtype: torch.dtype, backend: str = "inductor",
-                 cuda_graphs: str = "trees", graph_class=None, autotune: bool = False):
+                 cuda_graphs: str = "trees", graph_class=None, autotune: bool = False,
+                 freezing: bool | None = None):
         check_cuda_graphs(cuda_graphs)
         self.backend = backend
         self.device = device
         self.autotune = autotune
+        self.freezing = freezes(device, backend) if freezing is None else freezing
         self.dtype = dtype
         self.narrowest = narrowest_width(device, dtype, autotune)  # passes of fewer tokens are padded to it
         self.cuda_graphs = cuda_graphs
@@ -506,7 +524,7 @@ class _BucketedPasses:
     def options(self) -> dict:
         """How this caller compiles, for the compiled callers a proposer adds beside it."""
         return {"backend": self.backend, "cuda_graphs": self.cuda_graphs, "graph_class": self.graph_class,
-                "autotune": self.autotune}
+                "autotune": self.autotune, "freezing": self.freezing}
 
     def report(self) -> dict:
         """Graphs compiled (recompilations included), passes run compiled / eagerly (of which
@@ -594,13 +612,13 @@ class _BucketedPasses:
             torch.compiler.cudagraph_mark_step_begin()
         entry = _entry(fn, args)
         known = SKIP_KNOWN_GUARDS and entry in self._entries and entry not in self._guarded and _CAN_SKIP_GUARDS
-        compiled = _compiled(fn, self.device, self.backend, self.cuda_graphs, self.autotune)
+        compiled = _compiled(fn, self.device, self.backend, self.cuda_graphs, self.autotune, self.freezing)
 
         def call(*args):
             # Settings read only while compiling: a known entry, which runs a graph that exists, skips the
             # patch. `known` is read here, at the call, since a refused known call runs again unknown (below).
             backends = None if known else gemm_backends(self.device, self.dtype, self.autotune, rows)
-            with _unguarded(known), _compiling(freezes(self.device, self.backend) and not known,
+            with _unguarded(known), _compiling(self.freezing and self.backend == "inductor" and not known,
                                                self.autotune and not known, backends), \
                     grouped_attention(model):
                 return compiled(*args)
@@ -644,8 +662,8 @@ class CompiledForward(_BucketedPasses):
     path when it returns None)."""
 
     def __init__(self, model, backend: str = "inductor", cuda_graphs: str = "trees", graph_class=None,
-                 autotune: bool = False):
-        super().__init__(model.device, model.dtype, backend, cuda_graphs, graph_class, autotune)
+                 autotune: bool = False, freezing: bool | None = None):
+        super().__init__(model.device, model.dtype, backend, cuda_graphs, graph_class, autotune, freezing)
         self.model = model
 
     @torch.inference_mode()
@@ -761,9 +779,10 @@ class _ModulePasses(_BucketedPasses):
     dtype; `model`: the transformers model whose attention implementation its layers share."""
 
     def __init__(self, module: torch.nn.Module, model: torch.nn.Module, backend: str = "inductor",
-                 cuda_graphs: str = "trees", graph_class=None, autotune: bool = False):
+                 cuda_graphs: str = "trees", graph_class=None, autotune: bool = False,
+                 freezing: bool | None = None):
         first = next(module.parameters())
-        super().__init__(first.device, first.dtype, backend, cuda_graphs, graph_class, autotune)
+        super().__init__(first.device, first.dtype, backend, cuda_graphs, graph_class, autotune, freezing)
         self.module, self.model = module, model
 
 

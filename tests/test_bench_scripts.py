@@ -51,7 +51,13 @@ def test_device_benchmark_runs_on_cpu_with_tiny_shapes(tmp_path):
     assert tuned["compile_report"]["target"]["compiled_calls"] >= 1
     saved = json.loads((tmp_path / "r.json").read_text())
     assert saved["forced"]["k"] == 2 and saved["shape"] == "tiny"
-    assert saved["skipped"] == [] and len(saved["stages_s"]) == 8 and list(saved["stages_s"])[-1] == "autotune"
+    assert saved["skipped"] == [] and len(saved["stages_s"]) == 9 and list(saved["stages_s"])[-1] == "autotune"
+    frozen = saved["frozen"]  # compile=on with frozen weights beside compile=on as it is
+    assert set(frozen["tokens_per_s"]) == {f"{kind} {mode}" for kind in ("plain", "forced") for mode in ("on", "frozen")}
+    assert set(frozen["frozen_over_on"]) == {"plain", "forced"}
+    assert set(frozen["target_forward_ms"]) == {"on", "frozen"}
+    assert all(set(ms) == {"1", "3"} for ms in frozen["target_forward_ms"].values())  # T = 1 and k + 1 (JSON keys)
+    assert frozen["compile_report"]["target"]["compiled_calls"] >= 1
     profiles = saved["profiles"]  # on a CPU: no device time, operators ranked by host time
     assert set(profiles) == {"plain eager", "plain compiled", "forced compiled", "plain compiled explicit",
                              "forced compiled explicit"}
@@ -68,7 +74,7 @@ def test_device_benchmark_keeps_to_its_time_budget(tmp_path, capsys):
                       "--new-tokens", "4", "--repeats", "1", "--batch-sizes", "1,2", "--skip-hf",
                       "--compile-backend", "eager", "--budget-s", "0", "--out", str(tmp_path / "r.json")])
     assert out["skipped"] == ["plain decoding, batch 1", "scoring costs", "forced acceptance",
-                              "plain decoding, batch 2", "host synchronisations", "profiles"]
+                              "plain decoding, batch 2", "frozen weights", "host synchronisations", "profiles"]
     assert out["plain_tokens_per_s"] == {} and "target_forward_ms" not in out
     assert json.loads((tmp_path / "r.json").read_text())["skipped"] == out["skipped"]
     assert "skipped for time (--budget-s 0)" in capsys.readouterr().out

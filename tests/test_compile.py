@@ -573,6 +573,29 @@ def test_inductor_freezing_keeps_each_models_weights(target):
 
 
 @pytest.mark.slow
+def test_inductor_frozen_concatenated_linear_layers_equal_eager(unrelated_draft):
+    """What freezing does on CUDA (the benchmark's `frozen` stage), run on a CPU: inductor concatenates
+    the linear layers that read one input (q/k/v, gate/up; on a CPU only with
+    `cpp.enable_concat_linear`), and greedy tokens stay the eager path's in float32, k = 0 and 4.
+    Then a caller that does not freeze, over the same model, compiles graphs of its own: freezing is
+    read only while compiling and dynamo's guards do not see it, so a frozen graph must not stand in
+    for an unfrozen one (or the benchmark would compare a graph with itself)."""
+    import torch._inductor.config as inductor_config
+
+    model = tiny_random_model(seed=7, eos_token_id=None)  # weights no other test compiled graphs for
+    for k in (0, 4):
+        eager = _generate(_engine(model, unrelated_draft, "off"), k, RAGGED_PROMPTS)
+        for freezing in (True, False):
+            with inductor_config.patch({"cpp.enable_concat_linear": True}):
+                engine = Engine(model, unrelated_draft, dtype="float32", compile="on")
+                for m in (engine.target, engine.draft):
+                    m.compiled = CompiledForward(m, backend="inductor", freezing=freezing)
+                compiled = _generate(engine, k, RAGGED_PROMPTS)
+            assert compiled.output_ids == eager.output_ids, f"k={k}, freezing={freezing}"
+            assert engine.compile_report()["target"]["graphs"] >= 1, f"freezing={freezing} ran another's graphs"
+
+
+@pytest.mark.slow
 def test_inductor_tree_greedy_equals_eager(target, tmp_path):
     """What compile=on runs on a CPU for token trees that keep hidden states: inductor's kernels,
     the EAGLE drafter, ragged batch."""
