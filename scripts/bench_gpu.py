@@ -160,38 +160,53 @@ def _busy_us(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def profile_run(decoder: SpeculativeDecoder, prompts: list[list[int]], new_tokens: int, top: int = 12) -> dict:
-    """One generation under torch.profiler, after a warm-up: what stands between a decoder and the
-    bandwidth limit. Per generated token: wall time, the device's busy time (the union of its kernels'
-    intervals) and its share of the wall time, kernel launches and CUDA-graph launches; the `top`
-    operators by their own device time (on a CPU, by their own host time)."""
+def _profiled(decoder: SpeculativeDecoder, prompts: list[list[int]], new_tokens: int) -> dict:
+    """One generation under torch.profiler: its wall microseconds, the device's busy microseconds (the
+    union of its kernels' intervals), kernels, kernel and CUDA-graph launches, and each operator's own
+    time (device time on a GPU, host time on a CPU), by name."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     cuda = decoder.engine.device.type == "cuda"
-    decoder.generate(prompts, max_new_tokens=new_tokens)
-    synchronize(decoder.engine.device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    synchronize(decoder.engine.device)
     t = time.perf_counter()
     with profile(activities=activities) as prof:
-        stats = decoder.generate(prompts, max_new_tokens=new_tokens).stats
+        decoder.generate(prompts, max_new_tokens=new_tokens)
         synchronize(decoder.engine.device)
     wall_us = (time.perf_counter() - t) * 1e6
     events = prof.events()
     kernels = [(e.time_range.start, e.time_range.end) for e in events if e.device_type == DeviceType.CUDA]
-    busy = _busy_us(kernels)
-    n = stats.new_tokens
     key = "self_device_time_total" if cuda else "self_cpu_time_total"
-    ops = sorted((a for a in prof.key_averages() if a.key not in LAUNCH_CALLS + GRAPH_CALLS),
-                 key=lambda a: getattr(a, key), reverse=True)[:top]
+    ops = {a.key: (a.count, getattr(a, key)) for a in prof.key_averages() if a.key not in LAUNCH_CALLS + GRAPH_CALLS}
+    return {"wall_us": wall_us, "busy_us": _busy_us(kernels), "kernels": len(kernels),
+            "launches": sum(e.name in LAUNCH_CALLS for e in events),
+            "graph_launches": sum(e.name in GRAPH_CALLS for e in events), "ops": ops}
+
+
+def profile_run(decoder: SpeculativeDecoder, prompts: list[list[int]], new_tokens: int, top: int = 12) -> dict:
+    """What stands between a decoder and the bandwidth limit, per token of the decoding phase: one
+    generation of `new_tokens` under torch.profiler, after a warm-up, less one of a single token (the
+    prefill, which runs eagerly, and the first token), so that the prompt's passes are not spread over
+    the decoded tokens. Per decoded token: wall time, the device's busy time and its share of the wall
+    time, kernels, kernel launches and CUDA-graph launches; the `top` operators by their own device
+    time in the decoding phase (on a CPU, by their own host time)."""
+    decoder.generate(prompts, max_new_tokens=new_tokens)
+    full, first = _profiled(decoder, prompts, new_tokens), _profiled(decoder, prompts, 1)
+    n = new_tokens - 1
+    per = {k: (full[k] - first[k]) / n for k in ("wall_us", "busy_us", "kernels", "launches", "graph_launches")}
+    ops = {name: (calls - first["ops"].get(name, (0, 0))[0], us - first["ops"].get(name, (0, 0))[1])
+           for name, (calls, us) in full["ops"].items()}
+    ranked = sorted(ops.items(), key=lambda kv: kv[1][1], reverse=True)[:top]
     return {
-        "tokens": n, "wall_ms_per_token": wall_us / 1e3 / n,
-        "device_busy_ms_per_token": busy / 1e3 / n, "device_busy_share": busy / wall_us,
-        "kernels_per_token": len(kernels) / n,
-        "launches_per_token": sum(e.name in LAUNCH_CALLS for e in events) / n,
-        "graph_launches_per_token": sum(e.name in GRAPH_CALLS for e in events) / n,
-        "top": [{"name": a.key, "calls": a.count, "self_ms": getattr(a, key) / 1e3} for a in ops],
-        "ranked_by": "device time" if cuda else "host time (no device)",
+        "tokens": n, "wall_ms_per_token": per["wall_us"] / 1e3,
+        "device_busy_ms_per_token": per["busy_us"] / 1e3,
+        "device_busy_share": per["busy_us"] / per["wall_us"] if per["wall_us"] > 0 else 0.0,
+        "kernels_per_token": per["kernels"], "launches_per_token": per["launches"],
+        "graph_launches_per_token": per["graph_launches"],
+        "top": [{"name": name, "calls": calls, "self_ms": us / 1e3} for name, (calls, us) in ranked],
+        "ranked_by": "device time" if decoder.engine.device.type == "cuda" else "host time (no device)",
+        "excludes": "the prefill and the first token (a one-token generation, profiled and subtracted)",
     }
 
 

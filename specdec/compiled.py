@@ -334,13 +334,13 @@ def allow_recompiles(limit: int = RECOMPILE_LIMIT) -> None:
 
 
 def _compiled(fn, device: torch.device, backend: str, cuda_graphs: str = "trees", autotune: bool = False,
-              freezing: bool = False):
+              freezing: bool = False, concat_linear: bool = False):
     """One compiled `fn` per device type, backend, CUDA-graph mode, autotuning and freezing (dynamo
     keeps one cache per code object; graphs for the target and the draft, and for each shape, are
     entries of it, each guarded on the compiled function it came from, so an autotuned or frozen graph
     and another of the same shape do not stand in for each other). On CUDA, `trees` compiles with inductor's CUDA-graph
     trees; `explicit` without them (specdec captures its own, `specdec.cuda_graphs`)."""
-    key = (fn, device.type, backend, cuda_graphs, autotune, freezing)
+    key = (fn, device.type, backend, cuda_graphs, autotune, freezing, concat_linear)
     if key not in _COMPILED:
         allow_recompiles()
         trees = device.type == "cuda" and backend == "inductor" and cuda_graphs == "trees"
@@ -354,7 +354,7 @@ def _compiled(fn, device: torch.device, backend: str, cuda_graphs: str = "trees"
             # unfrozen one of the same shape would otherwise stand in for each other. (`_compiling`
             # patches freezing as well: dynamo reads it while tracing, before the options apply.)
             options = (torch._inductor.list_mode_options(mode, dynamic=False) if mode else {}) | (
-                {"freezing": True} if freezing else {})
+                {"freezing": True} if freezing else {}) | ({"cpp.enable_concat_linear": True} if concat_linear else {})
             _COMPILED[key] = torch.compile(fn, backend=backend, options=options or None, dynamic=False)
     return _COMPILED[key]
 
@@ -486,16 +486,20 @@ class _BucketedPasses:
              which generates no kernels, ignores it.
     freezing: inductor's weight freezing; None: where `freezes` says (a CPU). The eager backend
              ignores it.
+    concat_linear: on a CPU, let freezing concatenate the linear layers that read one input (q/k/v,
+             gate/up) as it does on CUDA (inductor's `cpp.enable_concat_linear`, off by default);
+             a study's choice (experiments/gpu/widths.py `--modes off,on,concat`), not a default.
     """
 
     def __init__(self, device: torch.device, dtype: torch.dtype, backend: str = "inductor",
                  cuda_graphs: str = "trees", graph_class=None, autotune: bool = False,
-                 freezing: bool | None = None):
+                 freezing: bool | None = None, concat_linear: bool = False):
         check_cuda_graphs(cuda_graphs)
         self.backend = backend
         self.device = device
         self.autotune = autotune
         self.freezing = freezes(device, backend) if freezing is None else freezing
+        self.concat_linear = concat_linear
         self.dtype = dtype
         self.narrowest = narrowest_width(device, dtype, autotune)  # passes of fewer tokens are padded to it
         self.cuda_graphs = cuda_graphs
@@ -524,7 +528,7 @@ class _BucketedPasses:
     def options(self) -> dict:
         """How this caller compiles, for the compiled callers a proposer adds beside it."""
         return {"backend": self.backend, "cuda_graphs": self.cuda_graphs, "graph_class": self.graph_class,
-                "autotune": self.autotune, "freezing": self.freezing}
+                "autotune": self.autotune, "freezing": self.freezing, "concat_linear": self.concat_linear}
 
     def report(self) -> dict:
         """Graphs compiled (recompilations included), passes run compiled / eagerly (of which
@@ -612,7 +616,8 @@ class _BucketedPasses:
             torch.compiler.cudagraph_mark_step_begin()
         entry = _entry(fn, args)
         known = SKIP_KNOWN_GUARDS and entry in self._entries and entry not in self._guarded and _CAN_SKIP_GUARDS
-        compiled = _compiled(fn, self.device, self.backend, self.cuda_graphs, self.autotune, self.freezing)
+        compiled = _compiled(fn, self.device, self.backend, self.cuda_graphs, self.autotune, self.freezing,
+                             self.concat_linear)
 
         def call(*args):
             # Settings read only while compiling: a known entry, which runs a graph that exists, skips the
@@ -662,8 +667,9 @@ class CompiledForward(_BucketedPasses):
     path when it returns None)."""
 
     def __init__(self, model, backend: str = "inductor", cuda_graphs: str = "trees", graph_class=None,
-                 autotune: bool = False, freezing: bool | None = None):
-        super().__init__(model.device, model.dtype, backend, cuda_graphs, graph_class, autotune, freezing)
+                 autotune: bool = False, freezing: bool | None = None, concat_linear: bool = False):
+        super().__init__(model.device, model.dtype, backend, cuda_graphs, graph_class, autotune, freezing,
+                         concat_linear)
         self.model = model
 
     @torch.inference_mode()
@@ -780,9 +786,10 @@ class _ModulePasses(_BucketedPasses):
 
     def __init__(self, module: torch.nn.Module, model: torch.nn.Module, backend: str = "inductor",
                  cuda_graphs: str = "trees", graph_class=None, autotune: bool = False,
-                 freezing: bool | None = None):
+                 freezing: bool | None = None, concat_linear: bool = False):
         first = next(module.parameters())
-        super().__init__(first.device, first.dtype, backend, cuda_graphs, graph_class, autotune, freezing)
+        super().__init__(first.device, first.dtype, backend, cuda_graphs, graph_class, autotune, freezing,
+                         concat_linear)
         self.module, self.model = module, model
 
 

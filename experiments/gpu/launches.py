@@ -8,7 +8,7 @@ counts them on any device: every aten operator dispatched outside the compiled c
 generation, less views (no kernel) and the host-side tensors that `to_device` stages (no device
 work), per decoding step and by source line.
 
-    python experiments/gpu/launches.py                    # plain decoding (serial, overlapped), draft k = 4
+    python experiments/gpu/launches.py                    # plain decoding (serial, overlapped), draft k = 4, forced
     python experiments/gpu/launches.py --where            # and the source lines
 
 Tiny random models (the count does not depend on the model's size, only on the engine's code),
@@ -26,6 +26,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode_temporarily
 
 import specdec.compiled as compiled
+import specdec.verify as verify
 from specdec.compiled import CompiledForward
 from specdec.decoding import SpeculativeDecoder
 from specdec.engine import Engine
@@ -56,13 +57,14 @@ class _Launches(TorchDispatchMode):
 def count(method: str, overlap: str, new_tokens: int) -> tuple[float, Counter, int]:
     """(launches per step, by source line, steps) of one generation after a warm-up."""
     target = tiny_random_model(seed=0, eos_token_id=None)
-    draft = tiny_random_model(seed=1, num_layers=1, eos_token_id=None) if method == "draft" else None
+    draft = tiny_random_model(seed=1, num_layers=1, eos_token_id=None) if method in ("draft", "forced") else None
     engine = Engine(target, draft, dtype="float32", compile="on")
     for model in (engine.target, engine.draft):
         if model is not None:
             model.compiled = CompiledForward(model, backend="eager")
     proposer = DraftModelProposer(engine) if draft is not None else None
-    decoder = SpeculativeDecoder(engine, proposer, num_speculative_tokens=4, eos_token_id=[], overlap=overlap)
+    extra = {"verifier": verify.ForcedVerifier(0.8)} if method == "forced" else {}  # the benchmark's case
+    decoder = SpeculativeDecoder(engine, proposer, num_speculative_tokens=4, eos_token_id=[], overlap=overlap, **extra)
     decoder.generate([[5, 6, 7, 8, 9]], max_new_tokens=new_tokens)  # warm-up: every graph compiles
     mode = _Launches()
     run = compiled._BucketedPasses._run
@@ -87,9 +89,10 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     results = {}
-    for method, overlap in (("plain", "off"), ("plain", "on"), ("draft", "off")):
+    for method, overlap in (("plain", "off"), ("plain", "on"), ("draft", "off"), ("forced", "off")):
         per_step, where, steps = count(method, overlap, args.new_tokens)
         name = f"{method} overlap={overlap}" if method == "plain" else f"{method} k=4"
+        name += " (acceptance 0.8)" if method == "forced" else ""
         results[name] = round(per_step, 2)
         print(f"{name}: {per_step:.2f} launches a step outside compiled graphs ({steps} steps)")
         if args.where:

@@ -12,6 +12,7 @@ k = 8) can be told what compiling does to its step.
     python experiments/gpu/widths.py --widths 1,2,4 --narrowest 1   # compiled passes at their own width
     python experiments/gpu/widths.py --widths 1,2,4,8 --contexts 100 --modes off,on,autotune
     python experiments/gpu/widths.py --widths 1,2,4,6,8 --contexts 100 --modes off,autotune --cpp-gemm-rows 0
+    python experiments/gpu/widths.py --widths 1,4,8 --contexts 100 --modes off,on,concat
 
 One engine per mode on the same model; per context length, a prompt is prefilled once per engine,
 then each pass of T tokens is run and rolled back. Passes alternate between the modes and rotate
@@ -30,10 +31,13 @@ from unittest import mock
 import torch
 
 from specdec import compiled as compiled_module
+from specdec.compiled import CompiledForward
 from specdec.engine import Engine
 from specdec.models import ModelSpec, load_model
 
-MODES = ("off", "on", "autotune")  # `--modes`: off first, then compiled modes
+# `--modes`: off first, then compiled modes: compile= values, and `concat`: compile=on with the linear
+# layers that read one input concatenated by inductor's freezing (q/k/v, gate/up; off by default on a CPU)
+MODES = ("off", "on", "autotune", "concat")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -47,7 +51,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--narrowest", type=int, default=None,
                     help="pad compiled passes to at least this width (default: the engine's rule, "
                          "specdec.compiled.narrowest_width)")
-    ap.add_argument("--modes", default="off,on", help="off, then one or more of on, autotune (compile=)")
+    ap.add_argument("--modes", default="off,on", help="off, then one or more of on, autotune (compile=), concat")
     ap.add_argument("--cpp-gemm-rows", type=int, default=None,
                     help="autotune: graphs of at most this many rows tune among the C++ GEMMs only "
                          "(default specdec.compiled.CPP_GEMM_ROWS; 0: inductor's default choices everywhere)")
@@ -69,7 +73,9 @@ def measure(args: argparse.Namespace, modes: list[str], widths: list[int]) -> di
     compiled = modes[1:]
     torch.set_num_threads(1)
     model, _ = load_model(ModelSpec(path=args.model))
-    engines = {mode: Engine(model, None, dtype=args.dtype, compile=mode) for mode in modes}
+    engines = {mode: Engine(model, None, dtype=args.dtype, compile="on" if mode == "concat" else mode) for mode in modes}
+    if "concat" in engines:
+        engines["concat"].target.compiled = CompiledForward(engines["concat"].target, concat_linear=True)
     if args.narrowest is not None:
         for mode in compiled:
             engines[mode].target.compiled.narrowest = args.narrowest
