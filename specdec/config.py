@@ -34,6 +34,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 COMPILE_MODES = ("off", "on", "autotune", "auto")  # specdec.compiled.COMPILE_MODES, without importing torch here
 OVERLAP_MODES = ("auto", "on", "off")  # specdec.decoding.OVERLAP_MODES' names
 CUDA_GRAPH_MODES = ("trees", "explicit")  # specdec.cuda_graphs.CUDA_GRAPH_MODES
+PACKED_LINEAR_MODES = ("auto", "on", "off")  # specdec.packed_linear.PACKED_LINEAR_MODES
 
 
 class ConfigError(InvalidInput):
@@ -150,6 +151,8 @@ class Config:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto (bfloat16 on a GPU or a CPU with bfloat16 units) | float32 | bfloat16 | float16
     compile: str = "auto"  # off | on | autotune | auto (on for CUDA, off on a CPU): torch.compile at static shapes
+    # auto | on | off: eager float32 passes on a CPU run linear layers through oneDNN's packed weights
+    packed_linear: str = "auto"
     overlap: str = "auto"  # off | on | auto (on for CUDA): plain decoding queues a step before reading the last
     cuda_graphs: str = "trees"  # compile=on on CUDA: trees (inductor's CUDA graphs) | explicit (specdec's own)
     seed: int = 0
@@ -459,6 +462,8 @@ def validate(cfg: DictConfig) -> None:
         _fail("dtype", f"must be one of {', '.join(DTYPES)}, got {cfg.dtype!r}")
     if cfg.compile not in COMPILE_MODES:
         _fail("compile", f"must be one of {', '.join(COMPILE_MODES)}, got {cfg.compile!r}")
+    if cfg.packed_linear not in PACKED_LINEAR_MODES:
+        _fail("packed_linear", f"must be one of {', '.join(PACKED_LINEAR_MODES)}, got {cfg.packed_linear!r}")
     if cfg.overlap not in OVERLAP_MODES:
         _fail("overlap", f"must be one of {', '.join(OVERLAP_MODES)}, got {cfg.overlap!r}")
     if cfg.cuda_graphs not in CUDA_GRAPH_MODES:

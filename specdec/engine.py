@@ -23,6 +23,7 @@ from specdec.cache import RowCache
 from specdec.compiled import CompiledForward, autotunes, cpu_has_bfloat16_units, resolve_compile
 from specdec.cuda_graphs import check_cuda_graphs
 from specdec.decoder_stack import hidden_source
+from specdec.packed_linear import PackedLinears, resolve_packed_linear
 from specdec.syncs import to_device
 
 
@@ -316,15 +317,19 @@ class Engine:
     or `auto` (on for CUDA, off on a CPU, where compiling costs about 40 s a graph in every process).
     Greedy outputs are the same either way in float32. cuda_graphs: under compile=on on CUDA, `trees` (inductor's CUDA graphs)
     or `explicit` (captured by specdec per call shape, replayed without dynamo: `specdec.cuda_graphs`).
+    packed_linear: `auto` (on where passes run eagerly in float32 on a CPU), `on` or `off`: the
+    models' linear layers through oneDNN's packed kernels for each generation, which make a pass of
+    a few tokens cost little more than one (`specdec.packed_linear`; a packed copy of the weights).
     """
 
     def __init__(self, target: torch.nn.Module, draft: torch.nn.Module | None = None,
                  device: str | torch.device = "cpu", dtype: str | torch.dtype = "auto",
-                 compile: str | bool = "off", cuda_graphs: str = "trees"):
+                 compile: str | bool = "off", cuda_graphs: str = "trees", packed_linear: str | bool = "auto"):
         self.device = device if isinstance(device, torch.device) else resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         self.compile = resolve_compile(compile, self.device)
         self.autotune = self.compile and autotunes(compile)
+        self.packed_linear = resolve_packed_linear(packed_linear, self.device, self.dtype, self.compile)
         check_cuda_graphs(cuda_graphs)  # before any model moves, also when nothing compiles
         models = [(m, role) for m, role in ((target, "target"), (draft, "draft")) if m is not None]
         for model, role in models:
@@ -396,10 +401,12 @@ class Engine:
             )
         try:
             self.check_models()
-            with contextlib.ExitStack() as held:  # the attention swap held for the generation, not per pass
+            with contextlib.ExitStack() as held:  # the swaps held for the generation, not per pass
                 models = (self.target, self.draft, *self._proposer_models)
                 for model in {id(m.model): m.model for m in models if m is not None}.values():
                     held.enter_context(grouped_attention(model))
+                    if self.packed_linear:
+                        held.enter_context(PackedLinears(model))
                 yield
         finally:
             self._busy.release()

@@ -133,7 +133,8 @@ def build(cfg: DictConfig) -> Setup:
             draft, draft_tokenizer = load_model(draft_spec)
             check_tokenizers_compatible(tokenizer, draft_tokenizer, target, draft)
             models["draft"] = describe_model(draft_spec, draft)
-    engine = Engine(target, draft, device=cfg.device, dtype=cfg.dtype, compile=cfg.compile, cuda_graphs=cfg.cuda_graphs)
+    engine = Engine(target, draft, device=cfg.device, dtype=cfg.dtype, compile=cfg.compile, cuda_graphs=cfg.cuda_graphs,
+                    packed_linear=cfg.packed_linear)
     for described in models.values():
         described["dtype"] = str(engine.dtype).removeprefix("torch.")
     log.info("target %s, draft %s on %s (%s)", models["target"]["label"],
@@ -363,6 +364,7 @@ def run_info(cfg: DictConfig, setup: Setup | None = None) -> dict:
         info["compile"] = ("autotune" if setup.engine.autotune else "on") if setup.engine.compile else "off"
         if setup.engine.compile and setup.engine.device.type == "cuda":
             info["cuda_graphs"] = cfg.cuda_graphs
+        info["packed_linear"] = "on" if setup.engine.packed_linear else "off"  # what `auto` resolved to
         exact = setup.baseline.exact_greedy and cfg.generation.temperature == 0
         info["score_width"] = setup.baseline.score_width if exact else 1
         if not setup.cache_reuse:

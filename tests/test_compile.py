@@ -160,7 +160,11 @@ def test_autotune_compiles_apart_and_reaches_every_compiled_caller(target, monke
     assert settings() == shown and not inductor_config.freezing
 
     modes = []
-    monkeypatch.setattr(torch, "compile", lambda fn, **kw: modes.append(kw["mode"]) or object())
+    # inductor is given its mode as the mode's options (`_compiled`: options compare, modes do not)
+    options = {repr(torch._inductor.list_mode_options(mode, dynamic=False)): mode
+               for mode in ("max-autotune", "max-autotune-no-cudagraphs", "reduce-overhead")}
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: modes.append(
+        kw["mode"] if "mode" in kw else options.get(repr(kw["options"]))) or object())
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     fn = lambda x: x  # noqa: E731 (a fresh code object: nothing compiled before)
     plain, tuned = _compiled(fn, cpu, "inductor"), _compiled(fn, cpu, "inductor", autotune=True)

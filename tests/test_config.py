@@ -171,6 +171,7 @@ TINY = ["~experiment", "target=tiny_random", "draft=tiny_random", "logger=none"]
     ("dtype=float8", "dtype"),
     ("overlap=sometimes", "overlap"),
     ("cuda_graphs=static", "cuda_graphs"),
+    ("packed_linear=always", "packed_linear"),
     ("data=spec_bench data.path=/no/such/question.jsonl", "data.path"),
     ("data=hf", "data.path"),
     ("data.categories=[poetry]", "data.categories"),
@@ -491,3 +492,11 @@ def test_config_names_the_cuda_graph_modes_of_the_engine():
     from specdec.cuda_graphs import CUDA_GRAPH_MODES
 
     assert config.CUDA_GRAPH_MODES == CUDA_GRAPH_MODES
+
+
+def test_config_names_the_packed_linear_modes_of_the_engine():
+    """specdec.config checks packed_linear= without importing torch: its list is specdec.packed_linear's."""
+    from specdec import config
+    from specdec.packed_linear import PACKED_LINEAR_MODES
+
+    assert config.PACKED_LINEAR_MODES == PACKED_LINEAR_MODES

@@ -8,7 +8,9 @@ shipped checkpoint, tree budget 4, topk 4, width 4, depth 2, k = 2); the shipped
 (default tree, k = 4); layer skipping (the first 8 of 30 layers, k = 3); suffix decoding (k = 8)
 and its trees (budget 8, k = 8), both without their cross-request index (each compiled decoder
 decodes a prompt untimed right before its timed run: an index would hand it its own output). Each
-under `compile=off` and `compile=on` (`--modes`: also `autotune`, inductor's GEMM autotuning).
+under `compile=off` and `compile=on` (`--modes`: also `autotune`, inductor's GEMM autotuning, and
+`unpacked`, the eager path with `packed_linear=off`: its linear layers through MKL as `nn.Linear`
+runs them, where `off` packs them for oneDNN in float32, `specdec.packed_linear`).
 
 - Engines: one per (method kind, compile mode), all sharing the model object (same device and
   dtype). EAGLE and Medusa get engines of their own because their target keeps hidden states in
@@ -17,7 +19,7 @@ under `compile=off` and `compile=on` (`--modes`: also `autotune`, inductor's GEM
   are bucketed), and on the eager path it would pad plain decoding to 8-wide passes over the whole
   cache buffer, so `compile=on` would be credited with removing exact greedy's cost. Outputs are
   greedy; in bfloat16 they may differ at near-ties between modes and methods (`same_tokens`).
-- Warm-up, untimed: every eager decoder decodes the first prompt briefly; then, right before each
+- Warm-up, untimed: every eager decoder (`off`, `unpacked`) decodes the first prompt briefly; then, right before each
   prompt's timed runs, every compiled decoder decodes that prompt once (which compiles every graph
   its timed runs reach: the same greedy tokens, so the same widths and key buckets; the run
   reports any graph compiled while timed). So the results file, written after every prompt, holds
@@ -37,6 +39,7 @@ EOS is ignored, so every call makes exactly --max-new-tokens tokens.
     python experiments/gpu/cpu_compile.py --prompts 6 --max-new-tokens 64 \\
         --methods autoregressive,ngram,eagle --out experiments/gpu/cpu_compile_run3.json
     python experiments/gpu/cpu_compile.py --modes off,on,autotune --methods autoregressive
+    python experiments/gpu/cpu_compile.py --dtype float32 --modes off,unpacked --methods autoregressive,ngram
 """
 
 from __future__ import annotations
@@ -61,7 +64,8 @@ from specdec.proposers.suffix import SuffixProposer, SuffixTreeProposer
 from specdec.schedules import make_schedule
 
 METHODS = ("autoregressive", "ngram", "eagle", "medusa", "layer_skip", "suffix", "suffix_tree")
-MODES = ("off", "on", "autotune")  # `--modes` takes off and at least one of the others
+MODES = ("off", "on", "autotune", "unpacked")  # `--modes` takes off and at least one of the others
+COMPILES = {"off": "off", "on": "on", "autotune": "autotune", "unpacked": "off"}  # mode -> compile=
 BASELINE = "autoregressive"
 # wall: tokens / wall time; cpu: tokens / the process's CPU time; decode: the tokens after the first
 # over the wall time after it (prefill excluded: it runs eagerly in both modes, so on long prompts it
@@ -131,7 +135,8 @@ def build_decoders(model, tok, args) -> dict[tuple[str, str], SpeculativeDecoder
 
     def engine(kind: str, mode: str) -> Engine:
         if (kind, mode) not in engines:
-            e = Engine(model, device="cpu", dtype=args.dtype, compile=mode)
+            e = Engine(model, device="cpu", dtype=args.dtype, compile=COMPILES[mode],
+                       packed_linear="off" if mode == "unpacked" else "auto")
             if e.compile:
                 for m in (e.target, e.draft):
                     if m is not None:
@@ -248,12 +253,14 @@ def main(argv: list[str] | None = None) -> dict:
     mapping = spec_bench_categories() if args.source == "spec_bench" else {}
     prompts = round_robin(load_prompts(args.source, limit=per_category), mapping)[: args.prompts]
     inputs = [build_turn_input(tok, [], p.turns[0]) for p in prompts]
-    compiled_modes = args.modes[1:]
+    compiled_modes = [mode for mode in args.modes[1:] if COMPILES[mode] != "off"]  # warmed up per prompt
     pairs = [(m, mode) for m in methods for mode in args.modes]
 
     start = time.perf_counter()
-    for method in methods:
-        decoders[method, "off"].generate([inputs[0]], max_new_tokens=min(8, args.max_new_tokens))
+    for method in methods:  # the eager modes' warm-up (and the first packing of the linear layers)
+        for mode in args.modes:
+            if mode not in compiled_modes:
+                decoders[method, mode].generate([inputs[0]], max_new_tokens=min(8, args.max_new_tokens))
     result["warmup_s"], result["graphs_compiled_while_timed"], rows = 0.0, {}, []
     for i, ids in enumerate(inputs):
         t = time.perf_counter()
@@ -296,13 +303,13 @@ def main(argv: list[str] | None = None) -> dict:
     for method, s in result["summary"].items():
         tok_s = " ".join(f"{mode} {s['tok_s'][f'{mode}_cpu']:.2f}" for mode in args.modes)
         over = ", ".join(f"{mode}/off {s[f'{mode}_over_off_cpu']['median']:.3f} (CPU) "
-                         f"{s[f'{mode}_over_off_wall']['median']:.3f} (wall)" for mode in compiled_modes)
+                         f"{s[f'{mode}_over_off_wall']['median']:.3f} (wall)" for mode in args.modes[1:])
         line = f"{method}: tok/s (CPU time) {tok_s}; {over}"
         if method != BASELINE:
             for clock, label in (("cpu", "CPU"), ("wall", "wall"), ("decode", "wall after the first token")):
                 line += "; speedup " + " ".join(f"{mode} {s[f'speedup_{mode}_{clock}']['median']:.3f}"
                                                  for mode in args.modes) + f" ({label})"
-            line += "; keeps it: " + ", ".join(f"{mode} {s[f'keeps_speedup_{mode}']}" for mode in compiled_modes)
+            line += "; keeps it: " + ", ".join(f"{mode} {s[f'keeps_speedup_{mode}']}" for mode in args.modes[1:])
             line += "; CPU time of a step over a plain step: " + " ".join(
                 f"{mode} {s[f'step_cost_{mode}']['median']:.3f}" for mode in args.modes)
         print(line, flush=True)
