@@ -353,7 +353,9 @@ def _compiled(fn, device: torch.device, backend: str, cuda_graphs: str = "trees"
             # that compares equal, and inductor's compare by their options, so a frozen graph and an
             # unfrozen one of the same shape would otherwise stand in for each other. (`_compiling`
             # patches freezing as well: dynamo reads it while tracing, before the options apply.)
-            options = (torch._inductor.list_mode_options(mode, dynamic=False) if mode else {}) | (
+            from torch._inductor import list_mode_options  # not imported by `import torch` in every release
+
+            options = (list_mode_options(mode, dynamic=False) if mode else {}) | (
                 {"freezing": True} if freezing else {}) | ({"cpp.enable_concat_linear": True} if concat_linear else {})
             _COMPILED[key] = torch.compile(fn, backend=backend, options=options or None, dynamic=False)
     return _COMPILED[key]
