@@ -17,8 +17,8 @@ The checks, on tiny random models in float32 (so that tokens must be identical):
    generation than specdec's count, which is one read a step plus the prefill's (eager plain
    decoding serial and overlapped, draft-model, n-gram and EAGLE decoding; skipped without CUDA).
 
-Compiling on a GPU may take longer than expected, and the benchmark's numbers are what the GPU
-session is for: no case of check 1 starts past --checks-budget-s (150 s; the ragged cases of each
+Compiling on a GPU may take longer than expected, and the benchmark's numbers are what a GPU run
+is for: no case of check 1 starts past --checks-budget-s (150 s; the ragged cases of each
 method and graph mode first, then the single-prompt and k = 1 ones), and those left out are named
 as skipped, not failed.
 
