@@ -143,9 +143,10 @@ def decode_rate(decoder: SpeculativeDecoder, prompts: list[list[int]], new_token
     return tokens_per_s(s.new_tokens - len(prompts), s.wall_s - s.ttft_s)
 
 
-# CUDA runtime and driver calls that start device work: each is a launch the host pays for
 # --stages' names, in the order the stages run: most important first.
 STAGES = ("plain", "scoring", "forced", "batches", "explicit", "frozen", "syncs", "profiles", "autotune")
+
+# CUDA runtime and driver calls that start device work: each is a launch the host pays for
 LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
 GRAPH_CALLS = ("cudaGraphLaunch", "cuGraphLaunch")
 
@@ -529,6 +530,14 @@ def main(argv: list[str] | None = None) -> dict:
     return result
 
 
+def print_side_by_side(title: str, x: dict, base: str, other: str, detail: str) -> None:
+    """A `side_by_side` stage's rates, its other / base ratios and what else the stage measured."""
+    print(f"\n{title}, batch {x['batch']}:")
+    for v, r in x["tokens_per_s"].items():
+        print(f"| {v} | {r:.1f} tokens/s |")
+    print(f"{other} / {base}: {x[f'{other}_over_{base}']}; {detail}")
+
+
 def print_tables(result: dict, args) -> None:
     """The measured stages as markdown tables (the stages skipped for time are named)."""
     limit = result["bandwidth_limit_tokens_per_s"]
@@ -561,23 +570,17 @@ def print_tables(result: dict, args) -> None:
         print(f"\nforced acceptance: {result['forced_note']}")
     if "explicit_graphs" in result:
         x = result["explicit_graphs"]
-        print(f"\nCUDA graphs, inductor's (trees) against specdec's (explicit), batch {x['batch']}:")
-        for v, r in x["tokens_per_s"].items():
-            print(f"| {v} | {r:.1f} tokens/s |")
-        print(f"explicit / trees: {x['explicit_over_trees']}; explicit: target one-token pass "
-              f"{x['target_forward_ms']:.2f} ms, draft token {x['draft_token_ms']:.2f} ms (c = {x['c']:.3f})")
+        print_side_by_side("CUDA graphs, inductor's (trees) against specdec's (explicit)", x, "trees", "explicit",
+                           f"explicit: target one-token pass {x['target_forward_ms']:.2f} ms, draft token "
+                           f"{x['draft_token_ms']:.2f} ms (c = {x['c']:.3f})")
     if "frozen" in result:
         x = result["frozen"]
-        print(f"\ncompile=on with frozen weights against compile=on, batch {x['batch']}:")
-        for v, r in x["tokens_per_s"].items():
-            print(f"| {v} | {r:.1f} tokens/s |")
-        print(f"frozen / on: {x['frozen_over_on']}; target passes, ms by new tokens: {x['target_forward_ms']}")
+        print_side_by_side("compile=on with frozen weights against compile=on", x, "on", "frozen",
+                           f"target passes, ms by new tokens: {x['target_forward_ms']}")
     if "autotune" in result:
         x = result["autotune"]
-        print(f"\ncompile=autotune against compile=on, batch {x['batch']}:")
-        for v, r in x["tokens_per_s"].items():
-            print(f"| {v} | {r:.1f} tokens/s |")
-        print(f"autotune / on: {x['autotune_over_on']}; autotune: target one-token pass {x['target_forward_ms']:.2f} ms")
+        print_side_by_side("compile=autotune against compile=on", x, "on", "autotune",
+                           f"autotune: target one-token pass {x['target_forward_ms']:.2f} ms")
     if "profiles" in result:
         print("\nprofiles, batch 1, per token (torch.profiler):\n| decoder | wall ms | device busy ms | busy share | "
               "kernels | launches | graph launches | top operator |\n|---|---:|---:|---:|---:|---:|---:|---|")
