@@ -467,6 +467,17 @@ def _slot_positions(lengths: list[int], w: int, context_length: int | None, devi
     return to_device([[n + i if last is None else min(n + i, last) for i in range(w)] for n in lengths], device)
 
 
+_STEPS: dict[tuple, torch.Tensor] = {}
+
+
+def _steps(w: int, device: torch.device) -> torch.Tensor:
+    """`[w]` 0..w-1 on `device`, made once (an arange a pass would otherwise launch)."""
+    key = (w, device, torch.is_inference_mode_enabled())
+    if key not in _STEPS:
+        _STEPS[key] = torch.arange(w, device=device)
+    return _STEPS[key]
+
+
 def _pad_positions(positions: torch.Tensor, w: int) -> torch.Tensor:
     """`positions: [B, T]` padded to `[B, w]` with the positions after each row's last one (where the
     padding's copies of the last token sit)."""
@@ -598,15 +609,30 @@ class _BucketedPasses:
             self.eager_calls += 1
             return None
         slots = cache.begin_write(w, counts)  # checks each row's capacity for its real tokens
-        b = len(counts)
+        view = self._view_for(cache, len(counts), w, cache.max_row_len + w + more, kind)
+        view.write_pos = cache.clamp_slots(slots)  # padding past the end goes to the scratch position
+        return slots, view
+
+    def _view_for(self, cache, b: int, w: int, end: int, kind: str) -> _BucketView:
+        """The bucketed view of `cache` for a pass `w` wide over `b` rows whose writes (and the passes
+        after it in the same call) end before cache index `end`: its keys cover the next key bucket."""
         view = self._view if self._view is not None and self._view.cache is cache else _BucketView(cache)
         self._view = view
         view.rows = row_index(b, w, self.device)
-        view.write_pos = cache.clamp_slots(slots)  # padding past the end goes to the scratch position
         length = next(layer.keys.shape[2] for layer in cache.layers if layer.is_initialized)
-        view.kv_len = min(bucket(cache.max_row_len + w + more, MIN_KV), length)
+        view.kv_len = min(bucket(end, MIN_KV), length)
         self.shapes.add((kind, b, w, view.kv_len))
-        return slots, view
+        return view
+
+    def _device_slots(self, start: torch.Tensor, w: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """For a pass whose rows' lengths only the device knows: `start: [B]` each row's first cache
+        index, `end` a bound (on the host) past the last index a row may write. Returns `[B, w]` the
+        positions (clamped to the context, padding may run past it) and the write slots (past the
+        buffer's end: the scratch position); a clamp runs only where the bound says it may bite."""
+        slots = start[:, None] + _steps(w, start.device)
+        context, last = self.model.context_length, self.model.cache.max_len
+        positions = slots if context is None or end <= context else slots.clamp(max=context - 1)
+        return positions, slots if end <= last + 1 else slots.clamp(max=last)
 
     def _run(self, fn, model: torch.nn.Module, *args, rows: int | None = None):
         """`fn(*args)` compiled; `model` is the transformers model whose config names the attention;
@@ -760,6 +786,50 @@ class CompiledForward(_BucketedPasses):
                             rows=b * w)
         cache.advance(counts)
         cache.advance([n] * b)
+        return drafted.clone() if self.device.type == "cuda" else drafted
+
+    @torch.inference_mode()
+    def forward_at(self, tokens: torch.Tensor, start: torch.Tensor, end: int) -> torch.Tensor | None:
+        """A pass at lengths only the device knows (pipelined steps, `specdec.pipeline`): row b's
+        `tokens: [B, T]` go to cache indices, and positions, start[b] onwards (`start: [B]` on the
+        device); `end` bounds every start[b] + T on the host and sets the key bucket. The cache's
+        host lengths are neither read nor moved: the caller settles them when it has read the
+        outcome (`rollback`). Returns logits `[B, T, V]`, or None where the pass cannot run compiled."""
+        owner, cache = self.model, self.model.cache
+        b, t = tokens.shape
+        w = self.width(t)
+        if getattr(owner, "_hidden_source", None) is not None or not self._compilable(cache, w):
+            self.eager_calls += 1
+            return None
+        end += w - t  # the padding's slots
+        view = self._view_for(cache, b, w, end, "pass at device lengths")
+        positions, view.write_pos = self._device_slots(start, w, end)
+        logits = self._run(_forward, owner.model, owner.model, owner.layout, view, _pad(tokens, w), positions,
+                           owner.dtype, rows=b * w)[:, :t]
+        return logits.clone() if self.device.type == "cuda" else logits
+
+    @torch.inference_mode()
+    def catch_up_chain_at(self, chunk: torch.Tensor, start: torch.Tensor, counts: torch.Tensor, n: int,
+                          end: int) -> torch.Tensor | None:
+        """`catch_up_chain` at lengths only the device knows: row b's first `counts[b]` tokens of
+        `chunk: [B, T]` are real and go to cache index start[b] onwards (`start, counts: [B]` on the
+        device), the n chained passes after them; `end` bounds start[b] + T on the host. The host
+        lengths are not moved (`forward_at`). Returns the n + 1 drafts `[B, n + 1]`, or None where
+        the call cannot run compiled."""
+        owner, cache = self.model, self.model.cache
+        b, t = chunk.shape
+        w = self.width(t)
+        if getattr(owner, "_hidden_source", None) is not None or not 0 < n <= MAX_WIDTH \
+                or not self._compilable(cache, w):
+            self.eager_calls += 1
+            return None
+        end += max(w - t, n)
+        view = self._view_for(cache, b, w, end, f"catch-up and chain of {n} at device lengths")
+        positions, view.write_pos = self._device_slots(start, w, end)
+        chain_positions, chain_slots = self._device_slots(start + counts, n, end)
+        drafted = self._run(_catch_up_chain, owner.model, owner.model, owner.layout, view, _pad(chunk, w), positions,
+                            counts - 1, row_index(b, 1, self.device), chain_positions, chain_slots, owner.dtype,
+                            rows=b * w)
         return drafted.clone() if self.device.type == "cuda" else drafted
 
     def _tree_mask(self, block_mask: torch.Tensor, positions: torch.Tensor, view: _BucketView):

@@ -24,10 +24,11 @@ import torch
 from specdec.data import common_prefix_len
 from specdec.engine import Engine, Timer
 from specdec.metrics import GenerationStats, RowStats
+from specdec.pipeline import PipelinedSteps, pipeline_blocked
 from specdec.proposers.autoregressive import NoDraftProposer
 from specdec.sampling import SamplingParams, check_number
 from specdec.schedules import ConstantSchedule
-from specdec.syncs import to_device
+from specdec.syncs import HostCopy, to_device
 from specdec.tree import TreeProposal
 from specdec.tree_verify import TreeVerifier
 from specdec.types import DecodeState, Generation, Proposal, Proposer, StepOutcome, TokenCallback
@@ -71,8 +72,9 @@ class SpeculativeDecoder:
     eos_token_id:           id or ids that end a row; default from the tokenizer / model config;
                             an empty list never stops early.
     max_len:                minimum cache length to allocate in every generation (see `reserve` for one).
-    overlap:                plain decoding only: queue step n+1 before reading step n's token, so
-                            that the device never waits for the host's bookkeeping (`_overlapped_steps`).
+    overlap:                queue step n+1 before reading step n's outcome, so that the device never
+                            waits for the host's bookkeeping: plain decoding (`_overlapped_steps`) and
+                            a greedy draft model under compile=on (`specdec.pipeline`).
                             "auto" (the default): on CUDA, where the device runs ahead of the host;
                             "on" / "off" (also True / False). Tokens are the same either way.
 
@@ -242,6 +244,8 @@ class SpeculativeDecoder:
 
         if self.overlaps():
             self._overlapped_steps(state, verifier, stats, start, on_tokens, verify_t)
+        elif self.pipelines(state, verifier):  # a draft model's steps queued ahead; the serial loop finishes
+            PipelinedSteps(self, state, verifier, stats, start, on_tokens, draft_t, verify_t).run()
         while any(state.active):
             k = self.schedule.next_k(state) if self.speculative else 0
             draft_before, verify_before = draft_t.total, verify_t.total
@@ -294,9 +298,17 @@ class SpeculativeDecoder:
     def overlaps(self) -> bool:
         """Whether this generation's steps overlap (`_overlapped_steps`): plain decoding only, where
         the next step needs nothing the host has to read first."""
-        if self.speculative or self.overlap in ("off", False):
+        return not self.speculative and self._overlap_on()
+
+    def _overlap_on(self) -> bool:
+        if self.overlap in ("off", False):
             return False
         return self.overlap in ("on", True) or self.engine.device.type == "cuda"
+
+    def pipelines(self, state: DecodeState, verifier) -> bool:
+        """Whether this generation's speculative steps are queued one ahead of their reads
+        (`specdec.pipeline`: a greedy draft model under compile=on, where `pipeline_blocked` allows)."""
+        return self.speculative and self._overlap_on() and pipeline_blocked(self, state, verifier) is None
 
     def _overlapped_steps(self, state: DecodeState, verifier, stats, start, on_tokens, verify_t: Timer) -> None:
         """Plain decoding with the host one step behind the device, until every row is done.
@@ -326,7 +338,7 @@ class SpeculativeDecoder:
                     rows = [r for r in range(b) if live[r]]
                     where = to_device([rows, [lens[r] for r in rows]], state.tokens.device)
                     state.tokens[where[0], where[1]] = result.tokens[where[0], 0]
-                    queued = (_HostCopy(result.tokens[:, 0]), live)
+                    queued = (HostCopy(result.tokens[:, 0]), live)
                 ahead = [a + on for a, on in zip(ahead, live)]
                 stats.steps += 1
                 stats.draft_lengths.append(0)
@@ -456,25 +468,6 @@ def _read_step(proposal: Proposal, result) -> tuple[list[int], list[list[int]], 
         return accepted, tokens, None
     proposal.drafted = [row[-1] for row in host]
     return accepted, tokens, [row[width:-1] for row in host]
-
-
-class _HostCopy:
-    """A device tensor's copy to the host, queued now and read later: on CUDA a non-blocking copy
-    into pinned memory followed by an event, so that `read` waits for the work queued before the
-    copy and not for what was queued after it; elsewhere the tensor itself."""
-
-    def __init__(self, values: torch.Tensor):
-        self.event = None
-        if values.device.type == "cuda":
-            values = values.to("cpu", non_blocking=True)
-            self.event = torch.cuda.Event()
-            self.event.record()
-        self.values = values
-
-    def read(self) -> list:
-        if self.event is not None:
-            self.event.synchronize()
-        return self.values.tolist()
 
 
 def _report(part) -> dict | None:

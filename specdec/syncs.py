@@ -27,7 +27,7 @@ from collections.abc import Iterator
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["HostSyncs", "count_host_syncs", "detect_cuda_syncs", "reads_are_free", "to_device"]
+__all__ = ["HostCopy", "HostSyncs", "count_host_syncs", "detect_cuda_syncs", "reads_are_free", "to_device"]
 
 # Operators whose result the host must read (a scalar, or a shape that depends on the data).
 _READS = {"aten.item.default", "aten._local_scalar_dense.default", "aten.is_nonzero.default",
@@ -179,3 +179,22 @@ def is_sync_report(message: str) -> bool:
     in a process also warns that the detector is a prototype, in words that mention synchronizing
     operations too: counted, it made the first check of a GPU run see one sync more than there was."""
     return "called a synchronizing" in message
+
+
+class HostCopy:
+    """A device tensor's copy to the host, queued now and read later: on CUDA a non-blocking copy
+    into pinned memory followed by an event, so that `read` waits for the work queued before the
+    copy and not for what was queued after it; elsewhere the tensor itself."""
+
+    def __init__(self, values: torch.Tensor):
+        self.event = None
+        if values.device.type == "cuda":
+            values = values.to("cpu", non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        self.values = values
+
+    def read(self) -> list:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.values.tolist()

@@ -56,7 +56,7 @@ def test_max_new_tokens_ends_without_an_extra_pass(engine_factory):
 def test_the_next_pass_is_queued_before_the_token_is_read(engine_factory, monkeypatch):
     """The property itself: after the first step, every read of a step's tokens comes after the next
     step's target pass was queued (serially, each read comes right after its own pass)."""
-    import specdec.decoding as decoding
+    import specdec.syncs as syncs
 
     def order(overlap):
         engine = engine_factory()
@@ -67,14 +67,14 @@ def test_the_next_pass_is_queued_before_the_token_is_read(engine_factory, monkey
             events.append("pass")
             return forward(*args, **kwargs)
 
-        read = decoding._HostCopy.read
+        read = syncs.HostCopy.read
 
         def logged_read(self):
             events.append("read")
             return read(self)
 
         monkeypatch.setattr(engine.target, "forward", logged_forward)
-        monkeypatch.setattr(decoding._HostCopy, "read", logged_read)
+        monkeypatch.setattr(syncs.HostCopy, "read", logged_read)
         _plain(engine, overlap).generate(RAGGED_PROMPTS[:1], max_new_tokens=6)
         monkeypatch.undo()
         return events

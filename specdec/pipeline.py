@@ -1,0 +1,192 @@
+"""Pipelined speculative steps: the host one step behind the device, for a draft model under compile=on.
+
+A serial speculative step ends with a read: the host learns how many drafts each row accepted, and
+only then builds the next step's inputs (which tokens the draft catches up on, where the target's
+pass writes) and launches it. On a GPU running compiled graphs that read, the host's bookkeeping
+and the next launches are time the device sits idle: on the H200 a compiled step of forced
+acceptance took 4.46 ms with the device busy at most 2.85 of them (experiments/gpu/README.md).
+
+Here nothing the next step needs goes through the host. Per row the device holds L, the tokens
+committed (`seq_lens`), and a step works from it alone:
+
+- score: the target's pass over [token L-1, d_1..d_k] at cache indices and positions L-1..L+k-1
+  (`CompiledForward.forward_at`), then the verifier, on the device as always;
+- commit: the emitted tokens go to the token buffer at L.., and L grows by accepted + 1 in the rows
+  the host still decodes (`live`, uploaded with the step);
+- draft the next step: the draft has fed every token before D = min(L_prev + min(a, k - 1), L - 1)
+  (its accepted drafts, and never the last token: `DraftModelProposer.observe`'s rule), so it
+  catches up on tokens D..L-1, one or two, and chains k - 1 greedy passes after them
+  (`CompiledForward.catch_up_chain_at`).
+
+So the host queues step n+1 before it reads step n's outcome, and does step n's bookkeeping (EOS,
+max_new_tokens, streaming, statistics) while the device runs step n+1; the read waits for step n
+alone (its copy to the host is queued right behind it, `specdec.syncs.HostCopy`). Only bounds of the lengths are
+needed on the host (the key bucket, the room left), and it has them: each step adds at most k + 1.
+The caches' host lengths are settled when the pipeline drains (`_settle`). The passes and the
+verifier's draws are the serial loop's, in the same order, so the tokens are too; what differs is
+the key bucket (from a bound, so perhaps the next one up: masked keys, the same results in float32)
+and the draft's catch-up width (always the width of two tokens). A row that ends on EOS at step n
+has been given step n+1 already, which is dropped: as in overlapped plain decoding.
+
+It runs (`pipeline_blocked` says why not) for greedy drafting with a model (`DraftModelProposer`,
+layer skipping's view included) under compile=on, a constant k >= 2 and any verifier of a chain of
+drafts, while each row has room for a step ahead (`_fits`): the last few steps of a generation whose
+cache was sized to the token (no `reserve`) run serially again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specdec.proposers.draft_model import DraftModelProposer
+from specdec.schedules import ConstantSchedule
+from specdec.syncs import HostCopy, to_device
+from specdec.tree_verify import TreeVerifier
+from specdec.types import DecodeState, Proposal, StepOutcome, Verification
+
+
+def pipeline_blocked(decoder, state: DecodeState, verifier) -> str | None:
+    """Why this generation's speculative steps cannot be pipelined (None: they can)."""
+    engine, proposer = decoder.engine, decoder.proposer
+    if not isinstance(proposer, DraftModelProposer):
+        return "only a draft model's steps (method=draft, layer_skip) are pipelined"
+    if not state.sampling.greedy:
+        return "the draft samples at temperature > 0 (its chain is greedy)"
+    if type(decoder.schedule) is not ConstantSchedule or decoder.k < 2:
+        return "a constant k >= 2 is needed (the draft's k - 1 passes chained in one graph)"
+    if isinstance(verifier, TreeVerifier):
+        return "token trees are not pipelined"
+    for model in (engine.target, proposer.draft):
+        if model.compiled is None:
+            return f"the {model.name}'s passes run eagerly (compile=off)"
+        if getattr(model, "_hidden_source", None) is not None:
+            return f"the {model.name} keeps hidden states for a drafter"
+    return None
+
+
+@dataclass
+class _Step:
+    """One queued step: its drafts and outcome on the device, the copy of the outcome on its way to
+    the host, and what the host knows about the lengths it ran at."""
+
+    proposal: Proposal
+    result: Verification
+    before: torch.Tensor  # [B] L before the step, on the device
+    after: torch.Tensor  # [B] L after it
+    copy: HostCopy  # of [B, 1 + k + 1]: accepted, then the step's tokens
+    live: list[bool]  # rows the step advanced
+
+
+class PipelinedSteps:
+    """The steps of one generation, queued one ahead of their reads (see the module's docstring);
+    `run` returns when every row is done or the pipeline had to drain (the serial loop goes on)."""
+
+    def __init__(self, decoder, state: DecodeState, verifier, stats, start: float, on_tokens, draft_t, verify_t):
+        self.decoder, self.state, self.verifier, self.stats = decoder, state, verifier, stats
+        self.start, self.on_tokens, self.draft_t, self.verify_t = start, on_tokens, draft_t, verify_t
+        self.k = decoder.k
+        self.target, self.draft = decoder.engine.target, decoder.proposer.draft
+        self.device = state.tokens.device
+        self.columns = torch.arange(self.k + 1, device=self.device)  # [k + 1]
+        # Per row, L on the device after the last step read (host copy; rows the host finished are
+        # still advanced by the steps queued before it knew).
+        self.lens = list(state.seq_lens)
+        self.steps = 0
+        self._live: dict[tuple, torch.Tensor] = {}
+
+    def run(self) -> None:
+        state, k = self.state, self.k
+        before = list(self.lens)  # per row, a bound on L before the step to queue: here L itself
+        if not self._fits(before):
+            return
+        with self.draft_t:  # the first drafts: the host knows every length, the proposer's own step
+            proposal = self.decoder.proposer.propose(state, k)
+        pending = self._queue(proposal, to_device(state.seq_lens, self.device), before, list(state.active))
+        while True:
+            queued = None
+            # L after the pending step, bounded from the last step read: at most k + 1 more per live row
+            before = [n + (k + 1) * on for n, on in zip(self.lens, pending.live)]
+            # Rows that may still decode after the pending step: it gives every row it advances a
+            # token, so a row with room for one more ends with it.
+            live = [on and not (ahead and state.room(b) <= 1)
+                    for b, (on, ahead) in enumerate(zip(state.active, pending.live))]
+            if any(live) and self._fits(before):
+                with self.draft_t:
+                    proposal = self._draft(pending, max(before))
+                queued = self._queue(proposal, pending.after, before, live)
+            outcome = self._read(pending)
+            if queued is None or not any(state.active):
+                break  # a step queued after every row ended is dropped, unread
+            pending = queued
+        self._settle(outcome)
+
+    def _fits(self, before: list[int]) -> bool:
+        """Whether a step from lengths up to `before` fits: its tokens go to the buffer at L..L+k and
+        the target's cache at L-1..L+k-1 (the draft's stay below), whatever the rows accept."""
+        return max(before) + self.k + 1 <= self.state.max_len
+
+    def _live_rows(self, live: list[bool]) -> torch.Tensor:
+        key = tuple(live)
+        if key not in self._live:  # a handful of patterns a generation: one upload each
+            self._live[key] = to_device(list(key), self.device).long()
+        return self._live[key]
+
+    def _queue(self, proposal: Proposal, lens: torch.Tensor, before: list[int], live: list[bool]) -> _Step:
+        """Queue one step from the lengths `lens: [B]` (device; row b's at most `before[b]`): score,
+        verify, commit on the device (advancing the `live` rows), and the outcome's copy to the host."""
+        state, k = self.state, self.k
+        with self.verify_t:
+            last = state.tokens.gather(1, (lens - 1)[:, None])  # [B, 1]
+            logits = self.target.compiled.forward_at(torch.cat([last, proposal.tokens], dim=1), lens - 1,
+                                                      max(before) + k)
+            if logits is None:
+                raise RuntimeError("a pipelined step's target pass could not run compiled")
+            result = self.verifier(logits, proposal, state.sampling, state.generator)
+            accepted = result.accepted
+            # Row b's emitted tokens to the buffer at L_b.., each column past them a copy of its last one.
+            upto = torch.minimum(self.columns[None], accepted[:, None])  # [B, k + 1]
+            state.tokens.scatter_(1, lens[:, None] + upto, result.tokens.gather(1, upto))
+            after = lens + (accepted + 1) * self._live_rows(live)
+            copy = HostCopy(torch.cat([accepted[:, None].to(result.tokens.dtype), result.tokens], dim=1))
+        return _Step(proposal, result, lens, after, copy, live)
+
+    def _draft(self, step: _Step, bound: int) -> Proposal:
+        """The next step's k drafts from `step`'s outcome, on the device (`bound`: the longest L after
+        it can be): the catch-up on tokens D..L-1 and the k - 1 chained passes after it, one call."""
+        k = self.k
+        fed = torch.minimum(step.before + step.result.accepted.clamp(max=k - 1), step.after - 1)  # [B] D
+        counts = step.after - fed  # [B] 1 or 2
+        chunk = self.state.tokens.gather(1, fed[:, None] + self.columns[:2])  # [B, 2]; D + 1 <= L <= bound
+        drafts = self.draft.compiled.catch_up_chain_at(chunk, fed, counts, k - 1, bound + 1)
+        if drafts is None:
+            raise RuntimeError("a pipelined step's draft could not run compiled")
+        return Proposal(drafts, [k] * self.state.batch_size)
+
+    def _read(self, step: _Step) -> StepOutcome:
+        """Wait for `step`'s outcome and commit it on the host, as the serial loop's `_commit_step`
+        does (the device's buffer holds the tokens already)."""
+        state, stats, k = self.state, self.stats, self.k
+        host = step.copy.read()
+        accepted_all, tokens = [row[0] for row in host], [row[1:] for row in host]
+        prev, active = list(state.seq_lens), list(state.active)
+        accepted = [a if on else 0 for a, on in zip(accepted_all, active)]
+        counts = [a + 1 if on else 0 for a, on in zip(accepted, active)]
+        emitted = self.decoder._commit(state, tokens, counts, stats, self.start, self.on_tokens, write=False)
+        for b, on in enumerate(active):
+            if on:
+                stats.rows[b].record(k, accepted[b], emitted[b])
+        stats.steps += 1
+        stats.draft_lengths.append(k)
+        self.steps += 1
+        self.lens = [n + (a + 1) * on for n, a, on in zip(self.lens, accepted_all, step.live)]
+        return StepOutcome(step.proposal, step.result, prev, accepted, emitted, active)
+
+    def _settle(self, outcome: StepOutcome) -> None:
+        """The caches' host lengths after the last step read: the target's hold seq_len - 1 tokens,
+        the draft's what the proposer's own `observe` keeps after a step that fed k - 1 drafts."""
+        self.target.rollback([n - 1 for n in self.state.seq_lens])
+        proposer = self.decoder.proposer
+        proposer.fed = self.k - 1
+        proposer.observe(self.state, outcome)
