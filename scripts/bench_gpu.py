@@ -15,8 +15,9 @@ compiles every graph the timed runs need, and medians of the repeats are reporte
   bandwidth: every decoding step reads every weight once; bandwidth measured by a device copy and
   from the device's name);
 - speculative decoding with forced acceptance (draft i accepted with probability a given drafts
-  1..i-1 were: `verifier=forced`, not lossless, marked so), k = 4, eager and compiled, against
-  compiled plain decoding;
+  1..i-1 were: `verifier=forced`, not lossless, marked so), k = 4, eager and compiled (on a GPU with
+  its steps pipelined: `overlap=auto`, `specdec.pipeline`) and the compiled serial loop
+  (`overlap=off`), against compiled plain decoding;
 - on CUDA, compile=on with specdec's own CUDA graphs (`cuda_graphs="explicit"`, a replay a call
   without dynamo) against inductor's (`trees`), interleaved: plain decoding at the first batch size,
   forced acceptance, the one-token pass and c (`--explicit-graphs`; a stage of its own, after the
@@ -246,12 +247,14 @@ def plain(engine: Engine, overlap: str = "auto") -> SpeculativeDecoder:
     return decoder
 
 
-def forced(engine: Engine, k: int, acceptance: float) -> SpeculativeDecoder | None:
-    """Speculative decoding with forced acceptance, or None where this specdec has no forced verifier."""
+def forced(engine: Engine, k: int, acceptance: float, overlap: str = "auto") -> SpeculativeDecoder | None:
+    """Speculative decoding with forced acceptance, or None where this specdec has no forced verifier;
+    `overlap` as the decoder takes it (auto: on a GPU, compiled, step n+1 is queued before step n's
+    outcome is read: `specdec.pipeline`)."""
     if not hasattr(verify, "ForcedVerifier"):
         return None
     decoder = SpeculativeDecoder(engine, DraftModelProposer(engine), num_speculative_tokens=k, eos_token_id=[],
-                                 verifier=verify.ForcedVerifier(acceptance))
+                                 verifier=verify.ForcedVerifier(acceptance), overlap=overlap)
     decoder.exact_greedy = False
     return decoder
 
@@ -431,6 +434,8 @@ def main(argv: list[str] | None = None) -> dict:
         for n, engine in engines.items():
             d = forced(engine, args.k, args.acceptance)
             variants[f"forced {n}"] = lambda d=d: decode_rate(d, [prompt], args.new_tokens)
+        serial = forced(engines["compiled"], args.k, args.acceptance, "off")  # what pipelining the steps is worth
+        variants["forced compiled serial"] = lambda: decode_rate(serial, [prompt], args.new_tokens)
         runs = interleaved(variants, args.repeats)
         result["forced"] = {
             "k": args.k, "acceptance": args.acceptance, "lossless": False,

@@ -167,9 +167,10 @@ class SpeculativeDecoder:
         """Whether `positions` (from `positions_needed`) fit every model's context."""
         return self.context_length is None or positions <= self.context_length
 
-    def check_request(self, ids: list[list[int]], max_new_tokens: int, reserve: int = 0) -> int:
-        """The cache length to allocate for these prompts (at least `reserve`, as far as the context
-        allows); raises before any model work if a prompt cannot fit."""
+    def check_request(self, ids: list[list[int]], max_new_tokens: int, reserve: int = 0, ahead: int = 0) -> int:
+        """The cache length to allocate for these prompts (at least `reserve`, and `ahead` positions
+        more than they need, as far as the context allows); raises before any model work if a prompt
+        cannot fit."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         longest = max(len(p) for p in ids)
@@ -184,7 +185,8 @@ class SpeculativeDecoder:
                     f"= {need} exceeds the {model.name}'s context of {model.context_length} tokens; "
                     "shorten the prompt or lower max_new_tokens."
                 )
-        return max(need, min(max(self.max_len, reserve), self.context_length or need))
+        limit = self.context_length or need + ahead
+        return max(need, min(need + ahead, limit), min(max(self.max_len, reserve), limit))
 
     def _models(self):
         return [m for m in (self.engine.target, self.engine.draft) if m is not None]
@@ -216,7 +218,10 @@ class SpeculativeDecoder:
         if on_tokens is not None and not callable(on_tokens):
             raise TypeError(f"on_tokens must be a callable (for example TextStreamer(tokenizer, on_text)), "
                             f"got {on_tokens!r}")
-        max_len = self.check_request(ids, max_new_tokens, reserve)
+        # Pipelined steps write a step ahead of what the host has read: room for one more keeps them
+        # pipelined to the end (`specdec.pipeline`; where the context has it).
+        ahead = self.k + 1 if self.pipelines(sampling, verifier) else 0
+        max_len = self.check_request(ids, max_new_tokens, reserve, ahead)
         if past is not None and not isinstance(past, Generation):
             raise TypeError(f"past= takes the Generation returned by the previous turn's generate(), "
                             f"got {type(past).__name__}")
@@ -244,7 +249,7 @@ class SpeculativeDecoder:
 
         if self.overlaps():
             self._overlapped_steps(state, verifier, stats, start, on_tokens, verify_t)
-        elif self.pipelines(state, verifier):  # a draft model's steps queued ahead; the serial loop finishes
+        elif self.pipelines(sampling, verifier):  # a draft model's steps queued ahead; the serial loop finishes
             PipelinedSteps(self, state, verifier, stats, start, on_tokens, draft_t, verify_t).run()
         while any(state.active):
             k = self.schedule.next_k(state) if self.speculative else 0
@@ -305,10 +310,10 @@ class SpeculativeDecoder:
             return False
         return self.overlap in ("on", True) or self.engine.device.type == "cuda"
 
-    def pipelines(self, state: DecodeState, verifier) -> bool:
-        """Whether this generation's speculative steps are queued one ahead of their reads
+    def pipelines(self, sampling: SamplingParams, verifier) -> bool:
+        """Whether a generation's speculative steps are queued one ahead of their reads
         (`specdec.pipeline`: a greedy draft model under compile=on, where `pipeline_blocked` allows)."""
-        return self.speculative and self._overlap_on() and pipeline_blocked(self, state, verifier) is None
+        return self.speculative and self._overlap_on() and pipeline_blocked(self, sampling, verifier) is None
 
     def _overlapped_steps(self, state: DecodeState, verifier, stats, start, on_tokens, verify_t: Timer) -> None:
         """Plain decoding with the host one step behind the device, until every row is done.

@@ -26,12 +26,13 @@ The caches' host lengths are settled when the pipeline drains (`_settle`). The p
 verifier's draws are the serial loop's, in the same order, so the tokens are too; what differs is
 the key bucket (from a bound, so perhaps the next one up: masked keys, the same results in float32)
 and the draft's catch-up width (always the width of two tokens). A row that ends on EOS at step n
-has been given step n+1 already, which is dropped: as in overlapped plain decoding.
+(or on max_new_tokens, reached by more than one token) has been given step n+1 already, which is
+dropped: as in overlapped plain decoding.
 
 It runs (`pipeline_blocked` says why not) for greedy drafting with a model (`DraftModelProposer`,
 layer skipping's view included) under compile=on, a constant k >= 2 and any verifier of a chain of
-drafts, while each row has room for a step ahead (`_fits`): the last few steps of a generation whose
-cache was sized to the token (no `reserve`) run serially again.
+drafts, while each row has room for a step ahead (`_fits`): the decoder allocates k + 1 positions more for
+it where the context has them, and where it has not, the last few steps run serially again.
 """
 
 from __future__ import annotations
@@ -41,18 +42,19 @@ from dataclasses import dataclass
 import torch
 
 from specdec.proposers.draft_model import DraftModelProposer
+from specdec.sampling import SamplingParams
 from specdec.schedules import ConstantSchedule
 from specdec.syncs import HostCopy, to_device
 from specdec.tree_verify import TreeVerifier
 from specdec.types import DecodeState, Proposal, StepOutcome, Verification
 
 
-def pipeline_blocked(decoder, state: DecodeState, verifier) -> str | None:
-    """Why this generation's speculative steps cannot be pipelined (None: they can)."""
+def pipeline_blocked(decoder, sampling: SamplingParams, verifier) -> str | None:
+    """Why a generation of `decoder` at `sampling` with `verifier` cannot be pipelined (None: it can)."""
     engine, proposer = decoder.engine, decoder.proposer
     if not isinstance(proposer, DraftModelProposer):
         return "only a draft model's steps (method=draft, layer_skip) are pipelined"
-    if not state.sampling.greedy:
+    if not sampling.greedy:
         return "the draft samples at temperature > 0 (its chain is greedy)"
     if type(decoder.schedule) is not ConstantSchedule or decoder.k < 2:
         return "a constant k >= 2 is needed (the draft's k - 1 passes chained in one graph)"

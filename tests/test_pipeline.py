@@ -156,14 +156,22 @@ def test_continuation_after_a_pipelined_turn(engines):
     assert outs["on"] == outs["off"]
 
 
-def test_a_short_cache_drains_the_pipeline_and_the_serial_loop_finishes(engines, pipelined_steps):
-    """Sized to the token (no reserve), the cache has no room for a step ahead near the end: those
-    steps run serially, with the same tokens."""
-    engine = engines["unrelated"]  # a token a step: the longest row nears the cache's end step by step
-    serial = _decoder(engine, "unrelated", "off").generate(RAGGED_PROMPTS, max_new_tokens=30)
-    out = _decoder(engine, "unrelated", "on").generate(RAGGED_PROMPTS, max_new_tokens=30)
-    assert out.output_ids == serial.output_ids and _rows(out) == _rows(serial)
-    assert 0 < pipelined_steps[0] < out.stats.steps
+def test_room_for_a_step_ahead_and_a_context_without_it(unrelated_draft, pipelined_steps):
+    """The decoder allocates k + 1 positions more for the step ahead, so the steps stay pipelined to
+    the end; where the context has no room for them (a request that fills it), the last steps run
+    serially, with the same tokens."""
+    target = tiny_random_model(seed=0, eos_token_id=None, max_position_embeddings=64)
+    draft = tiny_random_model(seed=1, num_layers=1, eos_token_id=None, max_position_embeddings=64)
+    engine = _engine(target, draft)  # a token a step: the longest row nears the cache's end step by step
+    prompts, k = RAGGED_PROMPTS, 4
+    # the second fills the context: the longest prompt, 9, and exact greedy's room, 7 (the width 8 less one)
+    for new_tokens in (30, 64 - 9 - 7):
+        serial = SpeculativeDecoder(engine, DraftModelProposer(engine), k, overlap="off").generate(prompts, new_tokens)
+        out = SpeculativeDecoder(engine, DraftModelProposer(engine), k, overlap="on").generate(prompts, new_tokens)
+        assert out.output_ids == serial.output_ids and _rows(out) == _rows(serial)
+        assert out.state.max_len == min(serial.state.max_len + k + 1, 64)
+        assert 0 < pipelined_steps[-1] <= out.stats.steps
+        assert (pipelined_steps[-1] == out.stats.steps) is (new_tokens == 30)
 
 
 def test_reads_once_a_step(engines):
@@ -183,8 +191,7 @@ def test_what_is_not_pipelined(target, engines, pipelined_steps):
     greedy, sampled = SamplingParams(0.0), SamplingParams(0.8)
 
     def blocked(decoder, sampling=greedy):
-        state = type("State", (), {"sampling": sampling})()
-        return pipeline_blocked(decoder, state, GreedyVerifier())
+        return pipeline_blocked(decoder, sampling, GreedyVerifier())
 
     assert blocked(_decoder(engine, "self", "on")) is None
     assert "draft model" in blocked(SpeculativeDecoder(engine, NgramProposer(engine), overlap="on"))
@@ -192,7 +199,7 @@ def test_what_is_not_pipelined(target, engines, pipelined_steps):
     assert "constant k" in blocked(_decoder(engine, "self", "on", k=1))
     assert "constant k" in blocked(_decoder(engine, "self", "on", schedule=HeuristicSchedule(4)))
     assert "compile=off" in blocked(_decoder(_engine(target, target, "off"), "self", "on"))
-    assert not _decoder(engine, "self", "off").pipelines(None, GreedyVerifier())  # overlap=off: never asked
+    assert not _decoder(engine, "self", "off").pipelines(greedy, GreedyVerifier())  # overlap=off: never asked
     # at temperature > 0 the steps run serially: the same tokens as overlap=off
     outs = [_decoder(engine, "self", mode).generate(RAGGED_PROMPTS, max_new_tokens=12, temperature=0.8, seed=2)
             for mode in ("off", "on")]
@@ -201,8 +208,7 @@ def test_what_is_not_pipelined(target, engines, pipelined_steps):
 
 def test_overlap_auto_pipelines_on_cuda_only(engines):
     decoder = _decoder(engines["self"], "self", "auto")
-    state = type("State", (), {"sampling": SamplingParams(0.0)})()
-    assert decoder.pipelines(state, GreedyVerifier()) is (decoder.engine.device.type == "cuda")
+    assert decoder.pipelines(SamplingParams(0.0), GreedyVerifier()) is (decoder.engine.device.type == "cuda")
 
 
 def test_pipelined_with_unrelated_models_of_more_layers(pipelined_steps):

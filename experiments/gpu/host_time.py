@@ -11,7 +11,10 @@ on any machine, eager and compiled (inductor: the same graphs a GPU would run, C
 
 Methods: plain decoding, a one-layer draft model at k = 4 (greedy), the same with forced acceptance
 0.8 (`verifier=forced`, not lossless: the benchmark's speculative case), n-gram lookup at k = 4.
-One prompt of 20 tokens, 64 new tokens, EOS ignored; medians over repeats of the decoding phase's
+Modes: eager, compiled (the serial loop) and overlapped (compiled with `overlap=on`: plain decoding's
+steps overlapped, a draft model's pipelined; on a CPU nothing runs ahead of the host, so this is
+the host's cost of queueing ahead, not its gain). One prompt of 20 tokens, 64 new tokens, EOS
+ignored; the modes interleaved, their order rotating; medians over repeats of the decoding phase's
 seconds per step (prefill excluded), after two warm-up generations that compile every graph.
 """
 
@@ -34,12 +37,15 @@ from specdec.proposers.ngram import NgramProposer
 METHODS = ("plain", "draft", "forced", "ngram")
 
 
-def decoder(method: str, compile: bool, target, draft) -> SpeculativeDecoder:
-    engine = Engine(target, draft, dtype="float32", compile="on" if compile else "off")
+def decoder(method: str, mode: str, target, draft) -> SpeculativeDecoder:
+    """`mode`: eager, compiled (the serial loop) or overlapped (compiled, `overlap=on`: plain decoding
+    overlapped, a draft model's steps pipelined, `specdec.pipeline`; n-gram serial still)."""
+    engine = Engine(target, draft, dtype="float32", compile="off" if mode == "eager" else "on")
     proposer = {"plain": lambda: None, "draft": lambda: DraftModelProposer(engine),
                 "forced": lambda: DraftModelProposer(engine), "ngram": lambda: NgramProposer(engine)}[method]()
     extra = {"verifier": verify.ForcedVerifier(0.8)} if method == "forced" else {}
-    d = SpeculativeDecoder(engine, proposer, num_speculative_tokens=4, eos_token_id=[], **extra)
+    d = SpeculativeDecoder(engine, proposer, num_speculative_tokens=4, eos_token_id=[],
+                           overlap="on" if mode == "overlapped" else "off", **extra)
     d.exact_greedy = False  # one token wide, as a baseline runs alone (and as compile=on does anyway)
     return d
 
@@ -47,7 +53,7 @@ def decoder(method: str, compile: bool, target, draft) -> SpeculativeDecoder:
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--methods", default=",".join(METHODS))
-    ap.add_argument("--modes", default="eager,compiled")
+    ap.add_argument("--modes", default="eager,compiled,overlapped")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--out", default=None)
@@ -58,18 +64,22 @@ def main(argv: list[str] | None = None) -> dict:
     prompt = [[5, 6, 7, 8, 9] * 4]
     result = {"torch": torch.__version__, "new_tokens": args.new_tokens, "repeats": args.repeats, "ms_per_step": {}}
     for method in args.methods.split(","):
-        for mode in args.modes.split(","):
-            d = decoder(method, mode == "compiled", target, draft)
+        modes = args.modes.split(",")
+        decoders = {mode: decoder(method, mode, target, draft) for mode in modes}
+        for d in decoders.values():
             for _ in range(2):  # warm-up: every graph compiles
                 d.generate(prompt, max_new_tokens=args.new_tokens)
-            per_step = []
-            for _ in range(args.repeats):
+        per_step, steps = {mode: [] for mode in modes}, {}
+        for r in range(args.repeats):  # the modes interleaved, their order rotating
+            for mode in modes[r % len(modes):] + modes[:r % len(modes)]:
                 start = time.perf_counter()
-                out = d.generate(prompt, max_new_tokens=args.new_tokens)
-                per_step.append((time.perf_counter() - start - out.stats.ttft_s) / out.stats.steps)
-            ms = statistics.median(per_step) * 1e3
+                out = decoders[mode].generate(prompt, max_new_tokens=args.new_tokens)
+                per_step[mode].append((time.perf_counter() - start - out.stats.ttft_s) / out.stats.steps)
+                steps[mode] = out.stats.steps
+        for mode in modes:
+            ms = statistics.median(per_step[mode]) * 1e3
             result["ms_per_step"][f"{method} {mode}"] = round(ms, 3)
-            print(f"{method:6s} {mode:8s} {ms:7.3f} ms a step ({out.stats.steps} steps)", flush=True)
+            print(f"{method:6s} {mode:10s} {ms:7.3f} ms a step ({steps[mode]} steps)", flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
