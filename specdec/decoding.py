@@ -247,10 +247,12 @@ class SpeculativeDecoder:
         target.rollback([n - 1 for n in state.seq_lens])
         stats.ttft_s = time.perf_counter() - start
 
+        pipelined = None
         if self.overlaps():
             self._overlapped_steps(state, verifier, stats, start, on_tokens, verify_t)
-        elif self.pipelines(sampling, verifier):  # a draft model's steps queued ahead; the serial loop finishes
-            PipelinedSteps(self, state, verifier, stats, start, on_tokens, draft_t, verify_t).run()
+        elif self.pipelines(sampling, verifier):  # a draft model's steps queued ahead; the loop below finishes
+            pipelined = PipelinedSteps(self, state, verifier, stats, start, on_tokens, draft_t, verify_t)
+            pipelined.run()
         while any(state.active):
             k = self.schedule.next_k(state) if self.speculative else 0
             draft_before, verify_before = draft_t.total, verify_t.total
@@ -274,7 +276,8 @@ class SpeculativeDecoder:
         if self.tokenizer is not None:
             texts = [self.tokenizer.decode(o, skip_special_tokens=True) for o in out]
         reports = {name: r for name, r in (("proposer", _report(self.proposer)), ("schedule", self.schedule.report()),
-                                           ("compile", self.engine.compile_report())) if r is not None}
+                                           ("compile", self.engine.compile_report()),
+                                           ("pipeline", pipelined and pipelined.report())) if r is not None}
         # A lossy rule that coincides with greedy at temperature 0 (typical acceptance) is lossless there.
         lossless = verifier.lossless or (state.sampling.greedy and getattr(verifier, "lossless_when_greedy", False))
         return Generation(out, ids, stats, state, texts, lossless=lossless, verifier=verifier.name,

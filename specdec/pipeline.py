@@ -124,6 +124,10 @@ class PipelinedSteps:
             pending = queued
         self._settle(outcome)
 
+    def report(self) -> dict:
+        """For results: the steps this generation ran pipelined (the rest, if any, ran serially)."""
+        return {"pipelined_steps": self.steps}
+
     def _fits(self, before: list[int]) -> bool:
         """Whether a step from lengths up to `before` fits: its tokens go to the buffer at L..L+k and
         the target's cache at L-1..L+k-1 (the draft's stay below), whatever the rows accept."""

@@ -13,7 +13,7 @@ from specdec.compiled import CompiledForward
 from specdec.decoding import SpeculativeDecoder
 from specdec.engine import Engine
 from specdec.models import tiny_random_model
-from specdec.pipeline import PipelinedSteps, pipeline_blocked
+from specdec.pipeline import pipeline_blocked
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.layer_skip import LayerSkipProposer
 from specdec.proposers.ngram import NgramProposer
@@ -45,20 +45,6 @@ def engines(target, unrelated_draft):
             "layer_skip": _engine(target)}
 
 
-@pytest.fixture
-def pipelined_steps(monkeypatch):
-    """The steps each generation ran pipelined, in order (a list per generation)."""
-    runs = []
-    run = PipelinedSteps.run
-
-    def counted(self):
-        run(self)
-        runs.append(self.steps)
-
-    monkeypatch.setattr(PipelinedSteps, "run", counted)
-    return runs
-
-
 def _rows(out):
     return [(r.new_tokens, r.steps, r.accepted, r.emitted, r.draft_lengths, r.accepted_lengths) for r in out.stats.rows]
 
@@ -71,17 +57,17 @@ def _stream(decoder, prompts, **kw):
 
 @pytest.mark.parametrize("kind", DRAFTS)
 @pytest.mark.parametrize("k", [2, 4])
-def test_pipelined_equals_serial_and_the_targets_greedy(target, engines, pipelined_steps, kind, k):
+def test_pipelined_equals_serial_and_the_targets_greedy(target, engines, kind, k):
     engine = engines[kind]
     plain = SpeculativeDecoder(Engine(target, dtype="float32"), None).generate(RAGGED_PROMPTS, max_new_tokens=30)
     serial = _decoder(engine, kind, "off", k).generate(RAGGED_PROMPTS, max_new_tokens=30, reserve=64)
     serial_caches = [m.cache.lengths for m in (engine.target, _draft(engine, serial))]
     serial_kv = _valid_kv(engine.target, serial)
-    assert pipelined_steps == []  # overlap=off: the serial loop
+    assert "pipeline" not in serial.reports  # overlap=off: the serial loop
     out = _decoder(engine, kind, "on", k).generate(RAGGED_PROMPTS, max_new_tokens=30, reserve=64)
     assert out.output_ids == serial.output_ids == plain.output_ids
     assert _rows(out) == _rows(serial) and out.stats.steps == serial.stats.steps
-    assert pipelined_steps == [out.stats.steps]  # every step after the prefill ran pipelined
+    assert out.reports["pipeline"] == {"pipelined_steps": out.stats.steps}  # every step after the prefill
     # the caches hold what the serial loop's do: the committed tokens' entries, and the draft's
     assert [m.cache.lengths for m in (engine.target, _draft(engine, out))] == serial_caches
     assert all(torch.equal(a, b) for a, b in zip(_valid_kv(engine.target, out), serial_kv))
@@ -96,7 +82,7 @@ def _valid_kv(model, out):
     return [model.cache.valid_kv(0, b)[0].clone() for b in range(len(out.output_ids))]
 
 
-def test_pipelined_rows_ending_on_eos_and_max_new_tokens(engines, pipelined_steps):
+def test_pipelined_rows_ending_on_eos_and_max_new_tokens(engines):
     """Rows end on EOS at different steps (one perhaps never): the tokens, the streamed pieces and
     the statistics are the serial loop's; the step queued after a row's end is dropped."""
     engine = engines["layer_skip"]
@@ -109,10 +95,10 @@ def test_pipelined_rows_ending_on_eos_and_max_new_tokens(engines, pipelined_step
     assert out.output_ids == serial.output_ids and seen == serial_seen
     assert _rows(out) == _rows(serial) and out.state.seq_lens == serial.state.seq_lens
     assert engine.target.lengths == [n - 1 for n in out.state.seq_lens]
-    assert pipelined_steps == [out.stats.steps]
+    assert out.reports["pipeline"]["pipelined_steps"] == out.stats.steps
 
 
-def test_forced_acceptance_pipelined_draws_as_the_serial_loop(engines, pipelined_steps):
+def test_forced_acceptance_pipelined_draws_as_the_serial_loop(engines):
     """The verifier's random draws come in the same order: forced acceptance (a benchmark's lossy
     verifier) accepts the same drafts, pipelined or not."""
     engine = engines["unrelated"]
@@ -120,7 +106,7 @@ def test_forced_acceptance_pipelined_draws_as_the_serial_loop(engines, pipelined
         RAGGED_PROMPTS, max_new_tokens=30, seed=5, reserve=64) for mode in ("off", "on")]
     assert outs[0].output_ids == outs[1].output_ids and _rows(outs[0]) == _rows(outs[1])
     assert sum(r.accepted for r in outs[1].stats.rows) > 0 and not outs[1].lossless
-    assert pipelined_steps == [outs[1].stats.steps]
+    assert outs[1].reports["pipeline"]["pipelined_steps"] == outs[1].stats.steps
 
 
 def test_a_pass_is_queued_before_the_previous_step_is_read(engines, monkeypatch):
@@ -156,7 +142,7 @@ def test_continuation_after_a_pipelined_turn(engines):
     assert outs["on"] == outs["off"]
 
 
-def test_room_for_a_step_ahead_and_a_context_without_it(unrelated_draft, pipelined_steps):
+def test_room_for_a_step_ahead_and_a_context_without_it(unrelated_draft):
     """The decoder allocates k + 1 positions more for the step ahead, so the steps stay pipelined to
     the end; where the context has no room for them (a request that fills it), the last steps run
     serially, with the same tokens."""
@@ -170,8 +156,8 @@ def test_room_for_a_step_ahead_and_a_context_without_it(unrelated_draft, pipelin
         out = SpeculativeDecoder(engine, DraftModelProposer(engine), k, overlap="on").generate(prompts, new_tokens)
         assert out.output_ids == serial.output_ids and _rows(out) == _rows(serial)
         assert out.state.max_len == min(serial.state.max_len + k + 1, 64)
-        assert 0 < pipelined_steps[-1] <= out.stats.steps
-        assert (pipelined_steps[-1] == out.stats.steps) is (new_tokens == 30)
+        pipelined = out.reports["pipeline"]["pipelined_steps"]
+        assert 0 < pipelined <= out.stats.steps and (pipelined == out.stats.steps) is (new_tokens == 30)
 
 
 def test_reads_once_a_step(engines):
@@ -185,7 +171,7 @@ def test_reads_once_a_step(engines):
     assert syncs.total <= out.stats.steps + 1  # a read a step and the prefill's
 
 
-def test_what_is_not_pipelined(target, engines, pipelined_steps):
+def test_what_is_not_pipelined(target, engines):
     """Each case that cannot be pipelined says why, and runs serially with the same tokens."""
     engine = engines["self"]
     greedy, sampled = SamplingParams(0.0), SamplingParams(0.8)
@@ -203,7 +189,7 @@ def test_what_is_not_pipelined(target, engines, pipelined_steps):
     # at temperature > 0 the steps run serially: the same tokens as overlap=off
     outs = [_decoder(engine, "self", mode).generate(RAGGED_PROMPTS, max_new_tokens=12, temperature=0.8, seed=2)
             for mode in ("off", "on")]
-    assert outs[0].output_ids == outs[1].output_ids and pipelined_steps == []
+    assert outs[0].output_ids == outs[1].output_ids and "pipeline" not in outs[1].reports
 
 
 def test_overlap_auto_pipelines_on_cuda_only(engines):
@@ -211,7 +197,7 @@ def test_overlap_auto_pipelines_on_cuda_only(engines):
     assert decoder.pipelines(SamplingParams(0.0), GreedyVerifier()) is (decoder.engine.device.type == "cuda")
 
 
-def test_pipelined_with_unrelated_models_of_more_layers(pipelined_steps):
+def test_pipelined_with_unrelated_models_of_more_layers():
     """A deeper target and draft than the shared fixtures (3 and 2 layers), prompts of one token and
     longer ones, batch 4: the same tokens as the serial loop."""
     target, draft = tiny_random_model(seed=11, num_layers=3, eos_token_id=None), tiny_random_model(seed=12, eos_token_id=None)
@@ -220,4 +206,4 @@ def test_pipelined_with_unrelated_models_of_more_layers(pipelined_steps):
     serial = SpeculativeDecoder(engine, DraftModelProposer(engine), 3, overlap="off").generate(prompts, 25, reserve=64)
     out = SpeculativeDecoder(engine, DraftModelProposer(engine), 3, overlap="on").generate(prompts, 25, reserve=64)
     assert out.output_ids == serial.output_ids and _rows(out) == _rows(serial)
-    assert pipelined_steps == [out.stats.steps]
+    assert out.reports["pipeline"]["pipelined_steps"] == out.stats.steps
