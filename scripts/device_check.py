@@ -8,7 +8,7 @@ The checks, on tiny random models in float32 (so that tokens must be identical):
 
 1. compile=on (inductor; CUDA graphs on a GPU) gives the eager path's greedy tokens: plain decoding
    (compiled with its steps overlapped, against the eager serial loop) and a draft model at k = 1
-   and 4, a single prompt and a ragged batch of three, and EAGLE's token trees (the tests' tiny
+   and 4 (at k = 4 its steps pipelined, `specdec.pipeline`), a single prompt and a ragged batch of three, and EAGLE's token trees (the tests' tiny
    trained drafter) on the ragged batch; on a GPU no compiled graph may run without CUDA graphs
    (`cuda_graph_skips`, with the captures, in each case's compile report); and with specdec's own
    CUDA graphs (`cuda_graphs="explicit"`) plain decoding, the draft model at k = 4 and EAGLE on the
@@ -106,7 +106,7 @@ def check_compiled_equals_eager(target, draft, device: str, backend: str, deadli
         report = compiled.engine.compile_report()
         same = got.output_ids == eager.output_ids == again.output_ids
         out[name] = {"equal": same and graphs_ok(report, graphs, device), "tokens_equal": same, "compile": report,
-                     "seconds": round(time.perf_counter() - started, 1)}
+                     "pipeline": got.reports.get("pipeline"), "seconds": round(time.perf_counter() - started, 1)}
     return out
 
 

@@ -153,7 +153,7 @@ class Config:
     compile: str = "auto"  # off | on | autotune | auto (on for CUDA, off on a CPU): torch.compile at static shapes
     # auto | on | off: eager float32 passes on a CPU run linear layers through oneDNN's packed weights
     packed_linear: str = "auto"
-    overlap: str = "auto"  # off | on | auto (on for CUDA): plain decoding queues a step before reading the last
+    overlap: str = "auto"  # off | on | auto (on for CUDA): queue a step before reading the last (plain, draft model)
     cuda_graphs: str = "trees"  # compile=on on CUDA: trees (inductor's CUDA graphs) | explicit (specdec's own)
     seed: int = 0
     threads: int | None = 1  # torch CPU threads per job; null keeps torch's default (all cores)

@@ -147,7 +147,7 @@ def build(cfg: DictConfig) -> Setup:
         if decoder is not None:
             methods[m.name] = decoder
     set_exact_greedy([*methods.values(), baseline], cfg.exact_greedy)
-    for decoder in (*methods.values(), baseline):  # speculative decoders ignore it (`SpeculativeDecoder.overlaps`)
+    for decoder in (*methods.values(), baseline):  # plain decoding, and a draft model's steps (`specdec.pipeline`)
         if isinstance(decoder, SpeculativeDecoder):
             decoder.overlap = cfg.overlap
     return Setup(engine, tokenizer, methods, baseline, models)

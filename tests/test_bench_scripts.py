@@ -122,6 +122,8 @@ def test_device_check_runs_its_checks_on_cpu(tmp_path):
     cases = saved["compiled_equals_eager"]
     assert len(cases) == 10 and all(case["equal"] for case in cases.values()) and "host_syncs" not in saved
     assert cases["eagle k=4 ragged"]["compile"]["eagle drafter"]["compiled_calls"] > 0
+    assert cases["draft k=4 ragged"]["pipeline"]["pipelined_steps"] > 0  # compiled with overlap=on: pipelined
+    assert cases["draft k=1 ragged"]["pipeline"] is None  # k = 1 has no chain to pipeline
 
 
 def test_device_check_leaves_out_cases_past_its_checks_budget(tmp_path, capsys):

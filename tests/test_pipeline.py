@@ -207,3 +207,14 @@ def test_pipelined_with_unrelated_models_of_more_layers():
     out = SpeculativeDecoder(engine, DraftModelProposer(engine), 3, overlap="on").generate(prompts, 25, reserve=64)
     assert out.output_ids == serial.output_ids and _rows(out) == _rows(serial)
     assert out.reports["pipeline"]["pipelined_steps"] == out.stats.steps
+
+
+@pytest.mark.slow
+def test_inductor_pipelined_equals_eager(target, unrelated_draft):
+    """What compile=on runs on a CPU (inductor's kernels), pipelined: a ragged batch at k = 4, the
+    eager serial loop's tokens and acceptance."""
+    eager = _decoder(_engine(target, unrelated_draft, "off"), "unrelated", "off").generate(RAGGED_PROMPTS, 24)
+    engine = Engine(target, unrelated_draft, dtype="float32", compile="on")
+    out = _decoder(engine, "unrelated", "on").generate(RAGGED_PROMPTS, 24)
+    assert out.output_ids == eager.output_ids and _rows(out) == _rows(eager)
+    assert out.reports["pipeline"]["pipelined_steps"] == out.stats.steps
