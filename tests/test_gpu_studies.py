@@ -21,10 +21,10 @@ def test_overlap_study_runs_and_compares_tokens(tmp_path):
 
 def test_few_operators_run_around_a_compiled_pass():
     """experiments/gpu/launches.py's count: on a GPU each is a kernel launch (a draft pays them k times
-    a step). The bounds hold what the study measured (14.1, 12.1, 33.6) with a little room."""
+    a step). The bounds hold what the study measured (14.1, 12.1, 29.8; pipelined 39.7) with a little room."""
     counts = _experiment("launches").main([])  # 40 new tokens: the prefill spread thin
     assert counts["plain overlap=on"] < counts["plain overlap=off"] <= 16
-    assert counts["draft k=4"] <= 38
+    assert counts["draft k=4 overlap=off"] <= 38 and counts["draft k=4 overlap=on"] <= 44
 
 
 def test_host_time_study_runs_every_method(tmp_path):

@@ -8,7 +8,7 @@ counts them on any device: every aten operator dispatched outside the compiled c
 generation, less views (no kernel) and the host-side tensors that `to_device` stages (no device
 work), per decoding step and by source line.
 
-    python experiments/gpu/launches.py                    # plain decoding (serial, overlapped), draft k = 4, forced
+    python experiments/gpu/launches.py        # plain decoding, draft k = 4, forced: serial and overlapped / pipelined
     python experiments/gpu/launches.py --where            # and the source lines
 
 Tiny random models (the count does not depend on the model's size, only on the engine's code),
@@ -89,10 +89,12 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     results = {}
-    for method, overlap in (("plain", "off"), ("plain", "on"), ("draft", "off"), ("forced", "off")):
+    cases = [(m, o) for m in ("plain", "draft", "forced") for o in ("off", "on")]  # on: overlapped / pipelined
+    for method, overlap in cases:
         per_step, where, steps = count(method, overlap, args.new_tokens)
-        name = f"{method} overlap={overlap}" if method == "plain" else f"{method} k=4"
+        name = f"{method}" if method == "plain" else f"{method} k=4"
         name += " (acceptance 0.8)" if method == "forced" else ""
+        name += f" overlap={overlap}"
         results[name] = round(per_step, 2)
         print(f"{name}: {per_step:.2f} launches a step outside compiled graphs ({steps} steps)")
         if args.where:
