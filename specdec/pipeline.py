@@ -20,8 +20,9 @@ committed (`seq_lens`), and a step works from it alone:
 
 So the host queues step n+1 before it reads step n's outcome, and does step n's bookkeeping (EOS,
 max_new_tokens, streaming, statistics) while the device runs step n+1; the read waits for step n
-alone (its copy to the host is queued right behind it, `specdec.syncs.HostCopy`). Only bounds of the lengths are
-needed on the host (the key bucket, the room left), and it has them: each step adds at most k + 1.
+alone (its copy to the host is queued right behind it, `specdec.syncs.HostCopy`). Only bounds of
+the lengths are needed on the host (the key bucket, the room left), and it has them: each step adds
+at most k + 1.
 The caches' host lengths are settled when the pipeline drains (`_settle`). The passes and the
 verifier's draws are the serial loop's, in the same order, so the tokens are too; what differs is
 the key bucket (from a bound, so perhaps the next one up: masked keys, the same results in float32)
@@ -31,8 +32,8 @@ dropped: as in overlapped plain decoding.
 
 It runs (`pipeline_blocked` says why not) for greedy drafting with a model (`DraftModelProposer`,
 layer skipping's view included) under compile=on, a constant k >= 2 and any verifier of a chain of
-drafts, while each row has room for a step ahead (`_fits`): the decoder allocates k + 1 positions more for
-it where the context has them, and where it has not, the last few steps run serially again.
+drafts, while each row has room for a step ahead (`_fits`): the decoder allocates k + 1 positions
+more for it where the context has them, and where it has not, the last few steps run serially again.
 """
 
 from __future__ import annotations
