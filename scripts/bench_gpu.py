@@ -500,6 +500,8 @@ def main(argv: list[str] | None = None) -> dict:
         decoders = {"plain eager": plain(engines["eager"]), "plain compiled": plain(engines["compiled"])}
         if forced(engines["compiled"], args.k, args.acceptance) is not None:
             decoders["forced compiled"] = forced(engines["compiled"], args.k, args.acceptance)
+            # the serial loop beside it: how much device idle time pipelining the steps takes away
+            decoders["forced compiled serial"] = forced(engines["compiled"], args.k, args.acceptance, "off")
         for name, engine in others.items():
             decoders[f"plain {name}"] = plain(engine)
             if forced(engine, args.k, args.acceptance) is not None:

@@ -59,8 +59,8 @@ def test_device_benchmark_runs_on_cpu_with_tiny_shapes(tmp_path):
     assert all(set(ms) == {"1", "3"} for ms in frozen["target_forward_ms"].values())  # T = 1 and k + 1 (JSON keys)
     assert frozen["compile_report"]["target"]["compiled_calls"] >= 1
     profiles = saved["profiles"]  # on a CPU: no device time, operators ranked by host time
-    assert set(profiles) == {"plain eager", "plain compiled", "forced compiled", "plain compiled explicit",
-                             "forced compiled explicit"}
+    assert set(profiles) == {"plain eager", "plain compiled", "forced compiled", "forced compiled serial",
+                             "plain compiled explicit", "forced compiled explicit"}
     for p in profiles.values():
         assert p["tokens"] == 3 and p["wall_ms_per_token"] > 0 and p["device_busy_share"] == 0  # the prefill's left out
         ms = [op["self_ms"] for op in p["top"]]
