@@ -220,17 +220,18 @@ class SpeculativeDecoder:
                             f"got {on_tokens!r}")
         # Pipelined steps write a step ahead of what the host has read: room for one more keeps them
         # pipelined to the end (`specdec.pipeline`; where the context has it).
-        ahead = self.k + 1 if self.pipelines(sampling, verifier) else 0
-        max_len = self.check_request(ids, max_new_tokens, reserve, ahead)
+        pipelined = self.pipelines(sampling, verifier)
+        max_len = self.check_request(ids, max_new_tokens, reserve, self.k + 1 if pipelined else 0)
         if past is not None and not isinstance(past, Generation):
             raise TypeError(f"past= takes the Generation returned by the previous turn's generate(), "
                             f"got {type(past).__name__}")
         with self.engine.exclusive():
             state = self._new_state(ids, max_new_tokens, max_len, sampling, seed, past)
-            return self._decode(state, ids, verifier, on_tokens)
+            return self._decode(state, ids, verifier, on_tokens, pipelined)
 
-    def _decode(self, state: DecodeState, ids: list[list[int]], verifier, on_tokens) -> Generation:
-        """Prefill, then the speculative steps until every row is done; the engine is held."""
+    def _decode(self, state: DecodeState, ids: list[list[int]], verifier, on_tokens, pipelined: bool) -> Generation:
+        """Prefill, then the speculative steps until every row is done; the engine is held.
+        `pipelined`: the steps run queued ahead of their reads first (`pipelines`)."""
         sampling, device, target = state.sampling, self.engine.device, self.engine.target
         state.attach(target)
         target.cache.fixed_kv_len = self._exact(state)
@@ -247,12 +248,12 @@ class SpeculativeDecoder:
         target.rollback([n - 1 for n in state.seq_lens])
         stats.ttft_s = time.perf_counter() - start
 
-        pipelined = None
+        pipeline = None
         if self.overlaps():
             self._overlapped_steps(state, verifier, stats, start, on_tokens, verify_t)
-        elif self.pipelines(sampling, verifier):  # a draft model's steps queued ahead; the loop below finishes
-            pipelined = PipelinedSteps(self, state, verifier, stats, start, on_tokens, draft_t, verify_t)
-            pipelined.run()
+        elif pipelined:  # a draft model's steps queued ahead; the loop below finishes, if need be
+            pipeline = PipelinedSteps(self, state, verifier, stats, start, on_tokens, draft_t, verify_t)
+            pipeline.run()
         while any(state.active):
             k = self.schedule.next_k(state) if self.speculative else 0
             draft_before, verify_before = draft_t.total, verify_t.total
@@ -277,7 +278,7 @@ class SpeculativeDecoder:
             texts = [self.tokenizer.decode(o, skip_special_tokens=True) for o in out]
         reports = {name: r for name, r in (("proposer", _report(self.proposer)), ("schedule", self.schedule.report()),
                                            ("compile", self.engine.compile_report()),
-                                           ("pipeline", pipelined and pipelined.report())) if r is not None}
+                                           ("pipeline", pipeline and pipeline.report())) if r is not None}
         # A lossy rule that coincides with greedy at temperature 0 (typical acceptance) is lossless there.
         lossless = verifier.lossless or (state.sampling.greedy and getattr(verifier, "lossless_when_greedy", False))
         return Generation(out, ids, stats, state, texts, lossless=lossless, verifier=verifier.name,
@@ -406,12 +407,14 @@ class SpeculativeDecoder:
                     "not at one width over the whole cache buffer")
         return None
 
-    def _commit_step(self, state, proposal, result, accepted, tokens, path, stats, start, on_tokens) -> StepOutcome:
-        """4. commit: append emitted tokens, roll the target's cache back to the accepted length."""
+    def _commit_step(self, state, proposal, result, accepted, tokens, path, stats, start, on_tokens,
+                     write: bool = True) -> StepOutcome:
+        """4. commit: append emitted tokens, roll the target's cache back to the accepted length.
+        `write=False`: the device's token buffer holds them already (`_commit`)."""
         prev, active = list(state.seq_lens), list(state.active)
         accepted = [a if on else 0 for a, on in zip(accepted, active)]
         counts = [a + 1 if on else 0 for a, on in zip(accepted, active)]
-        emitted = self._commit(state, tokens, counts, stats, start, on_tokens)
+        emitted = self._commit(state, tokens, counts, stats, start, on_tokens, write)
         # A tree counts its depth as drafted, so alpha and per-position acceptance are per depth.
         drafted = proposal.drafted
         for b, on in enumerate(active):

@@ -22,13 +22,13 @@ So the host queues step n+1 before it reads step n's outcome, and does step n's 
 max_new_tokens, streaming, statistics) while the device runs step n+1; the read waits for step n
 alone (its copy to the host is queued right behind it, `specdec.syncs.HostCopy`). Only bounds of
 the lengths are needed on the host (the key bucket, the room left), and it has them: each step adds
-at most k + 1.
-The caches' host lengths are settled when the pipeline drains (`_settle`). The passes and the
-verifier's draws are the serial loop's, in the same order, so the tokens are too; what differs is
-the key bucket (from a bound, so perhaps the next one up: masked keys, the same results in float32)
-and the draft's catch-up width (always the width of two tokens). A row that ends on EOS at step n
-(or on max_new_tokens, reached by more than one token) has been given step n+1 already, which is
-dropped: as in overlapped plain decoding.
+at most k + 1. The target cache's host lengths follow each read (the serial loop's commit), the
+draft's are settled when the pipeline drains (`_settle`). The passes and the verifier's draws are
+the serial loop's, in the same order, so the tokens are too; what differs is the key bucket (from a
+bound, so perhaps the next one up: masked keys, the same results in float32) and the draft's
+catch-up width (always the width of two tokens). A row that ends on EOS at step n (or on
+max_new_tokens, reached by more than one token) has been given step n+1 already, which is dropped:
+as in overlapped plain decoding.
 
 It runs (`pipeline_blocked` says why not) for greedy drafting with a model (`DraftModelProposer`,
 layer skipping's view included) under compile=on, a constant k >= 2 and any verifier of a chain of
@@ -172,28 +172,22 @@ class PipelinedSteps:
         return Proposal(drafts, [k] * self.state.batch_size)
 
     def _read(self, step: _Step) -> StepOutcome:
-        """Wait for `step`'s outcome and commit it on the host, as the serial loop's `_commit_step`
-        does (the device's buffer holds the tokens already)."""
-        state, stats, k = self.state, self.stats, self.k
+        """Wait for `step`'s outcome and commit it on the host with the serial loop's `_commit_step`
+        (the device's buffer holds the tokens already)."""
+        state, stats = self.state, self.stats
         host = step.copy.read()
-        accepted_all, tokens = [row[0] for row in host], [row[1:] for row in host]
-        prev, active = list(state.seq_lens), list(state.active)
-        accepted = [a if on else 0 for a, on in zip(accepted_all, active)]
-        counts = [a + 1 if on else 0 for a, on in zip(accepted, active)]
-        emitted = self.decoder._commit(state, tokens, counts, stats, self.start, self.on_tokens, write=False)
-        for b, on in enumerate(active):
-            if on:
-                stats.rows[b].record(k, accepted[b], emitted[b])
+        accepted, tokens = [row[0] for row in host], [row[1:] for row in host]
+        outcome = self.decoder._commit_step(state, step.proposal, step.result, accepted, tokens, None, stats,
+                                            self.start, self.on_tokens, write=False)
         stats.steps += 1
-        stats.draft_lengths.append(k)
+        stats.draft_lengths.append(self.k)
         self.steps += 1
-        self.lens = [n + (a + 1) * on for n, a, on in zip(self.lens, accepted_all, step.live)]
-        return StepOutcome(step.proposal, step.result, prev, accepted, emitted, active)
+        self.lens = [n + (a + 1) * on for n, a, on in zip(self.lens, accepted, step.live)]
+        return outcome
 
     def _settle(self, outcome: StepOutcome) -> None:
-        """The caches' host lengths after the last step read: the target's hold seq_len - 1 tokens,
-        the draft's what the proposer's own `observe` keeps after a step that fed k - 1 drafts."""
-        self.target.rollback([n - 1 for n in self.state.seq_lens])
+        """The draft cache's host length after the last step read: what the proposer's own `observe`
+        keeps after a step that fed k - 1 drafts (the target's was rolled back by `_commit_step`)."""
         proposer = self.decoder.proposer
         proposer.fed = self.k - 1
         proposer.observe(self.state, outcome)
