@@ -48,6 +48,7 @@ import json
 import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -145,7 +146,7 @@ def decode_rate(decoder: SpeculativeDecoder, prompts: list[list[int]], new_token
 
 
 # --stages' names, in the order the stages run: most important first.
-STAGES = ("plain", "scoring", "forced", "batches", "explicit", "frozen", "syncs", "profiles", "autotune")
+STAGES = ("plain", "scoring", "forced", "batches", "explicit", "syncs", "profiles", "frozen", "autotune")
 
 # CUDA runtime and driver calls that start device work: each is a launch the host pays for
 LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
@@ -343,7 +344,7 @@ def main(argv: list[str] | None = None) -> dict:
         "draft_params": sum(p.numel() for p in draft.parameters()),
         "bandwidth_gbs": bandwidth, "bandwidth_measured_gbs": measured_bw, "bandwidth_nominal_gbs": nominal_bw,
         "bandwidth_limit_tokens_per_s": limit, "plain_tokens_per_s": {}, "plain_runs": {}, "forced": None,
-        "stages_s": {}, "skipped": [],
+        "stages_s": {}, "skipped": [], "errors": {},
     }
     log(f"models built: target {wbytes / 1e9:.2f} GB, draft {weight_bytes(draft) / 1e9:.2f} GB")
 
@@ -366,7 +367,11 @@ def main(argv: list[str] | None = None) -> dict:
             log(f"{title}: skipped, past the {args.budget_s:.0f} s budget")
             return
         t = time.perf_counter()
-        run()
+        try:
+            run()
+        except Exception:  # a stage that fails on a device keeps the others' numbers: record it, go on
+            result["errors"][title] = traceback.format_exc()
+            log(f"{title}: FAILED\n{result['errors'][title]}")
         result["stages_s"][title] = round(time.perf_counter() - t, 1)
         save()
         log(title)
@@ -527,9 +532,10 @@ def main(argv: list[str] | None = None) -> dict:
         stage(f"plain decoding, batch {b}", lambda b=b: plain_decoding(b), "batches")
     if others:
         stage("explicit CUDA graphs", explicit_graphs, "explicit")
-    stage("frozen weights", frozen, "frozen")
+    # Then what reuses the graphs compiled so far (syncs, profiles), before what compiles its own.
     stage("host synchronisations", host_syncs, "syncs")
     stage("profiles", profiles, "profiles")
+    stage("frozen weights", frozen, "frozen")
     if args.autotune:
         stage("autotune", autotuned, "autotune")
     save()
@@ -602,6 +608,8 @@ def print_tables(result: dict, args) -> None:
             print(f"| {v} | {x.get('counted', '-')} | {x.get('cuda', '-')} |")
     if result["skipped"]:
         print(f"\nskipped for time (--budget-s {args.budget_s:.0f}): {', '.join(result['skipped'])}")
+    if result.get("errors"):
+        print(f"\nstages that failed (tracebacks in the JSON's errors): {', '.join(result['errors'])}")
     print(f"\nstage seconds: {result['stages_s']}")
     print(f"compiled graphs: {result['compile_report']}; {result['seconds']:.0f} s in all")
 
