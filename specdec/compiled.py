@@ -63,7 +63,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from specdec.attention import grouped_attention
 from specdec.cache import row_index
-from specdec.cuda_graphs import CapturedCall, CudaGraph, check_cuda_graphs
+from specdec.cuda_graphs import CapturedCall, CudaGraph, check_cuda_graphs, graph_pool
 from specdec.sampling import greedy_tokens
 from specdec.syncs import to_device
 
@@ -520,6 +520,7 @@ class _BucketedPasses:
         # and the graphs captured, by the call's `_entry`.
         if graph_class is None and cuda_graphs == "explicit" and device.type == "cuda":
             graph_class = CudaGraph
+            graph_pool(device)  # made here, so that its own capture is no call's (`cuda_graph_captures`)
         self.graph_class = graph_class
         self._captured: dict[tuple, CapturedCall] = {}
         self._view: _BucketView | None = None

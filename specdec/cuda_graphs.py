@@ -19,7 +19,7 @@ Capture, per new shape: the inputs are copied into buffers the graph owns (`_sta
 once on a side stream (it compiles there, and libraries such as cuBLAS set up their workspaces
 outside the capture), then it is captured. That run is the pass itself: its cache writes are the
 ones the replay makes again (same tokens, same slots), so running it twice changes nothing. Every
-graph draws its memory from one pool per device; a graph's outputs are overwritten by its next
+graph draws its memory from one pool per device (`graph_pool`, kept alive); a graph's outputs are overwritten by its next
 replay and may share memory with other graphs' temporaries, so callers copy what they keep before
 the next pass (they do: `CompiledForward.forward` and friends clone on CUDA).
 
@@ -35,13 +35,29 @@ import torch
 
 CUDA_GRAPH_MODES = ("trees", "explicit")
 
-_POOLS: dict[torch.device, object] = {}
+_POOLS: dict[torch.device, tuple[object, torch.cuda.CUDAGraph]] = {}
 
 
 def check_cuda_graphs(mode: str) -> None:
     """Raise unless `mode` is one of CUDA_GRAPH_MODES."""
     if mode not in CUDA_GRAPH_MODES:
         raise ValueError(f"cuda_graphs={mode!r} is not one of: {', '.join(CUDA_GRAPH_MODES)}")
+
+
+def graph_pool(device: torch.device):
+    """The memory pool every explicit graph on `device` captures into, made once per process and kept.
+
+    The caching allocator counts the graphs that use a pool and lets it go when none is left, but
+    only once the memory it holds is free: until then a capture into it fails an internal assertion
+    (`use_count > 0`). That happens as soon as a decoder's graphs are dropped while an output of
+    theirs is still alive, or a pool that grew drops its graphs, and the next capture comes. So the
+    pool's first graph is one of its own (one tiny kernel), held here for the process's life."""
+    if device not in _POOLS:
+        handle, anchor = torch.cuda.graph_pool_handle(), torch.cuda.CUDAGraph()
+        with torch.cuda.device(device), torch.cuda.graph(anchor, pool=handle):
+            torch.zeros(1, device=device)
+        _POOLS[device] = (handle, anchor)
+    return _POOLS[device][0]
 
 
 def _static(x):
@@ -82,9 +98,7 @@ class CudaGraph:
         with torch.cuda.stream(side):
             fn()
         current.wait_stream(side)
-        if self.device not in _POOLS:
-            _POOLS[self.device] = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(self.graph, pool=_POOLS[self.device]):
+        with torch.cuda.graph(self.graph, pool=graph_pool(self.device)):
             out = fn()
         return out
 

@@ -11,13 +11,14 @@ tokens differ from the eager path's. The same checks on a GPU, with real graphs,
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import pytest
 import torch
 
 from specdec.compiled import CompiledForward
-from specdec.cuda_graphs import CapturedCall, _tensors
+from specdec.cuda_graphs import CapturedCall, CudaGraph, _tensors
 from specdec.decoding import SpeculativeDecoder
 from specdec.engine import Engine
 from specdec.models import tiny_random_model
@@ -204,3 +205,23 @@ def test_explicit_cuda_graphs_greedy_equal_eager(target, unrelated_draft, method
         if compile == "on":
             assert engine.compile_report()["target"]["cuda_graph_captures"] > 0
     assert outs[1].output_ids == outs[0].output_ids
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_graph_pool_outlives_the_graphs_that_used_it():
+    """A capture after every earlier graph was dropped while an output of theirs lives on: the state
+    in which the allocator's pool has no graph left but still holds memory. Without the pool's own
+    graph (`graph_pool`) the second capture fails the allocator's assertion (`use_count > 0`), as a
+    second decoder's first explicit capture did on an H200."""
+    device = torch.device("cuda")
+    x = torch.arange(8.0, device=device)
+    first = CudaGraph(device)
+    kept = first.capture(lambda: x * 2)
+    del first
+    gc.collect()
+    second = CudaGraph(device)
+    out = second.capture(lambda: x + 1)
+    x.fill_(1.0)
+    second.replay()
+    assert torch.equal(out, torch.full((8,), 2.0, device=device))
+    assert torch.equal(kept, torch.arange(8.0, device=device) * 2)
