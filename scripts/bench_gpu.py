@@ -29,7 +29,9 @@ compiles every graph the timed runs need, and medians of the repeats are reporte
   CUDA's own detector (`torch.cuda.set_sync_debug_mode`, every decoder);
 - a profile per decoder at batch 1 (torch.profiler, 32 tokens): per token the wall time, the
   device's busy time and share, kernels, kernel launches and CUDA-graph launches, and the
-  operators that take the most device time: what stands in the way of a goal it misses.
+  operators that take the most device time: what stands in the way of a goal it misses;
+- the host's time per step under cProfile (plain decoding, forced acceptance pipelined and serial):
+  its waits for the device apart from its busy time, and the functions that take the most of it.
 
 The stages run most important first (plain decoding at the first batch size, scoring costs and c,
 forced acceptance, the other batch sizes, host synchronisations); the JSON is written after each,
@@ -44,7 +46,9 @@ It imports torch, transformers and specdec's core only (a GPU box may lack hydra
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 import statistics
 import sys
 import time
@@ -146,7 +150,7 @@ def decode_rate(decoder: SpeculativeDecoder, prompts: list[list[int]], new_token
 
 
 # --stages' names, in the order the stages run: most important first.
-STAGES = ("plain", "scoring", "forced", "batches", "explicit", "syncs", "profiles", "frozen", "autotune")
+STAGES = ("plain", "scoring", "forced", "batches", "explicit", "syncs", "profiles", "host", "frozen", "autotune")
 
 # CUDA runtime and driver calls that start device work: each is a launch the host pays for
 LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
@@ -211,6 +215,49 @@ def profile_run(decoder: SpeculativeDecoder, prompts: list[list[int]], new_token
         "ranked_by": "device time" if decoder.engine.device.type == "cuda" else "host time (no device)",
         "excludes": "the prefill and the first token (a one-token generation, profiled and subtracted)",
     }
+
+
+# Host calls that wait for the device (or for a copy from it): their time is the host idle, not busy.
+WAITS = ("synchronize", "tolist", "item", "_local_scalar_dense", "cpu")
+
+
+def _host_calls(decoder: SpeculativeDecoder, prompts: list[list[int]], new_tokens: int) -> tuple[dict, int]:
+    """One generation under cProfile: per function (`file:line(name)`) its calls and own seconds, and
+    the generation's decoding steps."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    out = decoder.generate(prompts, max_new_tokens=new_tokens)
+    profiler.disable()
+    calls = {f"{Path(f).name}:{line}({name})": (cc, tt)
+             for (f, line, name), (cc, _, tt, _, _) in pstats.Stats(profiler).stats.items()}
+    return calls, out.stats.steps
+
+
+def host_profile(decoder: SpeculativeDecoder, prompts: list[list[int]], new_tokens: int, top: int = 15) -> dict:
+    """Where the host's time goes in a decoding step (what a device that waits for the host waits
+    for): one generation under cProfile, less one of a single token (the prefill), after a warm-up.
+    Per step: the profiled wall time, the time spent waiting for the device (`WAITS`: the reads), the
+    rest (the host busy), and the `top` functions by their own time outside the waits. cProfile's
+    own cost inflates Python-heavy code, so the shares matter more than the milliseconds."""
+    decoder.generate(prompts, max_new_tokens=new_tokens)
+    synchronize(decoder.engine.device)
+    t = time.perf_counter()
+    full, steps = _host_calls(decoder, prompts, new_tokens)
+    synchronize(decoder.engine.device)
+    wall = time.perf_counter() - t
+    t = time.perf_counter()
+    first, first_steps = _host_calls(decoder, prompts, 1)
+    synchronize(decoder.engine.device)
+    wall -= time.perf_counter() - t
+    n = max(steps - first_steps, 1)
+    own = {name: (cc - first.get(name, (0, 0))[0], tt - first.get(name, (0, 0))[1]) for name, (cc, tt) in full.items()}
+    waiting = sum(tt for name, (_, tt) in own.items() if any(w in name.rsplit("(", 1)[-1] for w in WAITS))
+    ranked = sorted(((name, cc, tt) for name, (cc, tt) in own.items()
+                     if not any(w in name.rsplit("(", 1)[-1] for w in WAITS)), key=lambda x: x[2], reverse=True)
+    return {"steps": n, "wall_ms_per_step": wall / n * 1e3, "wait_ms_per_step": waiting / n * 1e3,
+            "host_ms_per_step": (wall - waiting) / n * 1e3,
+            "top": [{"name": name, "calls_per_step": cc / n, "own_ms_per_step": tt / n * 1e3}
+                    for name, cc, tt in ranked[:top]]}
 
 
 def hf_rate(model, prompt: torch.Tensor, new_tokens: int, **kwargs) -> float:
@@ -513,6 +560,17 @@ def main(argv: list[str] | None = None) -> dict:
                 decoders[f"forced {name}"] = forced(engine, args.k, args.acceptance)
         result["profiles"] = {v: profile_run(d, [prompt], n) for v, d in decoders.items()}
 
+    def host_time() -> None:
+        """The host's time per step under cProfile, batch 1: plain decoding, forced acceptance
+        pipelined and serial (and on specdec's explicit CUDA graphs): what a host-bound step spends."""
+        decoders = {"plain compiled": plain(engines["compiled"])}
+        if forced(engines["compiled"], args.k, args.acceptance) is not None:
+            decoders["forced compiled"] = forced(engines["compiled"], args.k, args.acceptance)
+            decoders["forced compiled serial"] = forced(engines["compiled"], args.k, args.acceptance, "off")
+            for name, engine in others.items():
+                decoders[f"forced {name}"] = forced(engine, args.k, args.acceptance)
+        result["host"] = {v: host_profile(d, [prompt], args.new_tokens) for v, d in decoders.items()}
+
     def host_syncs() -> None:
         """Host synchronisations per step, after every timed run."""
         syncs = {f"plain {n}": syncs_per_step(plain(e), prompt, args.new_tokens, n == "eager")
@@ -535,6 +593,7 @@ def main(argv: list[str] | None = None) -> dict:
     # Then what reuses the graphs compiled so far (syncs, profiles), before what compiles its own.
     stage("host synchronisations", host_syncs, "syncs")
     stage("profiles", profiles, "profiles")
+    stage("host time", host_time, "host")
     stage("frozen weights", frozen, "frozen")
     if args.autotune:
         stage("autotune", autotuned, "autotune")
@@ -602,6 +661,12 @@ def print_tables(result: dict, args) -> None:
             print(f"| {v} | {x['wall_ms_per_token']:.3f} | {x['device_busy_ms_per_token']:.3f} | "
                   f"{x['device_busy_share']:.0%} | {x['kernels_per_token']:.1f} | {x['launches_per_token']:.1f} | "
                   f"{x['graph_launches_per_token']:.2f} | {first} |")
+    if "host" in result:
+        print("\nhost time per step (cProfile, batch 1; the waits are reads of the device):")
+        print("| decoder | wall ms | waiting ms | host busy ms | top function (own ms) |\n|---|---:|---:|---:|---|")
+        for v, x in result["host"].items():
+            first = f"{x['top'][0]['name']} ({x['top'][0]['own_ms_per_step']:.3f})" if x["top"] else "-"
+            print(f"| {v} | {x['wall_ms_per_step']:.3f} | {x['wait_ms_per_step']:.3f} | {x['host_ms_per_step']:.3f} | {first} |")
     if "host_syncs_per_step" in result:
         print("\nhost synchronisations per step (specdec's count; CUDA's detector):")
         for v, x in result["host_syncs_per_step"].items():

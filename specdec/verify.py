@@ -29,6 +29,15 @@ def _draft_mask(proposal: Proposal) -> torch.Tensor:
     return torch.arange(proposal.k, device=lengths.device)[None, :] < lengths[:, None]
 
 
+def _only_real(ok: torch.Tensor, proposal: Proposal) -> torch.Tensor:
+    """`ok: [B, k]` with every padding slot (past a row's draft length) False. When the host knows
+    that every row has k drafts (a draft model's steps, always), `ok` as it is: no upload of the
+    lengths and no kernels, a step's verifier being launches the host pays on a GPU."""
+    if proposal.settled and all(n == proposal.k for n in proposal.lengths):
+        return ok
+    return ok & _draft_mask(proposal)
+
+
 def _accepted_prefix(ok: torch.Tensor) -> torch.Tensor:
     """`ok: [B, k]` bool -> length of the all-True prefix per row `[B]`."""
     return ok.long().cumprod(dim=1).sum(dim=1)
@@ -49,7 +58,7 @@ class GreedyVerifier:
         target = greedy_tokens(logits)
         if proposal.k == 0:  # a plain decoding step: nothing to compare, fewer kernels to launch
             return Verification(tokens=target, accepted=target.new_zeros(target.shape[0]))
-        ok = (proposal.tokens == target[:, : proposal.k]) & _draft_mask(proposal)
+        ok = _only_real(proposal.tokens == target[:, : proposal.k], proposal)
         return Verification(tokens=target, accepted=_accepted_prefix(ok))
 
 
@@ -141,7 +150,7 @@ class TypicalVerifier:
         k = proposal.k
         x = proposal.tokens  # [B, k]
         p_x = p[:, :k].gather(-1, x[..., None]).squeeze(-1)  # [B, k]
-        ok = (p_x > self.threshold(p[:, :k])) & _draft_mask(proposal)
+        ok = _only_real(p_x > self.threshold(p[:, :k]), proposal)
         accepted = _accepted_prefix(ok)
         tokens = torch.cat([x, x.new_zeros(x.shape[0], 1)], dim=1)
         rows = torch.arange(x.shape[0], device=x.device)
@@ -279,6 +288,7 @@ class ForcedVerifier:
                              f"one per draft position, e.g. [0.9, 0.8, 0.7, 0.6]; got {acceptance!r}")
         self.constant = isinstance(acceptance, (int, float))
         self.acceptance = [float(a) for a in values]
+        self._curves: dict[tuple, torch.Tensor] = {}
 
     def check_k(self, k: int) -> None:
         """Raise unless the curve covers k draft positions."""
@@ -292,12 +302,19 @@ class ForcedVerifier:
         self.check_k(k)
         return torch.tensor(self.acceptance * k if self.constant else self.acceptance[:k])
 
+    def _curve_on(self, k: int, device: torch.device) -> torch.Tensor:
+        """`curve(k)` on `device`, uploaded once per (k, device) rather than at every step."""
+        key = (k, torch.device(device))
+        if key not in self._curves:
+            self._curves[key] = to_device(self.curve(k), device, dtype=torch.float32)
+        return self._curves[key]
+
     def __call__(self, logits: torch.Tensor, proposal: Proposal, params: SamplingParams,
                  generator: torch.Generator | None = None) -> Verification:
         """logits: [B, k+1, V] target logits at the last committed token and each draft."""
         b, k = logits.shape[0], proposal.k
         u = torch.rand(b, k, generator=generator, device=logits.device)
-        ok = (u < to_device(self.curve(k), logits.device)) & _draft_mask(proposal)
+        ok = _only_real(u < self._curve_on(k, logits.device), proposal)
         accepted = _accepted_prefix(ok)
         rows = torch.arange(b, device=logits.device)
         at = logits[rows, accepted]  # [B, V] the target at the first slot not accepted

@@ -51,7 +51,14 @@ def test_device_benchmark_runs_on_cpu_with_tiny_shapes(tmp_path):
     assert tuned["compile_report"]["target"]["compiled_calls"] >= 1
     saved = json.loads((tmp_path / "r.json").read_text())
     assert saved["forced"]["k"] == 2 and saved["shape"] == "tiny"
-    assert saved["skipped"] == [] and len(saved["stages_s"]) == 9 and list(saved["stages_s"])[-1] == "autotune"
+    assert saved["skipped"] == [] and len(saved["stages_s"]) == 10 and list(saved["stages_s"])[-1] == "autotune"
+    host = saved["host"]  # the host's time per step under cProfile, its waits for the device apart
+    assert set(host) == {"plain compiled", "forced compiled", "forced compiled serial", "forced compiled explicit"}
+    for h in host.values():
+        assert h["steps"] >= 1 and 0 <= h["wait_ms_per_step"] < h["wall_ms_per_step"]
+        assert h["host_ms_per_step"] == pytest.approx(h["wall_ms_per_step"] - h["wait_ms_per_step"])
+        ms = [f["own_ms_per_step"] for f in h["top"]]
+        assert ms and ms == sorted(ms, reverse=True) and not any("synchronize" in f["name"] for f in h["top"])
     frozen = saved["frozen"]  # compile=on with frozen weights beside compile=on as it is
     assert set(frozen["tokens_per_s"]) == {f"{kind} {mode}" for kind in ("plain", "forced") for mode in ("on", "frozen")}
     assert set(frozen["frozen_over_on"]) == {"plain", "forced"}
@@ -75,7 +82,8 @@ def test_device_benchmark_keeps_to_its_time_budget(tmp_path, capsys):
                       "--new-tokens", "4", "--repeats", "1", "--batch-sizes", "1,2", "--skip-hf",
                       "--compile-backend", "eager", "--budget-s", "0", "--out", str(tmp_path / "r.json")])
     assert out["skipped"] == ["plain decoding, batch 1", "scoring costs", "forced acceptance",
-                              "plain decoding, batch 2", "frozen weights", "host synchronisations", "profiles"]
+                              "plain decoding, batch 2", "host synchronisations", "profiles", "host time",
+                              "frozen weights"]
     assert out["plain_tokens_per_s"] == {} and "target_forward_ms" not in out
     assert json.loads((tmp_path / "r.json").read_text())["skipped"] == out["skipped"]
     assert "skipped for time (--budget-s 0)" in capsys.readouterr().out

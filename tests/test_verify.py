@@ -8,7 +8,7 @@ import torch
 
 from specdec.proposers.base import Proposal
 from specdec.sampling import SamplingParams, probabilities
-from specdec.verify import GreedyVerifier, SpeculativeSamplingVerifier, make_verifier
+from specdec.verify import ForcedVerifier, GreedyVerifier, SpeculativeSamplingVerifier, make_verifier
 from tests.stats import chi_square_pvalue
 
 
@@ -29,6 +29,18 @@ def test_greedy_respects_per_row_draft_lengths():
     logits[0, :, 2] = 1.0
     out = GreedyVerifier()(logits, Proposal(torch.tensor([[2, 2, 2]]), [1]), SamplingParams())
     assert out.accepted.tolist() == [1]  # the padding drafts are never accepted
+
+
+@pytest.mark.parametrize("verifier", [GreedyVerifier(), ForcedVerifier(1.0)])
+def test_padding_drafts_are_never_accepted_whichever_rows_are_full(verifier):
+    """Only rows shorter than k are masked (rows of k drafts skip the mask): a full row beside a short
+    one, and lengths the host does not know yet (on the device), each keep the short row's bound."""
+    logits = torch.zeros(2, 4, 6)
+    logits[:, :, 2] = 1.0
+    drafts = torch.full((2, 3), 2)
+    for proposal in (Proposal(drafts, [3, 1]), Proposal(drafts, [3, 3], device_lengths=torch.tensor([3, 1]))):
+        assert verifier(logits, proposal, SamplingParams()).accepted.tolist() == [3, 1]
+    assert verifier(logits, Proposal(drafts, [3, 3]), SamplingParams()).accepted.tolist() == [3, 3]
 
 
 def _random_dists(v: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
