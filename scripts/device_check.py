@@ -12,7 +12,9 @@ The checks, on tiny random models in float32 (so that tokens must be identical):
    trained drafter) on the ragged batch; on a GPU no compiled graph may run without CUDA graphs
    (`cuda_graph_skips`, with the captures, in each case's compile report); and with specdec's own
    CUDA graphs (`cuda_graphs="explicit"`) plain decoding, the draft model at k = 4 and EAGLE on the
-   ragged batch, each model with graphs captured;
+   ragged batch, each model with graphs captured (one decoder after another, each dropped before
+   the next captures: the device's graph pool outlives them); and the draft model at k = 4 with
+   inductor's weight freezing (`frozen`, the benchmark's frozen stage);
 2. host synchronisations: CUDA's own detector (`torch.cuda.set_sync_debug_mode`) sees no more per
    generation than specdec's count, which is one read a step plus the prefill's (eager plain
    decoding serial and overlapped, draft-model, n-gram and EAGLE decoding; skipped without CUDA).
@@ -58,12 +60,12 @@ EAGLE = ROOT / "tests" / "assets" / "tiny_random_eagle.safetensors"
 
 
 def _decoder(target, draft, device: str, compile: str, backend: str, method: str, k: int,
-             overlap: str = "auto", cuda_graphs: str = "trees") -> SpeculativeDecoder:
+             overlap: str = "auto", cuda_graphs: str = "trees", freezing: bool | None = None) -> SpeculativeDecoder:
     engine = Engine(target, draft, device=device, dtype="float32", compile=compile, cuda_graphs=cuda_graphs)
     if engine.compile:
         for model in (engine.target, engine.draft):
             if model is not None:
-                model.compiled = CompiledForward(model, backend=backend, cuda_graphs=cuda_graphs)
+                model.compiled = CompiledForward(model, backend=backend, cuda_graphs=cuda_graphs, freezing=freezing)
     proposer = {"plain": lambda: None, "draft": lambda: DraftModelProposer(engine), "ngram": lambda: NgramProposer(engine),
                 "eagle": lambda: EagleProposer(engine, str(EAGLE), budget=10, topk=3, width=3, depth=4)}[method]()
     return SpeculativeDecoder(engine, proposer, num_speculative_tokens=k, overlap=overlap)
@@ -89,23 +91,27 @@ def check_compiled_equals_eager(target, draft, device: str, backend: str, deadli
     those are marked skipped, so that compiling on a slow device leaves the benchmark its time."""
     cases = [("plain", 1, "ragged", "trees"), ("draft", 4, "ragged", "trees"), ("eagle", 4, "ragged", "trees")]
     cases += [(m, k, "ragged", "explicit") for m, k in (("plain", 1), ("draft", 4), ("eagle", 4))]
+    cases += [("draft", 4, "ragged", "frozen")]  # inductor's weight freezing (the benchmark's frozen stage)
     cases += [("plain", 1, "single", "trees"), ("draft", 4, "single", "trees"), ("draft", 1, "single", "trees"),
               ("draft", 1, "ragged", "trees")]
     out = {}
     for method, k, batch, graphs in cases:
-        name = f"{method} k={k} {batch}" + (" explicit graphs" if graphs == "explicit" else "")
+        name = f"{method} k={k} {batch}" + {"trees": "", "explicit": " explicit graphs", "frozen": " frozen"}[graphs]
         if time.perf_counter() > deadline:
             out[name] = {"skipped": "past the checks' time budget (--checks-budget-s)"}
             continue
         started = time.perf_counter()
         prompts = PROMPTS[:1] if batch == "single" else PROMPTS
         eager = _decoder(target, draft, device, "off", backend, method, k, "off").generate(prompts, max_new_tokens=24)
-        compiled = _decoder(target, draft, device, "on", backend, method, k, "on", graphs)
+        frozen = graphs == "frozen"
+        compiled = _decoder(target, draft, device, "on", backend, method, k, "on", "trees" if frozen else graphs,
+                            True if frozen and backend == "inductor" else None)
         got = compiled.generate(prompts, max_new_tokens=24)
         again = compiled.generate(prompts, max_new_tokens=24)  # replays: known entries skip their guards
         report = compiled.engine.compile_report()
         same = got.output_ids == eager.output_ids == again.output_ids
-        out[name] = {"equal": same and graphs_ok(report, graphs, device), "tokens_equal": same, "compile": report,
+        out[name] = {"equal": same and graphs_ok(report, "trees" if frozen else graphs, device),
+                     "tokens_equal": same, "compile": report,
                      "pipeline": got.reports.get("pipeline"), "seconds": round(time.perf_counter() - started, 1)}
     return out
 

@@ -128,7 +128,8 @@ def test_device_check_runs_its_checks_on_cpu(tmp_path):
     assert check.main(["--device", "cpu", "--skip-bench", "--backend", "eager", "--out-dir", str(tmp_path)]) == 0
     saved = json.loads((tmp_path / "checks.json").read_text())
     cases = saved["compiled_equals_eager"]
-    assert len(cases) == 10 and all(case["equal"] for case in cases.values()) and "host_syncs" not in saved
+    assert len(cases) == 11 and all(case["equal"] for case in cases.values()) and "host_syncs" not in saved
+    assert cases["draft k=4 ragged frozen"]["pipeline"]["pipelined_steps"] > 0
     assert cases["eagle k=4 ragged"]["compile"]["eagle drafter"]["compiled_calls"] > 0
     assert cases["draft k=4 ragged"]["pipeline"]["pipelined_steps"] > 0  # compiled with overlap=on: pipelined
     assert cases["draft k=1 ragged"]["pipeline"] is None  # k = 1 has no chain to pipeline
@@ -141,7 +142,7 @@ def test_device_check_leaves_out_cases_past_its_checks_budget(tmp_path, capsys):
     assert check.main(["--device", "cpu", "--skip-bench", "--backend", "eager", "--checks-budget-s", "0",
                        "--out-dir", str(tmp_path)]) == 0
     cases = json.loads((tmp_path / "checks.json").read_text())["compiled_equals_eager"]
-    assert len(cases) == 10 and all("skipped" in case for case in cases.values())
+    assert len(cases) == 11 and all("skipped" in case for case in cases.values())
     assert "compiled_equals_eager: ok (skipped for time: plain k=1 ragged, draft k=4 ragged" in capsys.readouterr().out
 
 
