@@ -67,7 +67,7 @@ from specdec.cuda_graphs import CapturedCall, CudaGraph, check_cuda_graphs, grap
 from specdec.sampling import greedy_tokens
 from specdec.syncs import to_device
 
-COMPILE_MODES = ("off", "on", "autotune", "auto")
+COMPILE_MODES = ("off", "on", "autotune", "frozen", "auto")
 # The widths a pass is padded to. Powers of two, and 6, 10 and 12 between: on this CPU (SmolLM2,
 # bfloat16, compiled) a pass of 5 or 6 tokens padded to 8 cost 1.17x a one-token pass, at 6 1.07x (4:
 # 0.92x); n-gram's k = 4 and EAGLE's default 4-node tree score 5 tokens, Medusa's default tree 4,
@@ -102,7 +102,8 @@ SKIP_KNOWN_GUARDS = True
 
 
 def resolve_compile(compile: str | bool, device: torch.device) -> bool:
-    """Whether passes compile: `on` and `autotune` (on, with inductor's GEMM autotuning: `autotunes`)
+    """Whether passes compile: `on`, `autotune` (on, with inductor's GEMM autotuning: `autotunes`)
+    and `frozen` (on, with the weights frozen into the graphs on every device: `frozen_weights`)
     do, `off` does not, `auto` compiles on CUDA only. On a 2-core CPU (SmolLM2, bfloat16, one
     thread, Spec-Bench prompts) compiled plain decoding measured 1.80-1.84x eager by process CPU
     time, and the speculative methods kept their speedups within a few percent (Medusa's earlier
@@ -113,7 +114,7 @@ def resolve_compile(compile: str | bool, device: torch.device) -> bool:
     keeps the CPU eager.
     On CUDA, eager decoding is launch-bound (15% GPU busy on an H200), which is what compiling
     removes."""
-    if compile is True or compile in ("on", "autotune"):
+    if compile is True or compile in ("on", "autotune", "frozen"):
         return True
     if compile is False or compile == "off":
         return False
@@ -130,6 +131,16 @@ def autotunes(compile: str | bool) -> bool:
     oneDNN's packed linear layers), and one token became the narrowest width again; compiling took
     several times as long (experiments/gpu/README.md, "Autotuning")."""
     return compile == "autotune"
+
+
+def frozen_weights(compile: str | bool) -> bool | None:
+    """`compile=frozen`: inductor's weight freezing on every device (True), where `on` freezes on a
+    CPU only (None: `freezes` decides). On CUDA the freezing passes also concatenate the linear
+    layers that read one input, q/k/v and gate/up, into one product each: on an H200 (1B-shaped
+    target, bfloat16) plain decoding ran 1.04x `on` and forced-acceptance speculative decoding 1.05x.
+    The concatenated weights are copies beside the model's own (the eager prefill reads those):
+    about half the weights' memory more for a Llama-shaped model (experiments/gpu/README.md, run 3)."""
+    return True if compile == "frozen" else None
 
 
 def cpu_has_bfloat16_units() -> bool:

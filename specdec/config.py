@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-COMPILE_MODES = ("off", "on", "autotune", "auto")  # specdec.compiled.COMPILE_MODES, without importing torch here
+COMPILE_MODES = ("off", "on", "autotune", "frozen", "auto")  # specdec.compiled.COMPILE_MODES, without importing torch here
 OVERLAP_MODES = ("auto", "on", "off")  # specdec.decoding.OVERLAP_MODES' names
 CUDA_GRAPH_MODES = ("trees", "explicit")  # specdec.cuda_graphs.CUDA_GRAPH_MODES
 PACKED_LINEAR_MODES = ("auto", "on", "off")  # specdec.packed_linear.PACKED_LINEAR_MODES

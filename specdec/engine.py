@@ -20,7 +20,13 @@ import torch
 
 from specdec.attention import SLIDING, AttentionLayout, grouped_attention
 from specdec.cache import RowCache
-from specdec.compiled import CompiledForward, autotunes, cpu_has_bfloat16_units, resolve_compile
+from specdec.compiled import (
+    CompiledForward,
+    autotunes,
+    cpu_has_bfloat16_units,
+    frozen_weights,
+    resolve_compile,
+)
 from specdec.cuda_graphs import check_cuda_graphs
 from specdec.decoder_stack import hidden_source
 from specdec.packed_linear import PackedLinears, resolve_packed_linear
@@ -314,7 +320,9 @@ class Engine:
     compile: `off` (eager passes), `on` (target and draft passes of up to 16 tokens through
     `torch.compile` at bucketed static shapes, `specdec.compiled`), `autotune` (on, with inductor's
     GEMM autotuning: faster passes, several times the compile time; `specdec.compiled.autotunes`),
-    or `auto` (on for CUDA, off on a CPU, where compiling costs about 40 s a graph in every process).
+    `frozen` (on, with the weights frozen into the graphs on CUDA too: a few percent faster there, at
+    the cost of copies of the concatenated weights; `specdec.compiled.frozen_weights`), or `auto` (on
+    for CUDA, off on a CPU, where compiling costs about 40 s a graph in every process).
     Greedy outputs are the same either way in float32. cuda_graphs: under compile=on on CUDA, `trees` (inductor's CUDA graphs)
     or `explicit` (captured by specdec per call shape, replayed without dynamo: `specdec.cuda_graphs`).
     packed_linear: `auto` (on where passes run eagerly in float32 on a CPU), `on` or `off`: the
@@ -329,6 +337,7 @@ class Engine:
         self.dtype = resolve_dtype(dtype, self.device)
         self.compile = resolve_compile(compile, self.device)
         self.autotune = self.compile and autotunes(compile)
+        self.freezing = frozen_weights(compile) if self.compile else None
         self.packed_linear = resolve_packed_linear(packed_linear, self.device, self.dtype, self.compile)
         check_cuda_graphs(cuda_graphs)  # before any model moves, also when nothing compiles
         models = [(m, role) for m, role in ((target, "target"), (draft, "draft")) if m is not None]
@@ -346,7 +355,8 @@ class Engine:
         if self.compile:
             for m in (self.target, self.draft):
                 if m is not None:
-                    m.compiled = CompiledForward(m, cuda_graphs=cuda_graphs, autotune=self.autotune)
+                    m.compiled = CompiledForward(m, cuda_graphs=cuda_graphs, autotune=self.autotune,
+                                                 freezing=self.freezing)
         # Other compiled passes that run in this engine's generations (a proposer's own drafter), by name.
         self.compiled_modules: dict[str, object] = {}
         # Models of a proposer's own that run in this engine's generations (`add_model`); weak, so a

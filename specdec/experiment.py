@@ -361,7 +361,8 @@ def run_info(cfg: DictConfig, setup: Setup | None = None) -> dict:
         info["cache_reuse"] = "across_turns" if setup.cache_reuse else "none"
         info["exact_greedy"] = bool(cfg.exact_greedy)
         info["overlap"] = "on" if setup.baseline.overlaps() else "off"  # what plain decoding ran with
-        info["compile"] = ("autotune" if setup.engine.autotune else "on") if setup.engine.compile else "off"
+        info["compile"] = ("autotune" if setup.engine.autotune else "frozen" if setup.engine.freezing else "on") \
+            if setup.engine.compile else "off"
         if setup.engine.compile and setup.engine.device.type == "cuda":
             info["cuda_graphs"] = cfg.cuda_graphs
         info["packed_linear"] = "on" if setup.engine.packed_linear else "off"  # what `auto` resolved to

@@ -125,6 +125,25 @@ def test_narrowest_width_only_where_the_cpu_has_bfloat16_units(monkeypatch):
         assert Engine(tiny_random_model(), dtype="bfloat16", compile="on").target.compiled.narrowest == expected
 
 
+def test_frozen_freezes_on_every_device_and_reaches_every_compiled_caller(target):
+    """compile=frozen: inductor's weight freezing for the engine's compiled callers and those a
+    proposer adds from the target's options (layer skipping's draft), where `on` freezes on a CPU
+    only; compiled through functions of their own (a frozen graph never stands in for another)."""
+    from specdec.compiled import _compiled, _forward, freezes
+    from specdec.proposers.layer_skip import LayerSkipProposer
+
+    assert resolve_compile("frozen", torch.device("cpu")) is True
+    engine = Engine(target, dtype="float32", compile="frozen")
+    assert engine.compile and engine.freezing and not engine.autotune
+    proposer = LayerSkipProposer(engine, exit_layer=1)
+    for caller in (engine.target.compiled, proposer.draft.compiled):
+        assert caller.freezing is True and caller.options()["freezing"] is True
+    on = Engine(target, dtype="float32", compile="on")
+    assert on.freezing is None and on.target.compiled.freezing == freezes(on.device, "inductor")
+    assert not freezes(torch.device("cuda"), "inductor")  # `on` leaves a GPU's weights unfrozen
+    assert _compiled(_forward, engine.device, "eager", freezing=True) is not _compiled(_forward, engine.device, "eager")
+
+
 def test_autotune_compiles_apart_and_reaches_every_compiled_caller(target, monkeypatch):
     """compile=autotune: every compiled caller of the engine (target, draft, and those a proposer adds
     from the target's options) compiles with inductor's max_autotune, through a compiled function of
@@ -525,7 +544,7 @@ def test_resolve_compile():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert resolve_compile("auto", cpu) is False and resolve_compile("auto", cuda) is True
     assert resolve_compile("on", cpu) and not resolve_compile("off", cuda)
-    with pytest.raises(ValueError, match="compile='yes' is not one of: off, on, autotune, auto"):
+    with pytest.raises(ValueError, match="compile='yes' is not one of: off, on, autotune, frozen, auto"):
         resolve_compile("yes", cpu)
 
 
