@@ -436,6 +436,21 @@ def _graphs_compiled() -> int:
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
+_INLINE = [0]  # > 0 while a caller captures a CUDA graph around compiled calls (`inline_calls`)
+
+
+@contextlib.contextmanager
+def inline_calls():
+    """While a caller captures one CUDA graph around several compiled calls (a pipelined step,
+    `specdec.pipeline`): each call runs its compiled kernels as they come, without the capture and
+    replay of its own that explicit graphs give it (a capture cannot hold another)."""
+    _INLINE[0] += 1
+    try:
+        yield
+    finally:
+        _INLINE[0] -= 1
+
+
 _GRAPH_CAPTURES = [0]  # CUDA graphs captured in this process (`count_cuda_graph_captures`)
 
 
@@ -636,6 +651,23 @@ class _BucketedPasses:
         self.shapes.add((kind, b, w, view.kv_len))
         return view
 
+    def _end_at(self, t: int, end: int, n: int = 0) -> int:
+        """The bound past every index a pass at device lengths writes (`forward_at`: `n` = 0;
+        `catch_up_chain_at`: its `n` chained passes), from the caller's bound `end` on its `t` tokens:
+        the padding's slots, or the chain's, come after them."""
+        return end + max(self.width(t) - t, n)
+
+    def at_key(self, t: int, end: int, n: int = 0) -> tuple:
+        """What the host decides for a pass at device lengths from its bound `end` (`forward_at`,
+        `catch_up_chain_at` with `n`): the width, the key bucket, which clamps run, and the cache
+        buffers read. Two calls of one key launch the same kernels over the same memory, which is what
+        a caller that captures them in a graph of its own replays them under (`specdec.pipeline`)."""
+        cache, w, end = self.model.cache, self.width(t), self._end_at(t, end, n)
+        layers = [layer for layer in cache.layers if layer.is_initialized]
+        context, last = self.model.context_length, cache.max_len
+        return (w, min(bucket(end, MIN_KV), layers[0].keys.shape[2]) if layers else None,
+                context is None or end <= context, end <= last + 1, tuple(id(layer.keys) for layer in layers))
+
     def _device_slots(self, start: torch.Tensor, w: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """For a pass whose rows' lengths only the device knows: `start: [B]` each row's first cache
         index, `end` a bound (on the host) past the last index a row may write. Returns `[B, w]` the
@@ -672,7 +704,7 @@ class _BucketedPasses:
         view = None if self.graph_class is None else next((a for a in args if isinstance(a, _BucketView)), None)
 
         def dispatch():
-            if view is None:
+            if view is None or _INLINE[0]:
                 return call(*args)
             extra = {"rows": view.rows, "write_pos": view.write_pos}  # read from the view, set per pass
             if entry not in self._captured:
@@ -813,7 +845,7 @@ class CompiledForward(_BucketedPasses):
         if getattr(owner, "_hidden_source", None) is not None or not self._compilable(cache, w):
             self.eager_calls += 1
             return None
-        end += w - t  # the padding's slots
+        end = self._end_at(t, end)
         view = self._view_for(cache, b, w, end, "pass at device lengths")
         positions, view.write_pos = self._device_slots(start, w, end)
         logits = self._run(_forward, owner.model, owner.model, owner.layout, view, _pad(tokens, w), positions,
@@ -835,7 +867,7 @@ class CompiledForward(_BucketedPasses):
                 or not self._compilable(cache, w):
             self.eager_calls += 1
             return None
-        end += max(w - t, n)
+        end = self._end_at(t, end, n)
         view = self._view_for(cache, b, w, end, f"catch-up and chain of {n} at device lengths")
         positions, view.write_pos = self._device_slots(start, w, end)
         chain_positions, chain_slots = self._device_slots(start + counts, n, end)

@@ -30,6 +30,18 @@ catch-up width (always the width of two tokens). A row that ends on EOS at step 
 max_new_tokens, reached by more than one token) has been given step n+1 already, which is dropped:
 as in overlapped plain decoding.
 
+Under explicit CUDA graphs (`cuda_graphs="explicit"`) a step is then captured whole: drafting,
+scoring, verifying and the commit, everything from the last step's outcome (L before and after it,
+the drafts accepted) to this one's, as one graph per key (`CompiledForward.at_key` of its two
+passes: the key buckets and clamps the host decides from its bounds), its compiled calls run inline
+(`specdec.compiled.inline_calls`). A step is then one replay, its inputs copied in and its outcome
+copied out, instead of two graph calls and some forty small operators: the host's work of a step,
+which the device waited for (experiments/gpu/README.md, run 3). A verifier that draws gets its
+uniforms as an input, drawn before the step as the serial loop draws them (`ForcedVerifier.draw`);
+other verifiers than greedy and forced acceptance are not captured, and a capture the device refuses
+leaves the steps uncaptured (a warning; `reports.pipeline.step_graph_error`). Captured steps time
+their drafting with their verifying (`verify_s`).
+
 It runs (`pipeline_blocked` says why not) for greedy drafting with a model (`DraftModelProposer`,
 layer skipping's view included) under compile=on, a constant k >= 2 and any verifier of a chain of
 drafts, while each row has room for a step ahead (`_fits`): the decoder allocates k + 1 positions
@@ -38,16 +50,21 @@ more for it where the context has them, and where it has not, the last few steps
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
+from specdec.compiled import inline_calls
+from specdec.cuda_graphs import CapturedCall
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.sampling import SamplingParams
 from specdec.schedules import ConstantSchedule
 from specdec.syncs import HostCopy, to_device
 from specdec.tree_verify import TreeVerifier
 from specdec.types import DecodeState, Proposal, StepOutcome, Verification
+from specdec.verify import GreedyVerifier
 
 
 def pipeline_blocked(decoder, sampling: SamplingParams, verifier) -> str | None:
@@ -98,6 +115,14 @@ class PipelinedSteps:
         self.lens = list(state.seq_lens)
         self.steps = 0
         self._live: dict[tuple, torch.Tensor] = {}
+        # Steps captured whole (`_replay`): with explicit CUDA graphs for both models, and a verifier
+        # that draws nothing or draws apart (`draw`, `decide`), one graph per key of the two passes.
+        graphs = {self.target.compiled.graph_class, self.draft.compiled.graph_class}
+        whole = isinstance(verifier, GreedyVerifier) or hasattr(verifier, "decide")
+        self.graph_class = graphs.pop() if len(graphs) == 1 and None not in graphs and whole else None
+        self._graphs: dict[tuple, CapturedCall] = {}
+        self.graphed_steps = 0
+        self.graph_error: str | None = None
 
     def run(self) -> None:
         state, k = self.state, self.k
@@ -106,7 +131,11 @@ class PipelinedSteps:
             return
         with self.draft_t:  # the first drafts: the host knows every length, the proposer's own step
             proposal = self.decoder.proposer.propose(state, k)
-        pending = self._queue(proposal, to_device(state.seq_lens, self.device), before, list(state.active))
+        live = list(state.active)
+        with self.verify_t:
+            lens = to_device(state.seq_lens, self.device)
+            pending = self._queued(lens, proposal, *self._verify(lens, proposal, self._live_rows(live), self._draw(),
+                                                                 max(before)), live)
         while True:
             queued = None
             # L after the pending step, bounded from the last step read: at most k + 1 more per live row
@@ -116,9 +145,7 @@ class PipelinedSteps:
             live = [on and not (ahead and state.room(b) <= 1)
                     for b, (on, ahead) in enumerate(zip(state.active, pending.live))]
             if any(live) and self._fits(before):
-                with self.draft_t:
-                    proposal = self._draft(pending, max(before))
-                queued = self._queue(proposal, pending.after, before, live)
+                queued = self._next(pending, max(before), live)
             outcome = self._read(pending)
             if queued is None or not any(state.active):
                 break  # a step queued after every row ended is dropped, unread
@@ -126,8 +153,15 @@ class PipelinedSteps:
         self._settle(outcome)
 
     def report(self) -> dict:
-        """For results: the steps this generation ran pipelined (the rest, if any, ran serially)."""
-        return {"pipelined_steps": self.steps}
+        """For results: the steps this generation ran pipelined (the rest, if any, ran serially), and
+        where steps are captured whole, how many ran as one replay and the graphs captured for them
+        (or why capturing stopped)."""
+        out = {"pipelined_steps": self.steps}
+        if self.graph_class is not None or self.graph_error is not None:
+            out |= {"graphed_steps": self.graphed_steps, "step_graphs": len(self._graphs)}
+        if self.graph_error is not None:
+            out["step_graph_error"] = self.graph_error
+        return out
 
     def _fits(self, before: list[int]) -> bool:
         """Whether a step from lengths up to `before` fits: its tokens go to the buffer at L..L+k and
@@ -140,36 +174,96 @@ class PipelinedSteps:
             self._live[key] = to_device(list(key), self.device).long()
         return self._live[key]
 
-    def _queue(self, proposal: Proposal, lens: torch.Tensor, before: list[int], live: list[bool]) -> _Step:
-        """Queue one step from the lengths `lens: [B]` (device; row b's at most `before[b]`): score,
-        verify, commit on the device (advancing the `live` rows), and the outcome's copy to the host."""
-        state, k = self.state, self.k
-        with self.verify_t:
-            last = state.tokens.gather(1, (lens - 1)[:, None])  # [B, 1]
-            logits = self.target.compiled.forward_at(torch.cat([last, proposal.tokens], dim=1), lens - 1,
-                                                      max(before) + k)
-            if logits is None:
-                raise RuntimeError("a pipelined step's target pass could not run compiled")
-            result = self.verifier(logits, proposal, state.sampling, state.generator)
-            accepted = result.accepted
-            # Row b's emitted tokens to the buffer at L_b.., each column past them a copy of its last one.
-            upto = torch.minimum(self.columns[None], accepted[:, None])  # [B, k + 1]
-            state.tokens.scatter_(1, lens[:, None] + upto, result.tokens.gather(1, upto))
-            after = lens + (accepted + 1) * self._live_rows(live)
-            copy = HostCopy(torch.cat([accepted[:, None].to(result.tokens.dtype), result.tokens], dim=1))
-        return _Step(proposal, result, lens, after, copy, live)
+    def _draw(self) -> torch.Tensor | None:
+        """The step's uniforms where the verifier draws apart from deciding (`ForcedVerifier.draw`):
+        drawn before the step is queued, as the serial loop would draw them (the greedy draft draws
+        nothing), so that a step captured whole takes them as an input; else None."""
+        draw = getattr(self.verifier, "draw", None)
+        return None if draw is None else draw(self.state.batch_size, self.k, self.device, self.state.generator)
 
-    def _draft(self, step: _Step, bound: int) -> Proposal:
-        """The next step's k drafts from `step`'s outcome, on the device (`bound`: the longest L after
-        it can be): the catch-up on tokens D..L-1 and the k - 1 chained passes after it, one call."""
+    def _verify(self, lens: torch.Tensor, proposal: Proposal, live: torch.Tensor, u: torch.Tensor | None,
+                bound: int) -> tuple:
+        """Score `proposal` from the lengths `lens: [B]` (device; each at most `bound`), verify, and
+        commit on the device, advancing the rows of `live: [B]` (0/1). Returns the verification, L
+        after the step `[B]` and the outcome for the host `[B, 1 + k + 1]` (accepted, the tokens)."""
+        state, k = self.state, self.k
+        last = state.tokens.gather(1, (lens - 1)[:, None])  # [B, 1]
+        logits = self.target.compiled.forward_at(torch.cat([last, proposal.tokens], dim=1), lens - 1, bound + k)
+        if logits is None:
+            raise RuntimeError("a pipelined step's target pass could not run compiled")
+        if u is None:
+            result = self.verifier(logits, proposal, state.sampling, state.generator)
+        else:
+            result = self.verifier.decide(logits, proposal, state.sampling, u, state.generator)
+        accepted = result.accepted
+        # Row b's emitted tokens to the buffer at L_b.., each column past them a copy of its last one.
+        upto = torch.minimum(self.columns[None], accepted[:, None])  # [B, k + 1]
+        state.tokens.scatter_(1, lens[:, None] + upto, result.tokens.gather(1, upto))
+        after = lens + (accepted + 1) * live
+        return result, after, torch.cat([accepted[:, None].to(result.tokens.dtype), result.tokens], dim=1)
+
+    def _chain(self, before: torch.Tensor, accepted: torch.Tensor, after: torch.Tensor, bound: int) -> Proposal:
+        """The next step's k drafts from a step's outcome (L before and after it, the drafts
+        accepted: `[B]` each, on the device; `bound` the longest L after it can be): the catch-up on
+        tokens D..L-1 and the k - 1 chained passes after it, one call."""
         k = self.k
-        fed = torch.minimum(step.before + step.result.accepted.clamp(max=k - 1), step.after - 1)  # [B] D
-        counts = step.after - fed  # [B] 1 or 2
+        fed = torch.minimum(before + accepted.clamp(max=k - 1), after - 1)  # [B] D
+        counts = after - fed  # [B] 1 or 2
         chunk = self.state.tokens.gather(1, fed[:, None] + self.columns[:2])  # [B, 2]; D + 1 <= L <= bound
         drafts = self.draft.compiled.catch_up_chain_at(chunk, fed, counts, k - 1, bound + 1)
         if drafts is None:
             raise RuntimeError("a pipelined step's draft could not run compiled")
         return Proposal(drafts, [k] * self.state.batch_size)
+
+    def _whole(self, before, accepted, after, live, *u, bound: int) -> tuple:
+        """A step from the last one's outcome, drafts to commit, as the tensors a captured graph
+        returns (its compiled calls run inline: `inline_calls`)."""
+        with inline_calls():
+            proposal = self._chain(before, accepted, after, bound)
+            result, new_after, outcome = self._verify(after, proposal, live, u[0] if u else None, bound)
+        return after.clone(), proposal.tokens, result.accepted, result.tokens, new_after, outcome
+
+    def _next(self, step: _Step, bound: int, live: list[bool]) -> _Step:
+        """Queue the step after `step` from its outcome on the device (`bound`: the longest L after
+        it can be), captured whole where it can be (`_replay`), else as its passes and operators."""
+        rows, u = self._live_rows(live), self._draw()
+        args = (step.before, step.result.accepted, step.after, rows, *(() if u is None else (u,)))
+        if self.graph_class is not None:
+            with self.verify_t:  # one replay: the drafting is timed with the verifying
+                out = self._replay(args, bound)
+            if out is not None:
+                lens, drafts, accepted, tokens, after, outcome = out
+                return _Step(Proposal(drafts, [self.k] * len(live)), Verification(tokens, accepted), lens, after,
+                             HostCopy(outcome), live)
+        with self.draft_t:
+            proposal = self._chain(step.before, step.result.accepted, step.after, bound)
+        with self.verify_t:
+            return self._queued(step.after, proposal, *self._verify(step.after, proposal, rows, u, bound), live)
+
+    @torch.inference_mode()
+    def _replay(self, args: tuple, bound: int) -> tuple | None:
+        """The step as one replay of its graph, captured on its key's first step: the two passes'
+        host decisions (`CompiledForward.at_key`), so that a replay is what the Python would launch.
+        None where capturing failed (the steps go on uncaptured, and the report says why)."""
+        k = self.k
+        key = (self.draft.compiled.at_key(2, bound + 1, k - 1), self.target.compiled.at_key(k + 1, bound + k))
+        graph = self._graphs.get(key)
+        if graph is None:
+            try:
+                graph = CapturedCall(partial(self._whole, bound=bound), args, {}, None, self.graph_class(self.device))
+            except RuntimeError as err:  # what ran before the failure is a step run once: runs again the same
+                self.graph_class, self.graph_error = None, f"{type(err).__name__}: {err}"
+                warnings.warn(f"a pipelined step could not be captured as one CUDA graph ({self.graph_error}); "
+                              "its passes run one graph each", RuntimeWarning, stacklevel=2)
+                return None
+            self._graphs[key] = graph
+        self.graphed_steps += 1
+        return graph(args, {})
+
+    def _queued(self, lens: torch.Tensor, proposal: Proposal, result: Verification, after: torch.Tensor,
+                outcome: torch.Tensor, live: list[bool]) -> _Step:
+        """A step queued on the device, its outcome's copy to the host queued behind it."""
+        return _Step(proposal, result, lens, after, HostCopy(outcome), live)
 
     def _read(self, step: _Step) -> StepOutcome:
         """Wait for `step`'s outcome and commit it on the host with the serial loop's `_commit_step`

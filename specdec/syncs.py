@@ -184,7 +184,8 @@ def is_sync_report(message: str) -> bool:
 class HostCopy:
     """A device tensor's copy to the host, queued now and read later: on CUDA a non-blocking copy
     into pinned memory followed by an event, so that `read` waits for the work queued before the
-    copy and not for what was queued after it; elsewhere the tensor itself."""
+    copy and not for what was queued after it; elsewhere a copy made now (what is queued after may
+    overwrite the tensor: a captured step's outputs are the next replay's)."""
 
     def __init__(self, values: torch.Tensor):
         self.event = None
@@ -192,6 +193,8 @@ class HostCopy:
             values = values.to("cpu", non_blocking=True)
             self.event = torch.cuda.Event()
             self.event.record()
+        else:
+            values = values.clone()
         self.values = values
 
     def read(self) -> list:

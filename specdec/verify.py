@@ -312,8 +312,19 @@ class ForcedVerifier:
     def __call__(self, logits: torch.Tensor, proposal: Proposal, params: SamplingParams,
                  generator: torch.Generator | None = None) -> Verification:
         """logits: [B, k+1, V] target logits at the last committed token and each draft."""
+        u = self.draw(logits.shape[0], proposal.k, logits.device, generator)
+        return self.decide(logits, proposal, params, u, generator)
+
+    @staticmethod
+    def draw(b: int, k: int, device: torch.device, generator: torch.Generator | None = None) -> torch.Tensor:
+        """`[B, k]` the uniforms a step's acceptance is decided by: drawn apart from `decide`, so that
+        a step captured as one CUDA graph takes them as an input (`specdec.pipeline`)."""
+        return torch.rand(b, k, generator=generator, device=device)
+
+    def decide(self, logits: torch.Tensor, proposal: Proposal, params: SamplingParams, u: torch.Tensor,
+               generator: torch.Generator | None = None) -> Verification:
+        """The step given its uniforms `u: [B, k]` (`draw`); draws nothing more at temperature 0."""
         b, k = logits.shape[0], proposal.k
-        u = torch.rand(b, k, generator=generator, device=logits.device)
         ok = _only_real(u < self._curve_on(k, logits.device), proposal)
         accepted = _accepted_prefix(ok)
         rows = torch.arange(b, device=logits.device)

@@ -218,3 +218,70 @@ def test_inductor_pipelined_equals_eager(target, unrelated_draft):
     out = _decoder(engine, "unrelated", "on").generate(RAGGED_PROMPTS, 24)
     assert out.output_ids == eager.output_ids and _rows(out) == _rows(eager)
     assert out.reports["pipeline"]["pipelined_steps"] == out.stats.steps
+
+
+def _graphed(target, draft=None) -> Engine:
+    """compile=on with explicit graphs, captured by the tests' stand-in for CUDA graphs (a capture
+    runs the call, a replay runs it again over the captured buffers): a pipelined step is then
+    captured whole."""
+    from tests.test_cuda_graphs import ReplayedGraph
+
+    engine = Engine(target, draft, dtype="float32", compile="on")
+    for model in (engine.target, engine.draft):
+        if model is not None:
+            model.compiled = CompiledForward(model, backend="eager", cuda_graphs="explicit", graph_class=ReplayedGraph)
+    return engine
+
+
+@pytest.mark.parametrize("kind", DRAFTS)
+def test_steps_captured_whole_equal_serial(target, unrelated_draft, kind):
+    """Under explicit graphs each pipelined step after the first is one replay of a graph captured
+    on its key's first step (drafting, scoring, verifying, commit): the serial loop's tokens,
+    statistics and caches, over a generation long enough to move the key bucket (64 -> 128 keys),
+    so that a second graph is captured and each replays under its own key."""
+    engine = _graphed(target, {"self": target, "unrelated": unrelated_draft, "layer_skip": None}[kind])
+    serial = _decoder(engine, kind, "off").generate(RAGGED_PROMPTS, max_new_tokens=72, reserve=64)
+    caches = [m.cache.lengths for m in (engine.target, _draft(engine, serial))]
+    kv = _valid_kv(engine.target, serial)
+    out = _decoder(engine, kind, "on").generate(RAGGED_PROMPTS, max_new_tokens=72, reserve=64)
+    assert out.output_ids == serial.output_ids and _rows(out) == _rows(serial)
+    report = out.reports["pipeline"]
+    # every step after the first replayed (and the one queued past the end and dropped, if any)
+    assert report["pipelined_steps"] == out.stats.steps and out.stats.steps - 1 <= report["graphed_steps"] <= out.stats.steps
+    # key buckets of 64 and 128 keys, the draft's and the target's crossing at steps of their own:
+    # a few graphs, not one a step
+    assert 2 <= report["step_graphs"] <= 4 and "step_graph_error" not in report
+    assert [m.cache.lengths for m in (engine.target, _draft(engine, out))] == caches
+    assert all(torch.equal(a, b) for a, b in zip(_valid_kv(engine.target, out), kv))
+
+
+def test_forced_acceptance_captured_whole_draws_as_the_serial_loop(target, unrelated_draft):
+    """A captured step takes its uniforms as an input, drawn before it as the serial loop draws them:
+    forced acceptance accepts the same drafts."""
+    engine = _graphed(target, unrelated_draft)
+    outs = [_decoder(engine, "unrelated", mode, verifier=ForcedVerifier(0.7)).generate(
+        RAGGED_PROMPTS, max_new_tokens=30, seed=5, reserve=64) for mode in ("off", "on")]
+    assert outs[0].output_ids == outs[1].output_ids and _rows(outs[0]) == _rows(outs[1])
+    assert outs[1].stats.steps - 1 <= outs[1].reports["pipeline"]["graphed_steps"] <= outs[1].stats.steps
+    assert sum(r.accepted for r in outs[1].stats.rows) > 0
+
+
+def test_a_step_that_cannot_be_captured_runs_uncaptured(target, unrelated_draft, monkeypatch):
+    """A capture refused (as a device refuses an operation it cannot capture, after the call ran once
+    on the side): a warning, the steps go on pass by pass with the serial loop's tokens, and the
+    report says why."""
+    import specdec.pipeline as pipeline
+
+    class Refused(pipeline.CapturedCall):
+        def __init__(self, fn, args, extra, holder, graph):
+            fn(*args)
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    engine = _graphed(target, unrelated_draft)
+    serial = _decoder(engine, "unrelated", "off").generate(RAGGED_PROMPTS, max_new_tokens=30, reserve=64)
+    monkeypatch.setattr(pipeline, "CapturedCall", Refused)
+    with pytest.warns(RuntimeWarning, match="could not be captured as one CUDA graph"):
+        out = _decoder(engine, "unrelated", "on").generate(RAGGED_PROMPTS, max_new_tokens=30, reserve=64)
+    assert out.output_ids == serial.output_ids and _rows(out) == _rows(serial)
+    report = out.reports["pipeline"]
+    assert report["graphed_steps"] == report["step_graphs"] == 0 and "not permitted" in report["step_graph_error"]
