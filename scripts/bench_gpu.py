@@ -517,9 +517,12 @@ def main(argv: list[str] | None = None) -> dict:
         prefill(engine)
         target_s = time_forward(engine.target, context_ids[:, :1], args.context, args.repeats)
         draft_s = time_forward(engine.draft, context_ids[:, :1], args.context, args.repeats)
+        steps = forced(engine, args.k, args.acceptance)  # how its pipelined steps ran: captured whole?
         result["explicit_graphs"] = compared | {
             "target_forward_ms": target_s * 1e3, "draft_token_ms": draft_s * 1e3,
-            "c": draft_token_cost(draft_s, 1, target_s)}
+            "c": draft_token_cost(draft_s, 1, target_s),
+            "forced_pipeline": None if steps is None else steps.generate([prompt], max_new_tokens=16).reports.get(
+                "pipeline")}
 
     def frozen() -> None:
         """compile=on with the weights frozen into the graphs (inductor's freezing, which also
