@@ -233,8 +233,8 @@ class PipelinedSteps:
                 out = self._replay(args, bound)
             if out is not None:
                 lens, drafts, accepted, tokens, after, outcome = out
-                return _Step(Proposal(drafts, [self.k] * len(live)), Verification(tokens, accepted), lens, after,
-                             HostCopy(outcome), live)
+                return self._queued(lens, Proposal(drafts, [self.k] * len(live)), Verification(tokens, accepted),
+                                    after, outcome, live)
         with self.draft_t:
             proposal = self._chain(step.before, step.result.accepted, step.after, bound)
         with self.verify_t:
