@@ -436,6 +436,12 @@ def _graphs_compiled() -> int:
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
+def _key_length(cache, end: int) -> int:
+    """The keys a pass over `cache` reads when its writes end before index `end`: the next key
+    bucket (at least MIN_KV), within the buffers."""
+    return min(bucket(end, MIN_KV), next(layer.keys.shape[2] for layer in cache.layers if layer.is_initialized))
+
+
 _INLINE = [0]  # > 0 while a caller captures a CUDA graph around compiled calls (`inline_calls`)
 
 
@@ -646,8 +652,7 @@ class _BucketedPasses:
         view = self._view if self._view is not None and self._view.cache is cache else _BucketView(cache)
         self._view = view
         view.rows = row_index(b, w, self.device)
-        length = next(layer.keys.shape[2] for layer in cache.layers if layer.is_initialized)
-        view.kv_len = min(bucket(end, MIN_KV), length)
+        view.kv_len = _key_length(cache, end)
         self.shapes.add((kind, b, w, view.kv_len))
         return view
 
@@ -662,11 +667,16 @@ class _BucketedPasses:
         `catch_up_chain_at` with `n`): the width, the key bucket, which clamps run, and the cache
         buffers read. Two calls of one key launch the same kernels over the same memory, which is what
         a caller that captures them in a graph of its own replays them under (`specdec.pipeline`)."""
-        cache, w, end = self.model.cache, self.width(t), self._end_at(t, end, n)
+        cache, end = self.model.cache, self._end_at(t, end, n)
         layers = [layer for layer in cache.layers if layer.is_initialized]
-        context, last = self.model.context_length, cache.max_len
-        return (w, min(bucket(end, MIN_KV), layers[0].keys.shape[2]) if layers else None,
-                context is None or end <= context, end <= last + 1, tuple(id(layer.keys) for layer in layers))
+        return (self.width(t), _key_length(cache, end) if layers else None, *self._clamps(end),
+                tuple(id(layer.keys) for layer in layers))
+
+    def _clamps(self, end: int) -> tuple[bool, bool]:
+        """Whether a pass at device lengths bounded by `end` clamps its positions to the context and
+        its write slots to the buffer (`_device_slots`): only where the bound says it may bite."""
+        return self.model.context_length is not None and end > self.model.context_length, \
+            end > self.model.cache.max_len + 1
 
     def _device_slots(self, start: torch.Tensor, w: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """For a pass whose rows' lengths only the device knows: `start: [B]` each row's first cache
@@ -674,9 +684,9 @@ class _BucketedPasses:
         positions (clamped to the context, padding may run past it) and the write slots (past the
         buffer's end: the scratch position); a clamp runs only where the bound says it may bite."""
         slots = start[:, None] + _steps(w, start.device)
-        context, last = self.model.context_length, self.model.cache.max_len
-        positions = slots if context is None or end <= context else slots.clamp(max=context - 1)
-        return positions, slots if end <= last + 1 else slots.clamp(max=last)
+        clamp_positions, clamp_slots = self._clamps(end)
+        positions = slots.clamp(max=self.model.context_length - 1) if clamp_positions else slots
+        return positions, slots.clamp(max=self.model.cache.max_len) if clamp_slots else slots
 
     def _run(self, fn, model: torch.nn.Module, *args, rows: int | None = None):
         """`fn(*args)` compiled; `model` is the transformers model whose config names the attention;

@@ -337,7 +337,7 @@ class Engine:
         self.dtype = resolve_dtype(dtype, self.device)
         self.compile = resolve_compile(compile, self.device)
         self.autotune = self.compile and autotunes(compile)
-        self.freezing = frozen_weights(compile) if self.compile else None
+        self.freezing = frozen_weights(compile)
         self.packed_linear = resolve_packed_linear(packed_linear, self.device, self.dtype, self.compile)
         check_cuda_graphs(cuda_graphs)  # before any model moves, also when nothing compiles
         models = [(m, role) for m, role in ((target, "target"), (draft, "draft")) if m is not None]
