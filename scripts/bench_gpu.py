@@ -218,7 +218,15 @@ def profile_run(decoder: SpeculativeDecoder, prompts: list[list[int]], new_token
 
 
 # Host calls that wait for the device (or for a copy from it): their time is the host idle, not busy.
-WAITS = ("synchronize", "tolist", "item", "_local_scalar_dense", "cpu")
+WAITS = {"synchronize", "tolist", "item", "_local_scalar_dense", "cpu"}
+
+
+def _waits(name: str) -> bool:
+    """Whether a cProfile entry (`file:line(name)`, a builtin as `<method 'tolist' of ...>` or
+    `<built-in method tolist>`) is one of `WAITS`, by its own name, not a name that contains one."""
+    own = name.rsplit("(", 1)[-1].rstrip(")")
+    own = own.split("'")[1] if own.startswith("<method '") else own.removeprefix("<built-in method ").rstrip(">")
+    return own.rsplit(".", 1)[-1] in WAITS
 
 
 def _host_calls(decoder: SpeculativeDecoder, prompts: list[list[int]], new_tokens: int) -> tuple[dict, int]:
@@ -251,9 +259,9 @@ def host_profile(decoder: SpeculativeDecoder, prompts: list[list[int]], new_toke
     wall -= time.perf_counter() - t
     n = max(steps - first_steps, 1)
     own = {name: (cc - first.get(name, (0, 0))[0], tt - first.get(name, (0, 0))[1]) for name, (cc, tt) in full.items()}
-    waiting = sum(tt for name, (_, tt) in own.items() if any(w in name.rsplit("(", 1)[-1] for w in WAITS))
-    ranked = sorted(((name, cc, tt) for name, (cc, tt) in own.items()
-                     if not any(w in name.rsplit("(", 1)[-1] for w in WAITS)), key=lambda x: x[2], reverse=True)
+    waiting = sum(tt for name, (_, tt) in own.items() if _waits(name))
+    ranked = sorted(((name, cc, tt) for name, (cc, tt) in own.items() if not _waits(name)),
+                    key=lambda x: x[2], reverse=True)
     return {"steps": n, "wall_ms_per_step": wall / n * 1e3, "wait_ms_per_step": waiting / n * 1e3,
             "host_ms_per_step": (wall - waiting) / n * 1e3,
             "top": [{"name": name, "calls_per_step": cc / n, "own_ms_per_step": tt / n * 1e3}

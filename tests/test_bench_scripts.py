@@ -193,3 +193,14 @@ def test_the_modeled_speedup_prices_each_step_at_its_width():
     runs = rows("m", [1, 2, 0], 1.0) + rows(modeled.BASE, [0] * 5, 1.1) + rows(modeled.BASE, [0] * 3, 0.9) + \
         rows("m", [0, 0], 0.8)
     assert modeled.modeled(runs, "m", rho) == [5 / (1.5 + 2.0 + 1.0), 3 / 2.0]
+
+
+def test_host_waits_are_known_by_their_own_names():
+    """The host stage sets apart the calls that wait for the device by their own names: a read or a
+    synchronisation, not any function whose name merely contains one (a guard's `_empty_strided_cpu`)."""
+    bench = _load("bench_gpu")
+    assert bench._waits("~:0(<method 'tolist' of 'torch._C.TensorBase' objects>)")
+    assert bench._waits("~:0(<method 'synchronize' of 'torch._C._CudaEventBase' objects>)")
+    assert bench._waits("__init__.py:1050(synchronize)")
+    assert not bench._waits("~:0(<built-in method torch._C._dynamo.guards._empty_strided_cpu>)")
+    assert not bench._waits("compiled.py:140(cpu_has_bfloat16_units)")
