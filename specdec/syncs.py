@@ -27,7 +27,8 @@ from collections.abc import Iterator
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["HostCopy", "HostSyncs", "count_host_syncs", "detect_cuda_syncs", "reads_are_free", "to_device"]
+__all__ = ["HostCopy", "HostSyncs", "count_host_syncs", "detect_cuda_syncs", "reads_are_free", "reads_on_host",
+           "to_device"]
 
 # Operators whose result the host must read (a scalar, or a shape that depends on the data).
 _READS = {"aten.item.default", "aten._local_scalar_dense.default", "aten.is_nonzero.default",
@@ -67,6 +68,15 @@ def _bool_index(args) -> bool:
     return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices or ())
 
 
+def reads_on_host(func, args) -> bool:
+    """Whether the operator call `func(*args)` makes the host read a device value (a scalar, or a
+    result whose shape depends on the data): on CUDA a synchronisation, and inside a CUDA-graph
+    capture an error."""
+    name = str(func)
+    return name in _READS or (name in ("aten.index.Tensor", "aten.index_put.default", "aten.index_put_.default")
+                              and _bool_index(args))
+
+
 class HostSyncs:
     """What `count_host_syncs` saw: `total`, `by_kind` (operator or method name -> count) and, with
     `where=True`, the innermost specdec frame of each (file:line -> count), to find them."""
@@ -101,8 +111,7 @@ class _Mode(TorchDispatchMode):
         name = str(func)
         outer = self.syncs._depth[-1] if self.syncs._depth else None
         nested = outer is not None and name in _NESTED.get(outer, ())
-        if not nested and (name in _READS or (name in ("aten.index.Tensor", "aten.index_put.default",
-                                                       "aten.index_put_.default") and _bool_index(args))):
+        if not nested and reads_on_host(func, args):
             self.syncs._record(name.removeprefix("aten.").removesuffix(".default"))
         self.syncs._depth.append(name)
         try:

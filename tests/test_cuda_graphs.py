@@ -1,12 +1,13 @@
 """compile=on with explicit CUDA graphs (`specdec.cuda_graphs`): every compiled call of a new shape is
 captured once and replayed after, its changing inputs copied into the graph's own buffers.
 
-A CPU cannot capture CUDA graphs, so these tests capture with a stand-in (`ReplayedGraph`) that does
-what a replay does to memory: it runs the captured call again over the buffers it was captured with
-and writes its results into the tensors the capture returned. An input that the caller forgot to
-copy into the graph's buffers is then read stale, exactly as a real replay would read it, and the
-tokens differ from the eager path's. The same checks on a GPU, with real graphs, are at the end
-(skipped without CUDA; run by scripts/device_check.py).
+A CPU cannot capture CUDA graphs, so these tests capture with a stand-in (`tests.taped_graph.TapedGraph`)
+that replays as a real graph does: the operators recorded at the capture, without the caller's Python,
+over the capture's memory, its results written into the tensors the capture returned. An input that
+the caller forgot to copy into the graph's buffers is then read stale, and a host decision that a
+later call would make differently is frozen, exactly as on a GPU, and the tokens differ from the eager
+path's. The same checks on a GPU, with real graphs, are at the end (skipped without CUDA; run by
+scripts/device_check.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pytest
 import torch
 
 from specdec.compiled import CompiledForward
-from specdec.cuda_graphs import CapturedCall, CudaGraph, _tensors
+from specdec.cuda_graphs import CapturedCall, CudaGraph
 from specdec.decoding import SpeculativeDecoder
 from specdec.engine import Engine
 from specdec.models import tiny_random_model
@@ -26,33 +27,12 @@ from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.eagle import EagleProposer
 from specdec.proposers.layer_skip import LayerSkipProposer
 from tests.conftest import RAGGED_PROMPTS
+from tests.taped_graph import TapedGraph
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 
 
-class ReplayedGraph:
-    """A CUDA graph's memory behaviour on a CPU: `capture(fn)` runs `fn` once and returns its outputs;
-    `replay()` runs it again over the same buffers and copies the results into those outputs."""
-
-    captures = 0
-    replays = 0
-
-    def __init__(self, device):
-        self.fn = self.out = None
-
-    def capture(self, fn):
-        type(self).captures += 1
-        self.fn = fn
-        self.out = fn()
-        return self.out
-
-    def replay(self):
-        type(self).replays += 1
-        for mine, new in zip(_tensors(self.out), _tensors(self.fn())):
-            mine.copy_(new)
-
-
-def _engine(target, draft, compile: str, graph_class=ReplayedGraph) -> Engine:
+def _engine(target, draft, compile: str, graph_class=TapedGraph) -> Engine:
     engine = Engine(target, draft, dtype="float32", compile=compile)
     if engine.compile:
         for model in (engine.target, engine.draft):
@@ -73,6 +53,45 @@ def _decoder(engine, method: str, k: int = 4) -> SpeculativeDecoder:
     return SpeculativeDecoder(engine, proposer, num_speculative_tokens=k)
 
 
+def test_the_stand_in_replays_what_was_captured_without_the_python():
+    """A replay runs the capture's operators: a host value the Python read at the capture stays
+    frozen (a stand-in that re-ran the call would follow it), inputs are read from the captured
+    tensors, in-place writes and views land where they did, and the outputs are overwritten."""
+    class Holder:
+        scale = 2
+
+    buffer = torch.zeros(4)
+    x = torch.tensor([1.0, 2.0])
+
+    def fn():
+        y = x * Holder.scale  # a host value, read by the Python
+        buffer[:2].copy_(y)  # an in-place write through a view
+        return y + buffer.sum()
+
+    graph = TapedGraph("cpu")
+    out = graph.capture(fn)
+    assert out.tolist() == [8.0, 10.0]  # x * 2 + (2 + 4)
+    Holder.scale = 10
+    x.copy_(torch.tensor([3.0, 4.0]))
+    graph.replay()
+    assert out.tolist() == [20.0, 22.0]  # x * 2 + (6 + 8): the scale of the capture, x of now
+    assert buffer.tolist() == [6.0, 8.0, 0.0, 0.0]
+    assert fn().tolist() == [100.0, 110.0]  # the Python itself follows the host value
+
+
+@pytest.mark.parametrize("refused", ["item", "tolist", "nonzero", "bool index", "host tensor", "generator"])
+def test_the_stand_in_refuses_what_a_cuda_capture_refuses(refused):
+    x = torch.tensor([1.0, -2.0])
+    generator = torch.Generator().manual_seed(0)
+    fn = {"item": lambda: x.sum().item(), "tolist": lambda: x.tolist(), "nonzero": lambda: x.nonzero(),
+          "bool index": lambda: x[x > 0], "host tensor": lambda: x + torch.tensor([1.0, 2.0]),
+          "generator": lambda: torch.rand(2, generator=generator)}[refused]
+    fn()  # fine outside a capture
+    with pytest.raises(RuntimeError, match="operation not permitted when stream is capturing"):
+        TapedGraph("cpu").capture(fn)
+    assert x.tolist() == [1.0, -2.0]  # the methods are restored
+
+
 def test_captured_call_copies_every_input_and_replays():
     """Tensors in the arguments (nested too) and the holder's tensors are copied into the graph's
     buffers; the outputs are the captured tensors, overwritten by each replay."""
@@ -85,7 +104,7 @@ def test_captured_call_copies_every_input_and_replays():
         return x * 2 + pair["a"] + holder.y
 
     args = (torch.tensor([1.0]), {"a": torch.tensor([100.0])})
-    call = CapturedCall(fn, args, {"y": holder.y}, holder, ReplayedGraph("cpu"))
+    call = CapturedCall(fn, args, {"y": holder.y}, holder, TapedGraph("cpu"))
     first = call(args, {"y": torch.tensor([10.0])})
     assert first.tolist() == [112.0]
     second = call((torch.tensor([3.0]), {"a": torch.tensor([200.0])}), {"y": torch.tensor([20.0])})
@@ -106,18 +125,18 @@ def test_explicit_graphs_greedy_equals_eager(target, unrelated_draft, method, ba
     eager = _decoder(_engine(target, draft, "off"), method).generate(prompts, max_new_tokens=24)
     engine = _engine(target, draft, "on")
     decoder = _decoder(engine, method)
-    before = ReplayedGraph.captures, ReplayedGraph.replays
+    before = TapedGraph.captures, TapedGraph.replays
     compiled = decoder.generate(prompts, max_new_tokens=24)
     assert compiled.output_ids == eager.output_ids
     assert [r.accepted for r in compiled.stats.rows] == [r.accepted for r in eager.stats.rows]
     report = engine.compile_report()
     captured = sum(len(c._captured) for c in _callers(engine, decoder))
     calls = sum(r["compiled_calls"] for r in report.values())
-    assert ReplayedGraph.captures - before[0] == captured <= sum(r["shapes"] for r in report.values())
-    assert ReplayedGraph.replays - before[1] == calls > captured
+    assert TapedGraph.captures - before[0] == captured <= sum(r["shapes"] for r in report.values())
+    assert TapedGraph.replays - before[1] == calls > captured
     again = decoder.generate(prompts, max_new_tokens=24)
     assert again.output_ids == eager.output_ids
-    assert ReplayedGraph.captures - before[0] == captured
+    assert TapedGraph.captures - before[0] == captured
 
 
 def test_explicit_graphs_run_medusas_heads_compiled_but_uncaptured(target):
@@ -134,7 +153,7 @@ def test_explicit_graphs_run_medusas_heads_compiled_but_uncaptured(target):
     engine = _engine(target, None, "on")
     decoder = medusa(engine)
     heads = decoder.proposer.compiled
-    assert heads.graph_class is ReplayedGraph
+    assert heads.graph_class is TapedGraph
     assert decoder.generate(RAGGED_PROMPTS, max_new_tokens=16).output_ids == eager.output_ids
     assert heads.compiled_calls > 0 and not heads._captured
     assert engine.target.compiled._captured

@@ -221,15 +221,15 @@ def test_inductor_pipelined_equals_eager(target, unrelated_draft):
 
 
 def _graphed(target, draft=None) -> Engine:
-    """compile=on with explicit graphs, captured by the tests' stand-in for CUDA graphs (a capture
-    runs the call, a replay runs it again over the captured buffers): a pipelined step is then
-    captured whole."""
-    from tests.test_cuda_graphs import ReplayedGraph
+    """compile=on with explicit graphs, captured by the tests' stand-in for CUDA graphs (a replay runs
+    the operators recorded at the capture over its buffers, none of the caller's Python): a pipelined
+    step is then captured whole."""
+    from tests.taped_graph import TapedGraph
 
     engine = Engine(target, draft, dtype="float32", compile="on")
     for model in (engine.target, engine.draft):
         if model is not None:
-            model.compiled = CompiledForward(model, backend="eager", cuda_graphs="explicit", graph_class=ReplayedGraph)
+            model.compiled = CompiledForward(model, backend="eager", cuda_graphs="explicit", graph_class=TapedGraph)
     return engine
 
 
