@@ -71,6 +71,7 @@ from specdec.metrics import (  # noqa: E402
     tokens_per_s,
 )
 from specdec.proposers.draft_model import DraftModelProposer  # noqa: E402
+from specdec.sampling import greedy_tokens  # noqa: E402
 from specdec.syncs import count_host_syncs, detect_cuda_syncs  # noqa: E402
 
 SHAPES = {
@@ -106,6 +107,27 @@ def time_forward(cached, tokens: torch.Tensor, context: int, repeats: int) -> fl
         synchronize(cached.device)
         t = time.perf_counter()
         cached.forward(tokens)
+        synchronize(cached.device)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times[2:])
+
+
+def time_draft_step(cached, tokens: torch.Tensor, context: int, k: int, repeats: int) -> float:
+    """Median seconds of a greedy draft model's step of k drafts as the decoder runs it, after
+    `context` cached positions: the catch-up on `tokens[:, context]` (`tokens: [1, > context]`) and
+    k - 1 greedy passes after it; under compile=on one compiled call (`catch_up_chain`, a greedy draft
+    with a fixed k), eagerly the passes one by one. Divided by k it is the draft's cost per drafted
+    token as decoding pays it (`c_in_step`), where `time_forward` times one pass alone."""
+    times = []
+    for _ in range(repeats + 2):
+        cached.rollback([context])
+        synchronize(cached.device)
+        t = time.perf_counter()
+        if cached.catch_up_chain(tokens, [context + 1], k - 1) is None:
+            logits = cached.catch_up(tokens, [context + 1])
+            for _ in range(k - 1):
+                logits = cached.forward(greedy_tokens(logits)[:, None])[:, 0]
+            greedy_tokens(logits)
         synchronize(cached.device)
         times.append(time.perf_counter() - t)
     return statistics.median(times[2:])
@@ -384,6 +406,7 @@ def main(argv: list[str] | None = None) -> dict:
     gen = torch.Generator().manual_seed(0)
     context_ids = torch.randint(0, vocab, (1, args.context), generator=gen).to(device)
     prompt = context_ids[0].tolist()
+    next_ids = torch.cat([context_ids, context_ids[:, :1]], dim=1)  # [1, context + 1]: a token to catch up on
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     measured_bw = measure_bandwidth(device)
@@ -462,13 +485,15 @@ def main(argv: list[str] | None = None) -> dict:
 
     def scoring_costs() -> None:
         """The target's pass over T = 1 .. k_max+1 tokens and the draft's token cost, eager and compiled."""
-        costs, draft_cost = {}, {}
+        costs, draft_cost, step_cost = {}, {}, {}
         for n, engine in engines.items():
             prefill(engine)
             costs[n] = {t: time_forward(engine.target, context_ids[:, :t], args.context, args.repeats)
                         for t in range(1, args.k_max + 2)}
             draft_cost[n] = time_forward(engine.draft, context_ids[:, :1], args.context, args.repeats)
+            step_cost[n] = time_draft_step(engine.draft, next_ids, args.context, args.k, args.repeats)
         c = {n: draft_token_cost(draft_cost[n], 1, costs[n][1]) for n in engines}
+        c_step = {n: draft_token_cost(step_cost[n], args.k, costs[n][1]) for n in engines}
         result.update({
             "target_forward_ms": {t: v * 1e3 for t, v in costs["eager"].items()},
             "verify_ratio": {t: v / costs["eager"][1] for t, v in costs["eager"].items()},
@@ -476,6 +501,8 @@ def main(argv: list[str] | None = None) -> dict:
             "compiled_verify_ratio": {t: v / costs["compiled"][1] for t, v in costs["compiled"].items()},
             "draft_token_ms": draft_cost["eager"] * 1e3, "c": c["eager"],
             "compiled_draft_token_ms": draft_cost["compiled"] * 1e3, "compiled_c": c["compiled"],
+            # the draft's step of k drafts as decoding runs it (one compiled call under compile=on), per draft
+            "draft_step_ms": {n: v * 1e3 for n, v in step_cost.items()}, "c_in_step": c_step,
             # specdec.metrics' cost model in units of one target step: E tokens per step of k draft
             # tokens at c each plus one scoring pass of k+1 tokens (Leviathan et al., measured costs)
             "predicted_speedup": {
@@ -525,10 +552,12 @@ def main(argv: list[str] | None = None) -> dict:
         prefill(engine)
         target_s = time_forward(engine.target, context_ids[:, :1], args.context, args.repeats)
         draft_s = time_forward(engine.draft, context_ids[:, :1], args.context, args.repeats)
+        step_s = time_draft_step(engine.draft, next_ids, args.context, args.k, args.repeats)
         steps = forced(engine, args.k, args.acceptance)  # how its pipelined steps ran: captured whole?
         result["explicit_graphs"] = compared | {
             "target_forward_ms": target_s * 1e3, "draft_token_ms": draft_s * 1e3,
-            "c": draft_token_cost(draft_s, 1, target_s),
+            "c": draft_token_cost(draft_s, 1, target_s), "draft_step_ms": step_s * 1e3,
+            "c_in_step": draft_token_cost(step_s, args.k, target_s),
             "forced_pipeline": None if steps is None else steps.generate([prompt], max_new_tokens=16).reports.get(
                 "pipeline")}
 
@@ -633,7 +662,10 @@ def print_tables(result: dict, args) -> None:
         for t in e:
             print(f"| {t} | {e[t]:.2f} | {e[t] / e[1]:.2f} | {k[t]:.2f} | {k[t] / k[1]:.2f} |")
         print(f"\ndraft token: eager {result['draft_token_ms']:.2f} ms (c = {result['c']:.3f}), "
-              f"compiled {result['compiled_draft_token_ms']:.2f} ms (c = {result['compiled_c']:.3f})")
+              f"compiled {result['compiled_draft_token_ms']:.2f} ms (c = {result['compiled_c']:.3f}); "
+              f"a step of k = {args.k} drafts as decoding runs it: "
+              + ", ".join(f"{n} {ms:.2f} ms (c = {result['c_in_step'][n]:.3f} a draft)"
+                          for n, ms in result["draft_step_ms"].items()))
     lim = f"{limit:.0f} tokens/s ({result['bandwidth_gbs']:.0f} GB/s)" if limit else "unknown (pass --bandwidth)"
     print(f"bandwidth limit at batch 1: {lim}")
     if result["plain_tokens_per_s"]:
@@ -655,7 +687,8 @@ def print_tables(result: dict, args) -> None:
         x = result["explicit_graphs"]
         print_side_by_side("CUDA graphs, inductor's (trees) against specdec's (explicit)", x, "trees", "explicit",
                            f"explicit: target one-token pass {x['target_forward_ms']:.2f} ms, draft token "
-                           f"{x['draft_token_ms']:.2f} ms (c = {x['c']:.3f})")
+                           f"{x['draft_token_ms']:.2f} ms (c = {x['c']:.3f}), a step of k = {args.k} drafts "
+                           f"{x['draft_step_ms']:.2f} ms (c = {x['c_in_step']:.3f} a draft)")
     if "frozen" in result:
         x = result["frozen"]
         print_side_by_side("compile=on with frozen weights against compile=on", x, "on", "frozen",

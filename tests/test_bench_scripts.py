@@ -6,7 +6,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
+from specdec.compiled import CompiledForward
+from specdec.engine import Engine
 from tests.conftest import load_script
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
@@ -27,6 +30,8 @@ def test_device_benchmark_runs_on_cpu_with_tiny_shapes(tmp_path):
     assert set(out["verify_ratio"]) == set(out["compiled_verify_ratio"]) == {1, 2, 3}
     assert all(r > 0 for r in [*out["verify_ratio"].values(), *out["compiled_verify_ratio"].values()])
     assert out["c"] > 0 and out["compiled_c"] > 0
+    assert set(out["draft_step_ms"]) == set(out["c_in_step"]) == {"eager", "compiled"}
+    assert all(c > 0 for c in out["c_in_step"].values())
     assert set(out["plain_tokens_per_s"]) == {1, 2}
     assert set(out["plain_tokens_per_s"][1]) == {"specdec eager", "specdec compiled", "specdec compiled serial",
                                                   "transformers dynamic", "transformers static"}
@@ -40,7 +45,7 @@ def test_device_benchmark_runs_on_cpu_with_tiny_shapes(tmp_path):
     explicit = out["explicit_graphs"]
     assert set(explicit["tokens_per_s"]) == {f"{kind} {mode}" for kind in ("plain", "forced")
                                              for mode in ("trees", "explicit")}
-    assert set(explicit["explicit_over_trees"]) == {"plain", "forced"} and explicit["c"] > 0
+    assert set(explicit["explicit_over_trees"]) == {"plain", "forced"} and explicit["c"] > 0 < explicit["c_in_step"]
     syncs = out["host_syncs_per_step"]  # one read a step, and the prefill's: 4 tokens in 3 steps
     assert set(syncs) == {f"{kind} {n}" for kind in ("plain", "forced")
                           for n in ("eager", "compiled", "compiled explicit")}
@@ -102,6 +107,28 @@ def test_device_benchmark_runs_only_the_stages_asked_for(tmp_path, capsys):
     with pytest.raises(SystemExit):
         bench.main(["--device", "cpu", "--tiny", "--stages", "forced,bogus"])
     assert "unknown bogus" in capsys.readouterr().err
+
+
+def test_a_draft_step_is_timed_as_decoding_runs_it():
+    """Under compile=on the draft's step of k drafts is the one compiled call a greedy draft with a
+    fixed k makes (`catch_up_chain`), eagerly the passes one by one; either way the draft's cache is
+    left where the step left it (the context, the token caught up on, k - 1 drafts)."""
+    from specdec.models import tiny_random_model
+
+    bench = _load("bench_gpu")
+    target = tiny_random_model(seed=0)
+    context = torch.arange(1, 17)[None]
+    tokens = torch.cat([context, context[:, :1]], dim=1)
+    for compile in ("off", "on"):
+        engine = Engine(target, target, dtype="float32", compile=compile)
+        if engine.compile:
+            engine.draft.compiled = CompiledForward(engine.draft, backend="eager")
+        engine.draft.reset(1, 64)
+        engine.draft.forward(context)
+        assert bench.time_draft_step(engine.draft, tokens, 16, 4, repeats=1) > 0
+        assert engine.draft.cache.lengths == [16 + 1 + 3]
+        if engine.compile:
+            assert any(kind.startswith("catch-up and chain of 3") for kind, *_ in engine.draft.compiled.shapes)
 
 
 def test_busy_time_is_the_union_of_kernel_intervals():
