@@ -193,24 +193,54 @@ def _profiled(decoder: SpeculativeDecoder, prompts: list[list[int]], new_tokens:
     """One generation under torch.profiler: its wall microseconds, the device's busy microseconds (the
     union of its kernels' intervals), kernels, kernel and CUDA-graph launches, and each operator's own
     time (device time on a GPU, host time on a CPU), by name."""
-    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    cuda = decoder.engine.device.type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    synchronize(decoder.engine.device)
+    device = decoder.engine.device
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    synchronize(device)
     t = time.perf_counter()
     with profile(activities=activities) as prof:
         decoder.generate(prompts, max_new_tokens=new_tokens)
-        synchronize(decoder.engine.device)
-    wall_us = (time.perf_counter() - t) * 1e6
+        synchronize(device)
+    return {"wall_us": (time.perf_counter() - t) * 1e6, **_profile_summary(prof, device)}
+
+
+def _profile_summary(prof, device: torch.device) -> dict:
+    """What a torch.profiler trace holds: the device's busy microseconds (the union of its kernels'
+    intervals), kernels, kernel and CUDA-graph launches, and each operator's calls and own time
+    (device time on a GPU, host time on a CPU), by name."""
+    from torch.autograd import DeviceType
+
     events = prof.events()
     kernels = [(e.time_range.start, e.time_range.end) for e in events if e.device_type == DeviceType.CUDA]
-    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     ops = {a.key: (a.count, getattr(a, key)) for a in prof.key_averages() if a.key not in LAUNCH_CALLS + GRAPH_CALLS}
-    return {"wall_us": wall_us, "busy_us": _busy_us(kernels), "kernels": len(kernels),
+    return {"busy_us": _busy_us(kernels), "kernels": len(kernels),
             "launches": sum(e.name in LAUNCH_CALLS for e in events),
             "graph_launches": sum(e.name in GRAPH_CALLS for e in events), "ops": ops}
+
+
+def profile_pass(cached, tokens: torch.Tensor, context: int, repeats: int, top: int = 8) -> dict:
+    """One pass over `tokens: [1, T]` after `context` cached positions, `repeats` times under
+    torch.profiler after a warm-up: per pass the device's busy milliseconds, kernels, and the `top`
+    operators by their own device time (on a CPU, host time). Side by side for T = 1 and a wider T it
+    says which kernels make the wider pass cost more (the scoring goal)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cached.rollback([context])
+    cached.forward(tokens)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cached.device.type == "cuda" else [])
+    synchronize(cached.device)
+    with profile(activities=activities) as prof:
+        for _ in range(repeats):
+            cached.rollback([context])
+            cached.forward(tokens)
+        synchronize(cached.device)
+    summary = _profile_summary(prof, cached.device)
+    ranked = sorted(summary["ops"].items(), key=lambda kv: kv[1][1], reverse=True)[:top]
+    return {"device_busy_ms": summary["busy_us"] / 1e3 / repeats, "kernels": summary["kernels"] / repeats,
+            "top": [{"name": name, "calls": calls / repeats, "self_ms": us / 1e3 / repeats}
+                    for name, (calls, us) in ranked]}
 
 
 def profile_run(decoder: SpeculativeDecoder, prompts: list[list[int]], new_tokens: int, top: int = 12) -> dict:
@@ -494,6 +524,10 @@ def main(argv: list[str] | None = None) -> dict:
             step_cost[n] = time_draft_step(engine.draft, next_ids, args.context, args.k, args.repeats)
         c = {n: draft_token_cost(draft_cost[n], 1, costs[n][1]) for n in engines}
         c_step = {n: draft_token_cost(step_cost[n], args.k, costs[n][1]) for n in engines}
+        widest = args.k_max + 1  # what a compiled pass of 1 and of the widest T spend their device time on
+        result["compiled_pass_profiles"] = {
+            t: profile_pass(engines["compiled"].target, context_ids[:, :t], args.context, args.repeats)
+            for t in (1, widest)}
         result.update({
             "target_forward_ms": {t: v * 1e3 for t, v in costs["eager"].items()},
             "verify_ratio": {t: v / costs["eager"][1] for t, v in costs["eager"].items()},
@@ -666,6 +700,10 @@ def print_tables(result: dict, args) -> None:
               f"a step of k = {args.k} drafts as decoding runs it: "
               + ", ".join(f"{n} {ms:.2f} ms (c = {result['c_in_step'][n]:.3f} a draft)"
                           for n, ms in result["draft_step_ms"].items()))
+        for t, p in result["compiled_pass_profiles"].items():
+            ops = "; ".join(f"{op['name'][:48]} {op['self_ms']:.3f} ms x{op['calls']:g}" for op in p["top"][:5])
+            print(f"compiled pass over {t} token(s), profiled: device busy {p['device_busy_ms']:.3f} ms, "
+                  f"{p['kernels']:g} kernels; top: {ops}")
     lim = f"{limit:.0f} tokens/s ({result['bandwidth_gbs']:.0f} GB/s)" if limit else "unknown (pass --bandwidth)"
     print(f"bandwidth limit at batch 1: {lim}")
     if result["plain_tokens_per_s"]:

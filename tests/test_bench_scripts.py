@@ -32,6 +32,9 @@ def test_device_benchmark_runs_on_cpu_with_tiny_shapes(tmp_path):
     assert out["c"] > 0 and out["compiled_c"] > 0
     assert set(out["draft_step_ms"]) == set(out["c_in_step"]) == {"eager", "compiled"}
     assert all(c > 0 for c in out["c_in_step"].values())
+    passes = out["compiled_pass_profiles"]  # T = 1 and the widest (k_max + 1), per pass; no device time on a CPU
+    assert set(passes) == {1, 3} and all(p["device_busy_ms"] == 0 and p["top"] for p in passes.values())
+    assert all(op["self_ms"] > 0 and op["calls"] > 0 for p in passes.values() for op in p["top"])
     assert set(out["plain_tokens_per_s"]) == {1, 2}
     assert set(out["plain_tokens_per_s"][1]) == {"specdec eager", "specdec compiled", "specdec compiled serial",
                                                   "transformers dynamic", "transformers static"}
