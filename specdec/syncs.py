@@ -127,6 +127,12 @@ def count_host_syncs(where: bool = False) -> Iterator[HostSyncs]:
         with count_host_syncs() as syncs:
             decoder.generate(...)
         syncs.total, syncs.by_kind
+
+    Compiled calls run as their Python inside (dynamo's `force_eager` stance; a graph compiled
+    already still runs where its caller skips the guards): dynamo does not trace under a dispatch
+    mode, and a frame it was asked to compile under one it never compiles again in the process. A
+    compiled graph holds no reads (a read breaks the graph and runs eagerly either way), so the
+    count is the same.
     """
     syncs = HostSyncs(where)
     originals = {name: getattr(torch.Tensor, name) for name in _METHODS}
@@ -153,7 +159,7 @@ def count_host_syncs(where: bool = False) -> Iterator[HostSyncs]:
         for name in _METHODS:
             setattr(torch.Tensor, name, patched(name))
         torch.tensor = tensor
-        with _Mode(syncs):
+        with torch.compiler.set_stance("force_eager"), _Mode(syncs):
             yield syncs
     finally:
         _COUNTING -= 1

@@ -67,6 +67,23 @@ def test_only_reports_of_a_synchronisation_count_as_detected():
     assert is_sync_report(report)
 
 
+def test_counting_leaves_dynamo_compiling():
+    """A compiled call that would need a new graph inside the counter runs as its Python there, and a
+    later call of another shape still compiles: dynamo, asked to compile under a dispatch mode, would
+    have given up on the function for the rest of the process."""
+    def f(x):
+        return torch.nonzero(x * 2)
+
+    compiled = torch.compile(f, backend="eager", dynamic=False)
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    compiled(torch.ones(3))
+    with count_host_syncs() as syncs:
+        assert compiled(torch.ones(4)).shape == (4, 1)
+    assert syncs.by_kind == {"nonzero": 1}
+    compiled(torch.ones(5))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs + 2  # shapes 3 and 5, not 4
+
+
 def test_counter_ignores_device_work_and_copies_to_the_device():
     x = torch.arange(6)
     with count_host_syncs(where=True) as syncs:
