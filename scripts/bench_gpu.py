@@ -369,8 +369,9 @@ def forced(engine: Engine, k: int, acceptance: float, overlap: str = "auto") -> 
 
 def syncs_per_step(decoder: SpeculativeDecoder, prompt: list[int], new_tokens: int, count: bool) -> dict:
     """One generation's host synchronisations per step (the prefill's first token included):
-    `counted` by specdec's counter (`count`: eager decoders only, its dispatch mode would make a
-    compiled one retrace) and, on a GPU, `cuda` as CUDA's detector reports them."""
+    `counted` by specdec's counter (`count`: eager decoders only; inside it compiled calls run as
+    their Python, so a compiled decoder would be counted on its eager path) and, on a GPU, `cuda` as
+    CUDA's detector reports them."""
     out: dict[str, float] = {}
     if count:
         with count_host_syncs() as syncs:
