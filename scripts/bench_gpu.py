@@ -172,7 +172,8 @@ def decode_rate(decoder: SpeculativeDecoder, prompts: list[list[int]], new_token
 
 
 # --stages' names, in the order the stages run: most important first.
-STAGES = ("plain", "scoring", "forced", "batches", "explicit", "syncs", "profiles", "host", "frozen", "autotune")
+STAGES = ("plain", "scoring", "forced", "batches", "explicit", "syncs", "profiles", "host", "combined", "frozen",
+          "autotune")
 
 # CUDA runtime and driver calls that start device work: each is a launch the host pays for
 LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
@@ -610,6 +611,25 @@ def main(argv: list[str] | None = None) -> dict:
                             for t in (1, args.k + 1)}
         result["frozen"] = compared | {"target_forward_ms": passes, "compile_report": engine.compile_report()}
 
+    def combined() -> None:
+        """specdec's explicit CUDA graphs with the weights frozen, the two options that each took
+        device or host time off a step in run 3, together against compile=on's defaults (inductor's
+        graphs, weights not frozen), interleaved at the first batch size: plain decoding and forced
+        acceptance (its steps captured whole); then the passes of 1 and k + 1 tokens and c."""
+        engine = make_engine(target, draft, device, dtype, True, args.compile_backend, "explicit", freezing=True)
+        compared = side_by_side("on", "explicit_frozen", engine, batch_sizes[0])
+        prefill(engine)
+        target_s = {t: time_forward(engine.target, context_ids[:, :t], args.context, args.repeats)
+                    for t in (1, args.k + 1)}
+        step_s = time_draft_step(engine.draft, next_ids, args.context, args.k, args.repeats)
+        steps = forced(engine, args.k, args.acceptance)
+        result["combined"] = compared | {
+            "target_forward_ms": {t: v * 1e3 for t, v in target_s.items()}, "draft_step_ms": step_s * 1e3,
+            "c_in_step": draft_token_cost(step_s, args.k, target_s[1]),
+            "forced_pipeline": None if steps is None else steps.generate([prompt], max_new_tokens=16).reports.get(
+                "pipeline"),
+            "compile_report": engine.compile_report()}
+
     def autotuned() -> None:
         """compile=autotune against compile=on, interleaved, at the first batch size: plain decoding
         and forced acceptance; then the one-token pass."""
@@ -669,6 +689,8 @@ def main(argv: list[str] | None = None) -> dict:
     stage("host synchronisations", host_syncs, "syncs")
     stage("profiles", profiles, "profiles")
     stage("host time", host_time, "host")
+    if others:  # explicit graphs and frozen weights together: what the forced goal's profile asks for
+        stage("explicit graphs and frozen weights", combined, "combined")
     stage("frozen weights", frozen, "frozen")
     if args.autotune:
         stage("autotune", autotuned, "autotune")
@@ -732,6 +754,12 @@ def print_tables(result: dict, args) -> None:
         x = result["frozen"]
         print_side_by_side("compile=on with frozen weights against compile=on", x, "on", "frozen",
                            f"target passes, ms by new tokens: {x['target_forward_ms']}")
+    if "combined" in result:
+        x = result["combined"]
+        print_side_by_side("explicit CUDA graphs with frozen weights against compile=on", x, "on", "explicit_frozen",
+                           f"target passes, ms by new tokens: {x['target_forward_ms']}; a step of k = {args.k} "
+                           f"drafts {x['draft_step_ms']:.2f} ms (c = {x['c_in_step']:.3f} a draft); "
+                           f"forced steps: {x['forced_pipeline']}")
     if "autotune" in result:
         x = result["autotune"]
         print_side_by_side("compile=autotune against compile=on", x, "on", "autotune",

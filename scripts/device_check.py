@@ -15,7 +15,8 @@ The checks, on tiny random models in float32 (so that tokens must be identical):
    ragged batch, each model with graphs captured (one decoder after another, each dropped before
    the next captures: the device's graph pool outlives them), the draft model's pipelined steps
    captured whole (`graphed_steps` > 0, no `step_graph_error`); and the draft model at k = 4 with
-   inductor's weight freezing (`frozen`, the benchmark's frozen stage);
+   inductor's weight freezing (`frozen`, the benchmark's frozen stage), under inductor's graphs and
+   under specdec's (the benchmark's combined stage);
 2. host synchronisations: CUDA's own detector (`torch.cuda.set_sync_debug_mode`) sees no more per
    generation than specdec's count, which is one read a step plus the prefill's (eager plain
    decoding serial and overlapped, draft-model, n-gram and EAGLE decoding; skipped without CUDA).
@@ -92,20 +93,22 @@ def check_compiled_equals_eager(target, draft, device: str, backend: str, deadli
     those are marked skipped, so that compiling on a slow device leaves the benchmark its time."""
     cases = [("plain", 1, "ragged", "trees"), ("draft", 4, "ragged", "trees"), ("eagle", 4, "ragged", "trees")]
     cases += [(m, k, "ragged", "explicit") for m, k in (("plain", 1), ("draft", 4), ("eagle", 4))]
-    cases += [("draft", 4, "ragged", "frozen")]  # inductor's weight freezing (the benchmark's frozen stage)
+    # inductor's weight freezing (the benchmark's frozen stage), and with explicit graphs (its combined stage)
+    cases += [("draft", 4, "ragged", "frozen"), ("draft", 4, "ragged", "explicit frozen")]
     cases += [("plain", 1, "single", "trees"), ("draft", 4, "single", "trees"), ("draft", 1, "single", "trees"),
               ("draft", 1, "ragged", "trees")]
     out = {}
     for method, k, batch, graphs in cases:
-        name = f"{method} k={k} {batch}" + {"trees": "", "explicit": " explicit graphs", "frozen": " frozen"}[graphs]
+        name = f"{method} k={k} {batch}" + {"trees": "", "explicit": " explicit graphs", "frozen": " frozen",
+                                            "explicit frozen": " explicit graphs frozen"}[graphs]
         if time.perf_counter() > deadline:
             out[name] = {"skipped": "past the checks' time budget (--checks-budget-s)"}
             continue
         started = time.perf_counter()
         prompts = PROMPTS[:1] if batch == "single" else PROMPTS
         eager = _decoder(target, draft, device, "off", backend, method, k, "off").generate(prompts, max_new_tokens=24)
-        frozen = graphs == "frozen"
-        compiled = _decoder(target, draft, device, "on", backend, method, k, "on", "trees" if frozen else graphs,
+        frozen, graphs = "frozen" in graphs, "explicit" if "explicit" in graphs else "trees"
+        compiled = _decoder(target, draft, device, "on", backend, method, k, "on", graphs,
                             True if frozen and backend == "inductor" else None)
         got = compiled.generate(prompts, max_new_tokens=24)
         again = compiled.generate(prompts, max_new_tokens=24)  # replays: known entries skip their guards
@@ -116,7 +119,7 @@ def check_compiled_equals_eager(target, draft, device: str, backend: str, deadli
         whole = not (graphs == "explicit" and pipeline and device.startswith("cuda")) or (
             pipeline.get("graphed_steps", 0) > 0
             and "step_graph_error" not in pipeline)
-        out[name] = {"equal": same and whole and graphs_ok(report, "trees" if frozen else graphs, device),
+        out[name] = {"equal": same and whole and graphs_ok(report, graphs, device),
                      "tokens_equal": same, "compile": report,
                      "pipeline": got.reports.get("pipeline"), "seconds": round(time.perf_counter() - started, 1)}
     return out

@@ -59,7 +59,14 @@ def test_device_benchmark_runs_on_cpu_with_tiny_shapes(tmp_path):
     assert tuned["compile_report"]["target"]["compiled_calls"] >= 1
     saved = json.loads((tmp_path / "r.json").read_text())
     assert saved["forced"]["k"] == 2 and saved["shape"] == "tiny"
-    assert saved["skipped"] == [] and len(saved["stages_s"]) == 10 and list(saved["stages_s"])[-1] == "autotune"
+    assert saved["skipped"] == [] and len(saved["stages_s"]) == 11 and list(saved["stages_s"])[-1] == "autotune"
+    combined = saved["combined"]  # explicit graphs with frozen weights beside compile=on's defaults
+    assert set(combined["tokens_per_s"]) == {f"{kind} {mode}" for kind in ("plain", "forced")
+                                             for mode in ("on", "explicit_frozen")}
+    assert set(combined["explicit_frozen_over_on"]) == {"plain", "forced"} and combined["c_in_step"] > 0
+    assert set(combined["target_forward_ms"]) == {"1", "3"}
+    assert combined["forced_pipeline"] is None  # overlap=auto pipelines the steps on a GPU only
+    assert combined["compile_report"]["target"]["compiled_calls"] >= 1
     host = saved["host"]  # the host's time per step under cProfile, its waits for the device apart
     assert set(host) == {"plain compiled", "forced compiled", "forced compiled serial", "forced compiled explicit"}
     for h in host.values():
@@ -158,8 +165,9 @@ def test_device_check_runs_its_checks_on_cpu(tmp_path):
     assert check.main(["--device", "cpu", "--skip-bench", "--backend", "eager", "--out-dir", str(tmp_path)]) == 0
     saved = json.loads((tmp_path / "checks.json").read_text())
     cases = saved["compiled_equals_eager"]
-    assert len(cases) == 11 and all(case["equal"] for case in cases.values()) and "host_syncs" not in saved
-    assert cases["draft k=4 ragged frozen"]["pipeline"]["pipelined_steps"] > 0
+    assert len(cases) == 12 and all(case["equal"] for case in cases.values()) and "host_syncs" not in saved
+    assert all(cases[f"draft k=4 ragged {mode}"]["pipeline"]["pipelined_steps"] > 0
+               for mode in ("frozen", "explicit graphs frozen"))
     assert cases["eagle k=4 ragged"]["compile"]["eagle drafter"]["compiled_calls"] > 0
     assert cases["draft k=4 ragged"]["pipeline"]["pipelined_steps"] > 0  # compiled with overlap=on: pipelined
     assert cases["draft k=1 ragged"]["pipeline"] is None  # k = 1 has no chain to pipeline
@@ -172,7 +180,7 @@ def test_device_check_leaves_out_cases_past_its_checks_budget(tmp_path, capsys):
     assert check.main(["--device", "cpu", "--skip-bench", "--backend", "eager", "--checks-budget-s", "0",
                        "--out-dir", str(tmp_path)]) == 0
     cases = json.loads((tmp_path / "checks.json").read_text())["compiled_equals_eager"]
-    assert len(cases) == 11 and all("skipped" in case for case in cases.values())
+    assert len(cases) == 12 and all("skipped" in case for case in cases.values())
     assert "compiled_equals_eager: ok (skipped for time: plain k=1 ragged, draft k=4 ragged" in capsys.readouterr().out
 
 
