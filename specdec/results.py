@@ -173,6 +173,13 @@ class PromptResult:
             exact_greedy=all(getattr(g, "exact_greedy", False) for g in generations), reports=reports,
         )
 
+    @property
+    def drafting_timed_apart(self) -> bool:
+        """Whether `draft_s` holds all of this prompt's drafting: not where pipelined steps ran captured
+        whole as one CUDA graph each (`reports[..]["pipeline"]["graphed_steps"]`), whose drafting is
+        timed with their verifying (`verify_s`; their sum, and so the predicted speedup, still holds)."""
+        return not any(turn.get("pipeline", {}).get("graphed_steps") for turn in self.reports)
+
     @cached_property
     def counts(self) -> m.RowStats:
         """The step counts as `RowStats` (wall_s: the latency), for the definitions in specdec.metrics."""
@@ -313,6 +320,8 @@ class MethodSummary:
             c = m.draft_token_cost(t.draft_s, n.proposed, t_base)
         else:  # plain decoding predicts itself (1.0), once it has run at all
             predicted = with_prefill = 1.0 if results else float("nan")
+            c = float("nan")
+        if not all(r.drafting_timed_apart for r in results):  # steps captured whole: drafting timed with verifying
             c = float("nan")
         mean_acceptance_length = n.mean_acceptance_length
         if not all(r.acceptance_measured for r in results):  # drafts out of sight: no acceptance, no prediction

@@ -3,6 +3,7 @@ two of which were cut (EOS inside the accepted drafts, max_new_tokens right afte
 The same counts give the same numbers through the decoder's statistics, the typed per-prompt result
 and the method's summary, since all three apply the one definition in `specdec.metrics`."""
 
+import dataclasses
 import json
 import math
 
@@ -146,6 +147,23 @@ def test_the_summary_applies_the_same_definitions(row):
     # a block of summary.json: the histogram's draft lengths come back as numbers
     assert MethodSummary.from_dict(json.loads(json.dumps(m.to_dict()))).acceptance_histogram_by_draft_length == \
         {3: [0, 0, 1, 0], 4: [0, 1, 1, 0, 1]}
+
+
+def test_c_is_not_given_where_steps_timed_their_drafting_with_their_verifying(row):
+    """Pipelined steps captured whole run drafting and verifying in one CUDA graph, timed as verifying:
+    their c would be the first step's drafting alone, so it is not given; the predicted speedup, from
+    the two times' sum, is."""
+    base = RowStats()
+    for _ in range(12):
+        base.record(0, 0, 1)
+    result = _result(row, "draft")
+    assert result.drafting_timed_apart
+    result = dataclasses.replace(result, reports=[{"turn": 0, "pipeline": {"pipelined_steps": 5, "graphed_steps": 4}}])
+    m = MethodSummary.measure([result], [_result(base, "autoregressive")], greedy=True)
+    assert not result.drafting_timed_apart and math.isnan(m.c)
+    assert m.predicted_speedup == pytest.approx(predicted_speedup(m.expected_tokens_per_step, 0.5 / 12, 0.6 / 5))
+    result = dataclasses.replace(result, reports=[{"turn": 0, "pipeline": {"pipelined_steps": 5}}])  # not captured
+    assert MethodSummary.measure([result], [_result(base, "autoregressive")], greedy=True).c > 0
 
 
 def test_the_summary_weighs_each_position_by_the_steps_that_drafted_it(row):
