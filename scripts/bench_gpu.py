@@ -7,7 +7,9 @@ compiles every graph the timed runs need, and medians of the repeats are reporte
 
 - the target's cost of one forward pass over T = 1 .. k_max+1 new tokens, eager and compiled
   (`compile=on`), and the ratio to T = 1 (how much verifying k+1 tokens costs beyond one token);
-- the draft's cost per token, and c = draft token cost / target one-token cost, both ways;
+- the draft's cost per token, and c = draft token cost / target one-token cost, both ways: for one
+  pass alone and per draft of a step of k as decoding runs it (`time_draft_step`); the compiled
+  passes of 1 and k_max+1 tokens profiled (which operators the wider pass spends more on);
 - plain decoding tokens/s at batch sizes 1, 8 and 32: specdec eager and compiled (on a GPU with its
   steps overlapped: `overlap=auto`), and at batch 1 the compiled serial loop (`overlap=off`) and
   transformers' `generate()` with its dynamic cache and with `cache_implementation="static"`
@@ -22,6 +24,9 @@ compiles every graph the timed runs need, and medians of the repeats are reporte
   without dynamo) against inductor's (`trees`), interleaved: plain decoding at the first batch size,
   forced acceptance, the one-token pass and c (`--explicit-graphs`; a stage of its own, after the
   batch sizes, so that it never delays the other rows);
+- specdec's explicit CUDA graphs with frozen weights against compile=on's defaults (`combined`):
+  plain decoding, forced acceptance (its steps captured whole), the passes of 1 and k+1 tokens, c;
+- compile=on with frozen weights against compile=on (`frozen`): the same rows;
 - with `--autotune`, compile=autotune (inductor's GEMM autotuning) against compile=on, interleaved:
   plain decoding and forced acceptance at the first batch size (the last stage: it compiles longest);
 - the speedup the measured costs predict (Leviathan et al., with the measured verification cost);
@@ -33,9 +38,10 @@ compiles every graph the timed runs need, and medians of the repeats are reporte
 - the host's time per step under cProfile (plain decoding, forced acceptance pipelined and serial):
   its waits for the device apart from its busy time, and the functions that take the most of it.
 
-The stages run most important first (plain decoding at the first batch size, scoring costs and c,
-forced acceptance, the other batch sizes, host synchronisations); the JSON is written after each,
-so a run cut short keeps what it measured, and no stage starts past `--budget-s`.
+By default the stages run most important first (plain decoding at the first batch size, scoring
+costs and c, forced acceptance, the other batch sizes, explicit graphs, then what reuses the graphs
+compiled so far, then what compiles its own); `--stages` picks stages and their order. The JSON is
+written after each, so a run cut short keeps what it measured, and no stage starts past `--budget-s`.
 
 It imports torch, transformers and specdec's core only (a GPU box may lack hydra, wandb, gguf).
 
@@ -411,11 +417,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--budget-s", type=float, default=450,
                     help="seconds after which no further stage starts (the stages run most important first)")
     ap.add_argument("--stages", default=",".join(STAGES),
-                    help="the stages to run, in their fixed order, comma-separated: " + ", ".join(STAGES)
-                         + " (a rerun can leave out what an earlier run measured)")
+                    help="the stages to run, in the order given, comma-separated (the default: all, most "
+                         "important first): " + ", ".join(STAGES)
+                         + " (a rerun can leave out what an earlier run measured, and put first what it lacks)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    stages = [s.strip() for s in args.stages.split(",") if s.strip()]
+    stages = list(dict.fromkeys(s.strip() for s in args.stages.split(",") if s.strip()))  # in order, once each
     unknown = sorted(set(stages) - set(STAGES))
     if unknown:
         ap.error(f"--stages: unknown {', '.join(unknown)}; the stages are {', '.join(STAGES)}")
@@ -468,10 +475,7 @@ def main(argv: list[str] | None = None) -> dict:
                 json.dump(result, f, indent=2)
 
     def stage(title: str, run, name: str) -> None:
-        """Run one stage unless --stages leaves it out or the time budget is spent (then it is listed
-        in `skipped`)."""
-        if name not in stages:
-            return
+        """Run one stage unless the time budget is spent (then it is listed in `skipped`)."""
         if time.perf_counter() - began > args.budget_s:
             result["skipped"].append(title)
             log(f"{title}: skipped, past the {args.budget_s:.0f} s budget")
@@ -676,24 +680,26 @@ def main(argv: list[str] | None = None) -> dict:
                           for n, e in (engines | others).items()})
         result["host_syncs_per_step"] = syncs
 
-    # Most important first: the headline (plain decoding at batch 1 against transformers), then what
-    # the speculative goals rest on (scoring costs, c, forced acceptance), then larger batches.
-    stage(f"plain decoding, batch {batch_sizes[0]}", lambda: plain_decoding(batch_sizes[0]), "plain")
-    stage("scoring costs", scoring_costs, "scoring")
-    stage("forced acceptance", forced_acceptance, "forced")
-    for b in batch_sizes[1:]:
-        stage(f"plain decoding, batch {b}", lambda b=b: plain_decoding(b), "batches")
+    # The stages by name, most important first: the headline (plain decoding at batch 1 against
+    # transformers), then what the speculative goals rest on (scoring costs, c, forced acceptance),
+    # then larger batches and explicit graphs; then what reuses the graphs compiled so far (syncs,
+    # profiles, host time), before what compiles its own. --stages picks them and their order.
+    plan = [("plain", f"plain decoding, batch {batch_sizes[0]}", lambda: plain_decoding(batch_sizes[0])),
+            ("scoring", "scoring costs", scoring_costs), ("forced", "forced acceptance", forced_acceptance)]
+    plan += [("batches", f"plain decoding, batch {b}", lambda b=b: plain_decoding(b)) for b in batch_sizes[1:]]
     if others:
-        stage("explicit CUDA graphs", explicit_graphs, "explicit")
-    # Then what reuses the graphs compiled so far (syncs, profiles), before what compiles its own.
-    stage("host synchronisations", host_syncs, "syncs")
-    stage("profiles", profiles, "profiles")
-    stage("host time", host_time, "host")
+        plan.append(("explicit", "explicit CUDA graphs", explicit_graphs))
+    plan += [("syncs", "host synchronisations", host_syncs), ("profiles", "profiles", profiles),
+             ("host", "host time", host_time)]
     if others:  # explicit graphs and frozen weights together: what the forced goal's profile asks for
-        stage("explicit graphs and frozen weights", combined, "combined")
-    stage("frozen weights", frozen, "frozen")
+        plan.append(("combined", "explicit graphs and frozen weights", combined))
+    plan.append(("frozen", "frozen weights", frozen))
     if args.autotune:
-        stage("autotune", autotuned, "autotune")
+        plan.append(("autotune", "autotune", autotuned))
+    for name in stages:
+        for step, title, run in plan:
+            if step == name:
+                stage(title, run, name)
     save()
     print_tables(result, args)
     return result

@@ -105,13 +105,13 @@ def test_device_benchmark_keeps_to_its_time_budget(tmp_path, capsys):
 
 
 def test_device_benchmark_runs_only_the_stages_asked_for(tmp_path, capsys):
-    """--stages lets a rerun on a GPU spend its time on what an earlier run did not measure; an unknown
-    stage is refused before any model is built."""
+    """--stages lets a rerun on a GPU spend its time on what an earlier run did not measure, first what
+    it needs most (in the order given, each once); an unknown stage is refused before any model is built."""
     bench = _load("bench_gpu")
     out = bench.main(["--device", "cpu", "--tiny", "--dtype", "float32", "--context", "16", "--k-max", "2",
                       "--new-tokens", "4", "--repeats", "1", "--batch-sizes", "1,2", "--k", "2", "--skip-hf",
-                      "--compile-backend", "eager", "--explicit-graphs", "off", "--stages", "forced,batches"])
-    assert list(out["stages_s"]) == ["forced acceptance", "plain decoding, batch 2"] and out["skipped"] == []
+                      "--compile-backend", "eager", "--explicit-graphs", "off", "--stages", "batches,forced,batches"])
+    assert list(out["stages_s"]) == ["plain decoding, batch 2", "forced acceptance"] and out["skipped"] == []
     assert set(out["plain_tokens_per_s"]) == {2} and out["forced"]["lossless"] is False
     assert "target_forward_ms" not in out and "profiles" not in out
     with pytest.raises(SystemExit):
