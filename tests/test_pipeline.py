@@ -142,13 +142,15 @@ def test_continuation_after_a_pipelined_turn(engines):
     assert outs["on"] == outs["off"]
 
 
-def test_room_for_a_step_ahead_and_a_context_without_it(unrelated_draft):
+@pytest.mark.parametrize("captured", [False, True])
+def test_room_for_a_step_ahead_and_a_context_without_it(unrelated_draft, captured):
     """The decoder allocates k + 1 positions more for the step ahead, so the steps stay pipelined to
     the end; where the context has no room for them (a request that fills it), the last steps run
-    serially, with the same tokens."""
+    serially, with the same tokens; captured whole too, up to the serial steps."""
     target = tiny_random_model(seed=0, eos_token_id=None, max_position_embeddings=64)
     draft = tiny_random_model(seed=1, num_layers=1, eos_token_id=None, max_position_embeddings=64)
-    engine = _engine(target, draft)  # a token a step: the longest row nears the cache's end step by step
+    # a token a step: the longest row nears the cache's end step by step
+    engine = _graphed(target, draft) if captured else _engine(target, draft)
     prompts, k = RAGGED_PROMPTS, 4
     # the second fills the context: the longest prompt, 9, and exact greedy's room, 7 (the width 8 less one)
     for new_tokens in (30, 64 - 9 - 7):
@@ -158,6 +160,8 @@ def test_room_for_a_step_ahead_and_a_context_without_it(unrelated_draft):
         assert out.state.max_len == min(serial.state.max_len + k + 1, 64)
         pipelined = out.reports["pipeline"]["pipelined_steps"]
         assert 0 < pipelined <= out.stats.steps and (pipelined == out.stats.steps) is (new_tokens == 30)
+        if captured:
+            assert out.reports["pipeline"]["graphed_steps"] > 0 and "step_graph_error" not in out.reports["pipeline"]
 
 
 def test_reads_once_a_step(engines):
