@@ -177,7 +177,7 @@ def decode_rate(decoder: SpeculativeDecoder, prompts: list[list[int]], new_token
     return tokens_per_s(s.new_tokens - len(prompts), s.wall_s - s.ttft_s)
 
 
-# --stages' names, in the order the stages run: most important first.
+# --stages' names, in the order the stages run by default: most important first.
 STAGES = ("plain", "scoring", "forced", "batches", "explicit", "syncs", "profiles", "host", "combined", "frozen",
           "autotune")
 
@@ -584,6 +584,12 @@ def main(argv: list[str] | None = None) -> dict:
                 f"{other}_over_{base}": {kind: rates[f"{kind} {other}"] / rates[f"{kind} {base}"]
                                          for kind in ("plain", "forced") if f"{kind} {base}" in rates}}
 
+    def pipeline_report(engine: Engine) -> dict | None:
+        """How forced acceptance's steps ran on `engine` (pipelined? captured whole?), from a short
+        generation's report; None where they did not pipeline or there is no forced verifier."""
+        steps = forced(engine, args.k, args.acceptance)
+        return None if steps is None else steps.generate([prompt], max_new_tokens=16).reports.get("pipeline")
+
     def explicit_graphs() -> None:
         """compile=on with specdec's own CUDA graphs against inductor's, interleaved, at the first batch
         size: plain decoding and forced acceptance; then the one-token passes and c."""
@@ -593,13 +599,10 @@ def main(argv: list[str] | None = None) -> dict:
         target_s = time_forward(engine.target, context_ids[:, :1], args.context, args.repeats)
         draft_s = time_forward(engine.draft, context_ids[:, :1], args.context, args.repeats)
         step_s = time_draft_step(engine.draft, next_ids, args.context, args.k, args.repeats)
-        steps = forced(engine, args.k, args.acceptance)  # how its pipelined steps ran: captured whole?
         result["explicit_graphs"] = compared | {
             "target_forward_ms": target_s * 1e3, "draft_token_ms": draft_s * 1e3,
             "c": draft_token_cost(draft_s, 1, target_s), "draft_step_ms": step_s * 1e3,
-            "c_in_step": draft_token_cost(step_s, args.k, target_s),
-            "forced_pipeline": None if steps is None else steps.generate([prompt], max_new_tokens=16).reports.get(
-                "pipeline")}
+            "c_in_step": draft_token_cost(step_s, args.k, target_s), "forced_pipeline": pipeline_report(engine)}
 
     def frozen() -> None:
         """compile=on with the weights frozen into the graphs (inductor's freezing, which also
@@ -626,12 +629,9 @@ def main(argv: list[str] | None = None) -> dict:
         target_s = {t: time_forward(engine.target, context_ids[:, :t], args.context, args.repeats)
                     for t in (1, args.k + 1)}
         step_s = time_draft_step(engine.draft, next_ids, args.context, args.k, args.repeats)
-        steps = forced(engine, args.k, args.acceptance)
         result["combined"] = compared | {
             "target_forward_ms": {t: v * 1e3 for t, v in target_s.items()}, "draft_step_ms": step_s * 1e3,
-            "c_in_step": draft_token_cost(step_s, args.k, target_s[1]),
-            "forced_pipeline": None if steps is None else steps.generate([prompt], max_new_tokens=16).reports.get(
-                "pipeline"),
+            "c_in_step": draft_token_cost(step_s, args.k, target_s[1]), "forced_pipeline": pipeline_report(engine),
             "compile_report": engine.compile_report()}
 
     def autotuned() -> None:
