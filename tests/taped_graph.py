@@ -10,10 +10,12 @@ That is what a real replay does, and what a stand-in that re-runs the call canno
 - the memory is the capture's: every operator reads the tensors it read then (an input the caller
   forgot to copy into the graph's buffers is read stale), and every result is written into the
   tensor the capture made for it, so the outputs a capture returned are overwritten by each replay;
-- a capture refuses what CUDA's refuses: a host read of a device value (`.item()`, `.tolist()`,
-  `nonzero`, boolean indexing: `specdec.syncs.reads_on_host`) and a draw from a `torch.Generator`
-  (CUDA graphs replay only generators registered with them; specdec draws before a capture) raise
-  the RuntimeError a CUDA capture would.
+- a capture refuses what CUDA's refuses, or what a GPU would replay wrongly: a host read of a
+  device value (`.item()`, `.tolist()`, `nonzero`, boolean indexing: `specdec.syncs.reads_on_host`),
+  a tensor made from host values (`torch.tensor(...)`: its copy to the device would replay from a
+  pinned buffer reused since) and a draw from a `torch.Generator` (CUDA graphs replay only
+  generators registered with them; specdec draws before a capture) raise the RuntimeError a CUDA
+  capture would.
 
 A capture runs the call once as it is (a real capture's warm-up run: compiled calls compile there),
 then again while recording: both change nothing that the replay after them does not set again (a
