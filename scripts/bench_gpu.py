@@ -26,7 +26,9 @@ compiles every graph the timed runs need, and medians of the repeats are reporte
   batch sizes, so that it never delays the other rows);
 - specdec's explicit CUDA graphs with frozen weights against compile=on's defaults (`combined`):
   plain decoding, forced acceptance (its steps captured whole), the passes of 1 and k+1 tokens, c;
-- compile=on with frozen weights against compile=on (`frozen`): the same rows;
+- compile=on with frozen weights against compile=on (`frozen`): the same rows; on a GPU both stages
+  also give the device memory their engine added (built, compiled and run: frozen constants, graph
+  pools, caches), what keeps frozen weights from being the default;
 - with `--autotune`, compile=autotune (inductor's GEMM autotuning) against compile=on, interleaved:
   plain decoding and forced acceptance at the first batch size (the last stage: it compiles longest);
 - the speedup the measured costs predict (Leviathan et al., with the measured verification cost);
@@ -137,6 +139,21 @@ def time_draft_step(cached, tokens: torch.Tensor, context: int, k: int, repeats:
         synchronize(cached.device)
         times.append(time.perf_counter() - t)
     return statistics.median(times[2:])
+
+
+def device_memory_gb(device: torch.device) -> float | None:
+    """GB of device memory the process's tensors hold now (CUDA graphs' pools included); None on a CPU."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    return torch.cuda.memory_allocated(device) / 1e9
+
+
+def memory_added(before: float | None, device: torch.device) -> float | None:
+    """GB of device memory held now beyond `before` (`device_memory_gb`): what an engine built, warmed
+    and run since then keeps (frozen graphs' constants, graph pools, caches); None on a CPU."""
+    now = device_memory_gb(device)
+    return None if before is None or now is None else now - before
 
 
 def measure_bandwidth(device: torch.device, gib: float = 1.0, repeats: int = 5) -> float | None:
@@ -609,22 +626,27 @@ def main(argv: list[str] | None = None) -> dict:
         concatenates the linear layers that read one input) against compile=on as it is, interleaved,
         at the first batch size: plain decoding and forced acceptance; then the passes of 1 and k + 1
         tokens, both ways. On a CPU compile=on freezes already: there the two are the same graphs."""
+        before = device_memory_gb(device)
         engine = make_engine(target, draft, device, dtype, True, args.compile_backend, freezing=True)
         compared = side_by_side("on", "frozen", engine, batch_sizes[0])
+        added = memory_added(before, device)
         passes = {}
         for name, e in (("on", engines["compiled"]), ("frozen", engine)):
             prefill(e)
             passes[name] = {t: time_forward(e.target, context_ids[:, :t], args.context, args.repeats) * 1e3
                             for t in (1, args.k + 1)}
-        result["frozen"] = compared | {"target_forward_ms": passes, "compile_report": engine.compile_report()}
+        result["frozen"] = compared | {"target_forward_ms": passes, "compile_report": engine.compile_report(),
+                                       "device_memory_added_gb": added}
 
     def combined() -> None:
         """specdec's explicit CUDA graphs with the weights frozen, the two options that each took
         device or host time off a step in run 3, together against compile=on's defaults (inductor's
         graphs, weights not frozen), interleaved at the first batch size: plain decoding and forced
         acceptance (its steps captured whole); then the passes of 1 and k + 1 tokens and c."""
+        before = device_memory_gb(device)
         engine = make_engine(target, draft, device, dtype, True, args.compile_backend, "explicit", freezing=True)
         compared = side_by_side("on", "explicit_frozen", engine, batch_sizes[0])
+        added = memory_added(before, device)
         prefill(engine)
         target_s = {t: time_forward(engine.target, context_ids[:, :t], args.context, args.repeats)
                     for t in (1, args.k + 1)}
@@ -632,7 +654,7 @@ def main(argv: list[str] | None = None) -> dict:
         result["combined"] = compared | {
             "target_forward_ms": {t: v * 1e3 for t, v in target_s.items()}, "draft_step_ms": step_s * 1e3,
             "c_in_step": draft_token_cost(step_s, args.k, target_s[1]), "forced_pipeline": pipeline_report(engine),
-            "compile_report": engine.compile_report()}
+            "compile_report": engine.compile_report(), "device_memory_added_gb": added}
 
     def autotuned() -> None:
         """compile=autotune against compile=on, interleaved, at the first batch size: plain decoding
@@ -759,13 +781,14 @@ def print_tables(result: dict, args) -> None:
     if "frozen" in result:
         x = result["frozen"]
         print_side_by_side("compile=on with frozen weights against compile=on", x, "on", "frozen",
-                           f"target passes, ms by new tokens: {x['target_forward_ms']}")
+                           f"target passes, ms by new tokens: {x['target_forward_ms']}; device memory added "
+                           f"{x['device_memory_added_gb']} GB")
     if "combined" in result:
         x = result["combined"]
         print_side_by_side("explicit CUDA graphs with frozen weights against compile=on", x, "on", "explicit_frozen",
                            f"target passes, ms by new tokens: {x['target_forward_ms']}; a step of k = {args.k} "
                            f"drafts {x['draft_step_ms']:.2f} ms (c = {x['c_in_step']:.3f} a draft); "
-                           f"forced steps: {x['forced_pipeline']}")
+                           f"forced steps: {x['forced_pipeline']}; device memory added {x['device_memory_added_gb']} GB")
     if "autotune" in result:
         x = result["autotune"]
         print_side_by_side("compile=autotune against compile=on", x, "on", "autotune",
