@@ -30,6 +30,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from specdec.compiled import CompiledForward
+from specdec.engine import Engine
 from specdec.syncs import reads_on_host
 
 CAPTURE_ERROR = "operation not permitted when stream is capturing"
@@ -114,3 +116,15 @@ class TapedGraph:
                 mine = tree_leaves(out)
                 for i in fresh:
                     mine[i].copy_(new[i])
+
+
+def taped_engine(target, draft=None, compile: str = "on") -> Engine:
+    """A float32 engine whose compiled passes (dynamo's quick `eager` backend) run under explicit CUDA
+    graphs captured by `TapedGraph`, as `cuda_graphs="explicit"` runs them on a GPU (a pipelined step
+    is then captured whole); compile="off" leaves it eager."""
+    engine = Engine(target, draft, dtype="float32", compile=compile)
+    if engine.compile:
+        for model in (engine.target, engine.draft):
+            if model is not None:
+                model.compiled = CompiledForward(model, backend="eager", cuda_graphs="explicit", graph_class=TapedGraph)
+    return engine

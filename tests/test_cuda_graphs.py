@@ -27,19 +27,9 @@ from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.eagle import EagleProposer
 from specdec.proposers.layer_skip import LayerSkipProposer
 from tests.conftest import RAGGED_PROMPTS
-from tests.taped_graph import TapedGraph
+from tests.taped_graph import TapedGraph, taped_engine
 
 ASSETS = Path(__file__).resolve().parent / "assets"
-
-
-def _engine(target, draft, compile: str, graph_class=TapedGraph) -> Engine:
-    engine = Engine(target, draft, dtype="float32", compile=compile)
-    if engine.compile:
-        for model in (engine.target, engine.draft):
-            if model is not None:
-                model.compiled = CompiledForward(model, backend="eager", cuda_graphs="explicit",
-                                                 graph_class=graph_class)
-    return engine
 
 
 def _decoder(engine, method: str, k: int = 4) -> SpeculativeDecoder:
@@ -122,8 +112,8 @@ def test_explicit_graphs_greedy_equals_eager(target, unrelated_draft, method, ba
     generation captures nothing new."""
     prompts = RAGGED_PROMPTS[:1] if batch == "single" else RAGGED_PROMPTS
     draft = unrelated_draft if method == "draft" else None
-    eager = _decoder(_engine(target, draft, "off"), method).generate(prompts, max_new_tokens=24)
-    engine = _engine(target, draft, "on")
+    eager = _decoder(taped_engine(target, draft, "off"), method).generate(prompts, max_new_tokens=24)
+    engine = taped_engine(target, draft, "on")
     decoder = _decoder(engine, method)
     before = TapedGraph.captures, TapedGraph.replays
     compiled = decoder.generate(prompts, max_new_tokens=24)
@@ -149,8 +139,8 @@ def test_explicit_graphs_run_medusas_heads_compiled_but_uncaptured(target):
         return SpeculativeDecoder(engine, MedusaProposer(engine, str(ASSETS / "tiny_random_medusa.safetensors")),
                                   num_speculative_tokens=2)
 
-    eager = medusa(_engine(target, None, "off")).generate(RAGGED_PROMPTS, max_new_tokens=16)
-    engine = _engine(target, None, "on")
+    eager = medusa(taped_engine(target, None, "off")).generate(RAGGED_PROMPTS, max_new_tokens=16)
+    engine = taped_engine(target, None, "on")
     decoder = medusa(engine)
     heads = decoder.proposer.compiled
     assert heads.graph_class is TapedGraph
@@ -172,7 +162,7 @@ def _callers(engine, decoder):
 def test_proposers_compile_as_the_target_does(target):
     """A proposer's own compiled passes (EAGLE's drafter, layer skipping's view) take the target's
     backend and CUDA-graph mode."""
-    engine = _engine(target, None, "on")
+    engine = taped_engine(target, None, "on")
     for proposer in (LayerSkipProposer(engine, exit_layer=1),
                      EagleProposer(engine, str(ASSETS / "tiny_random_eagle.safetensors"))):
         compiled = proposer.draft.compiled if isinstance(proposer, LayerSkipProposer) else proposer.compiled
@@ -184,7 +174,7 @@ def test_a_pool_that_grows_drops_its_graphs():
     """Graphs record the cache buffers' addresses: when a longer generation needs longer pooled
     buffers, the graphs captured on the old ones are dropped and captured again."""
     target = tiny_random_model(seed=0, eos_token_id=None, max_position_embeddings=4096)
-    engine = _engine(target, None, "on")
+    engine = taped_engine(target, None, "on")
     decoder = _decoder(engine, "plain")
     decoder.generate(RAGGED_PROMPTS[:1], max_new_tokens=8)
     compiled = engine.target.compiled
@@ -193,7 +183,7 @@ def test_a_pool_that_grows_drops_its_graphs():
     long_prompt = list(range(1, 200)) * 6  # past the smallest pooled length (MIN_BUFFER)
     out = decoder.generate([long_prompt], max_new_tokens=4)
     assert {id(k) for k, _ in compiled._pool.values()} != old
-    eager = _decoder(_engine(target, None, "off"), "plain").generate([long_prompt], max_new_tokens=4)
+    eager = _decoder(taped_engine(target, None, "off"), "plain").generate([long_prompt], max_new_tokens=4)
     assert out.output_ids == eager.output_ids
     assert all(entry[3][1][0][0] in {id(k) for k, _ in compiled._pool.values()} for entry in compiled._captured)
 

@@ -21,6 +21,7 @@ from specdec.sampling import SamplingParams
 from specdec.schedules import HeuristicSchedule
 from specdec.verify import ForcedVerifier, GreedyVerifier
 from tests.conftest import RAGGED_PROMPTS
+from tests.taped_graph import taped_engine
 
 DRAFTS = ("self", "unrelated", "layer_skip")  # every draft accepted, almost none, some
 
@@ -150,7 +151,7 @@ def test_room_for_a_step_ahead_and_a_context_without_it(unrelated_draft, capture
     target = tiny_random_model(seed=0, eos_token_id=None, max_position_embeddings=64)
     draft = tiny_random_model(seed=1, num_layers=1, eos_token_id=None, max_position_embeddings=64)
     # a token a step: the longest row nears the cache's end step by step
-    engine = _graphed(target, draft) if captured else _engine(target, draft)
+    engine = taped_engine(target, draft) if captured else _engine(target, draft)
     prompts, k = RAGGED_PROMPTS, 4
     # the second fills the context: the longest prompt, 9, and exact greedy's room, 7 (the width 8 less one)
     for new_tokens in (30, 64 - 9 - 7):
@@ -224,26 +225,13 @@ def test_inductor_pipelined_equals_eager(target, unrelated_draft):
     assert out.reports["pipeline"]["pipelined_steps"] == out.stats.steps
 
 
-def _graphed(target, draft=None) -> Engine:
-    """compile=on with explicit graphs, captured by the tests' stand-in for CUDA graphs (a replay runs
-    the operators recorded at the capture over its buffers, none of the caller's Python): a pipelined
-    step is then captured whole."""
-    from tests.taped_graph import TapedGraph
-
-    engine = Engine(target, draft, dtype="float32", compile="on")
-    for model in (engine.target, engine.draft):
-        if model is not None:
-            model.compiled = CompiledForward(model, backend="eager", cuda_graphs="explicit", graph_class=TapedGraph)
-    return engine
-
-
 @pytest.mark.parametrize("kind", DRAFTS)
 def test_steps_captured_whole_equal_serial(target, unrelated_draft, kind):
     """Under explicit graphs each pipelined step after the first is one replay of a graph captured
     on its key's first step (drafting, scoring, verifying, commit): the serial loop's tokens,
     statistics and caches, over a generation long enough to move the key bucket (64 -> 128 keys),
     so that a second graph is captured and each replays under its own key."""
-    engine = _graphed(target, {"self": target, "unrelated": unrelated_draft, "layer_skip": None}[kind])
+    engine = taped_engine(target, {"self": target, "unrelated": unrelated_draft, "layer_skip": None}[kind])
     serial = _decoder(engine, kind, "off").generate(RAGGED_PROMPTS, max_new_tokens=72, reserve=64)
     caches = [m.cache.lengths for m in (engine.target, _draft(engine, serial))]
     kv = _valid_kv(engine.target, serial)
@@ -262,7 +250,7 @@ def test_steps_captured_whole_equal_serial(target, unrelated_draft, kind):
 def test_forced_acceptance_captured_whole_draws_as_the_serial_loop(target, unrelated_draft):
     """A captured step takes its uniforms as an input, drawn before it as the serial loop draws them:
     forced acceptance accepts the same drafts."""
-    engine = _graphed(target, unrelated_draft)
+    engine = taped_engine(target, unrelated_draft)
     outs = [_decoder(engine, "unrelated", mode, verifier=ForcedVerifier(0.7)).generate(
         RAGGED_PROMPTS, max_new_tokens=30, seed=5, reserve=64) for mode in ("off", "on")]
     assert outs[0].output_ids == outs[1].output_ids and _rows(outs[0]) == _rows(outs[1])
@@ -281,7 +269,7 @@ def test_a_step_that_cannot_be_captured_runs_uncaptured(target, unrelated_draft,
             fn(*args)
             raise RuntimeError("operation not permitted when stream is capturing")
 
-    engine = _graphed(target, unrelated_draft)
+    engine = taped_engine(target, unrelated_draft)
     serial = _decoder(engine, "unrelated", "off").generate(RAGGED_PROMPTS, max_new_tokens=30, reserve=64)
     monkeypatch.setattr(pipeline, "CapturedCall", Refused)
     with pytest.warns(RuntimeWarning, match="could not be captured as one CUDA graph"):
