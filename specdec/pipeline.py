@@ -174,6 +174,13 @@ class PipelinedSteps:
             self._live[key] = to_device(list(key), self.device).long()
         return self._live[key]
 
+    def _passes(self, bound: int) -> tuple[tuple[int, int, int], tuple[int, int]]:
+        """The two passes of a step from lengths up to `bound`, as `CompiledForward.at_key` takes them:
+        the draft's catch-up over 2 tokens and its k - 1 chained passes, bounded by bound + 1 (`_chain`),
+        and the target's pass over k + 1 tokens, bounded by bound + k (`_verify`). One place for both
+        the calls and the key their captured step replays under."""
+        return (2, bound + 1, self.k - 1), (self.k + 1, bound + self.k)
+
     def _draw(self) -> torch.Tensor | None:
         """The step's uniforms where the verifier draws apart from deciding (`ForcedVerifier.draw`):
         drawn before the step is queued, as the serial loop would draw them (the greedy draft draws
@@ -186,9 +193,10 @@ class PipelinedSteps:
         """Score `proposal` from the lengths `lens: [B]` (device; each at most `bound`), verify, and
         commit on the device, advancing the rows of `live: [B]` (0/1). Returns the verification, L
         after the step `[B]` and the outcome for the host `[B, 1 + k + 1]` (accepted, the tokens)."""
-        state, k = self.state, self.k
+        state = self.state
         last = state.tokens.gather(1, (lens - 1)[:, None])  # [B, 1]
-        logits = self.target.compiled.forward_at(torch.cat([last, proposal.tokens], dim=1), lens - 1, bound + k)
+        _, end = self._passes(bound)[1]
+        logits = self.target.compiled.forward_at(torch.cat([last, proposal.tokens], dim=1), lens - 1, end)
         if logits is None:
             raise RuntimeError("a pipelined step's target pass could not run compiled")
         if u is None:
@@ -207,10 +215,11 @@ class PipelinedSteps:
         accepted: `[B]` each, on the device; `bound` the longest L after it can be): the catch-up on
         tokens D..L-1 and the k - 1 chained passes after it, one call."""
         k = self.k
+        width, end, n = self._passes(bound)[0]
         fed = torch.minimum(before + accepted.clamp(max=k - 1), after - 1)  # [B] D
         counts = after - fed  # [B] 1 or 2
-        chunk = self.state.tokens.gather(1, fed[:, None] + self.columns[:2])  # [B, 2]; D + 1 <= L <= bound
-        drafts = self.draft.compiled.catch_up_chain_at(chunk, fed, counts, k - 1, bound + 1)
+        chunk = self.state.tokens.gather(1, fed[:, None] + self.columns[:width])  # [B, 2]; D + 1 <= L <= bound
+        drafts = self.draft.compiled.catch_up_chain_at(chunk, fed, counts, n, end)
         if drafts is None:
             raise RuntimeError("a pipelined step's draft could not run compiled")
         return Proposal(drafts, [k] * self.state.batch_size)
@@ -245,8 +254,8 @@ class PipelinedSteps:
         """The step as one replay of its graph, captured on its key's first step: the two passes'
         host decisions (`CompiledForward.at_key`), so that a replay is what the Python would launch.
         None where capturing failed (the steps go on uncaptured, and the report says why)."""
-        k = self.k
-        key = (self.draft.compiled.at_key(2, bound + 1, k - 1), self.target.compiled.at_key(k + 1, bound + k))
+        draft, target = self._passes(bound)
+        key = (self.draft.compiled.at_key(*draft), self.target.compiled.at_key(*target))
         graph = self._graphs.get(key)
         if graph is None:
             try:
