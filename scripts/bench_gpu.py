@@ -334,7 +334,10 @@ def host_profile(decoder: SpeculativeDecoder, prompts: list[list[int]], new_toke
     synchronize(decoder.engine.device)
     wall -= time.perf_counter() - t
     n = max(steps - first_steps, 1)
-    own = {name: (cc - first.get(name, (0, 0))[0], tt - first.get(name, (0, 0))[1]) for name, (cc, tt) in full.items()}
+    # Each function's calls and own time in the decoding phase: the difference of two measured runs,
+    # which noise can take below zero where the decoding phase spent next to nothing (a CPU's waits).
+    own = {name: (max(cc - first.get(name, (0, 0))[0], 0), max(tt - first.get(name, (0, 0))[1], 0.0))
+           for name, (cc, tt) in full.items()}
     waiting = sum(tt for name, (_, tt) in own.items() if _waits(name))
     ranked = sorted(((name, cc, tt) for name, (cc, tt) in own.items() if not _waits(name)),
                     key=lambda x: x[2], reverse=True)
