@@ -27,11 +27,19 @@ from specdec.metrics import GenerationStats, RowStats
 from specdec.pipeline import PipelinedSteps, pipeline_blocked
 from specdec.proposers.autoregressive import NoDraftProposer
 from specdec.sampling import SamplingParams, check_number
-from specdec.schedules import ConstantSchedule
+from specdec.schedules import ConstantSchedule, make_schedule
 from specdec.syncs import HostCopy, to_device
 from specdec.tree import TreeProposal
 from specdec.tree_verify import TreeVerifier
-from specdec.types import DecodeState, Generation, Proposal, Proposer, StepOutcome, TokenCallback
+from specdec.types import (
+    SCHEDULE_REQUIRED,
+    DecodeState,
+    Generation,
+    Proposal,
+    Proposer,
+    StepOutcome,
+    TokenCallback,
+)
 from specdec.verify import make_verifier
 
 # Exact greedy in reduced precision (bfloat16): the logits of a token depend, in their last bits, on
@@ -59,13 +67,28 @@ def _check_proposer(engine: Engine, proposer) -> None:
                              f"{type(part).__name__}(engine, ...)")
 
 
+def _schedule(spec, k: int):
+    """`schedule=` as a schedule object: None is k every step, a name is built as `method.schedule=`
+    builds it (with k as its `num_speculative_tokens`), an object is checked for what the decoding
+    loop calls on it, so that a wrong value fails here, before any model runs, and not mid-generation."""
+    schedule = ConstantSchedule(k) if spec is None else make_schedule(spec, k)
+    missing = [m for m in SCHEDULE_REQUIRED if not hasattr(schedule, m)]
+    if missing:
+        raise TypeError(f"schedule= takes None, a schedule's name (heuristic, confidence, cost_aware, ...) or a "
+                        f"schedule object, got {spec!r}, which has no {', '.join(missing)}: subclass "
+                        f"specdec.schedules.ConstantSchedule for a schedule of your own")
+    return schedule
+
+
 class SpeculativeDecoder:
     """Speculative decoding of a batch of prompts with any proposer (None: plain decoding).
 
     engine:                 target (and draft) models with their caches.
     proposer:               a `Proposer`; None gives the autoregressive baseline.
     num_speculative_tokens: k, drafts proposed per step (ignored without a proposer).
-    schedule:               chooses k per step (default: constant k); see `specdec.schedules`.
+    schedule:               chooses k per step: None (k every step), a name ("heuristic", "confidence",
+                            "cost_aware": the files of conf/method/schedule/) or a schedule object;
+                            see `specdec.schedules`.
     verifier:               "auto" (greedy at temperature 0, else speculative sampling), or a name.
     verifier_args:          keyword arguments of the named verifier (typical: epsilon, delta).
     tokenizer:              optional; needed to pass text prompts and to get text back.
@@ -99,7 +122,7 @@ class SpeculativeDecoder:
         if self.speculative and num_speculative_tokens < 1:
             raise ValueError(f"num_speculative_tokens (k) must be >= 1, got {num_speculative_tokens}")
         self.k = num_speculative_tokens if self.speculative else 0
-        self.schedule = schedule or ConstantSchedule(max(self.k, 1))
+        self.schedule = _schedule(schedule, max(self.k, 1))
         self.k = self.schedule.k_max if self.speculative else 0
         if self.speculative and hasattr(self.schedule, "bind"):  # a schedule that prices its proposer
             self.schedule.bind(self.proposer, engine)

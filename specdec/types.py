@@ -262,6 +262,11 @@ class Schedule(Protocol):
         """What the schedule learned, for results (None: nothing to report)."""
 
 
+# The members of a `Schedule` read without a default (`reads_offers` and `fixed_k` are taken as False
+# where a schedule lacks them): what `SpeculativeDecoder` checks a schedule object for.
+SCHEDULE_REQUIRED = ("k_max", "uses_confidence", "reset", "next_k", "keep_drafting", "trim", "observe", "report")
+
+
 class Decoder(Protocol):
     """What the experiment drives: specdec's `SpeculativeDecoder` and the `transformers` anchors.
     A decoder owns its cache budget: it says how many positions a request needs and whether they fit."""

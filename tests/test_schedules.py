@@ -57,3 +57,20 @@ def test_confidence_stops_below_threshold():
 
 
 # The cost-aware policy's decisions are tested in tests/test_policy.py.
+
+
+def test_the_decoder_takes_a_schedule_by_name_and_refuses_what_is_not_one(engine_factory, unrelated_draft):
+    from specdec.decoding import SpeculativeDecoder
+    from specdec.proposers.draft_model import DraftModelProposer
+
+    engine = engine_factory(unrelated_draft)
+    by_name = SpeculativeDecoder(engine, DraftModelProposer(engine), num_speculative_tokens=5, schedule="heuristic")
+    assert isinstance(by_name.schedule, HeuristicSchedule) and by_name.schedule.k_max == 5 and by_name.k == 5
+    prompts = [[5, 6, 7, 8, 9], [3, 4]]
+    plain = SpeculativeDecoder(engine).generate(prompts, max_new_tokens=12).output_ids
+    assert by_name.generate(prompts, max_new_tokens=12).output_ids == plain
+    assert isinstance(SpeculativeDecoder(engine, DraftModelProposer(engine)).schedule, ConstantSchedule)
+    with pytest.raises(ValueError, match="unknown schedule 'heuristc'"):
+        SpeculativeDecoder(engine, DraftModelProposer(engine), schedule="heuristc")
+    with pytest.raises(TypeError, match="got 3, which has no k_max.*subclass specdec.schedules.ConstantSchedule"):
+        SpeculativeDecoder(engine, DraftModelProposer(engine), schedule=3)
