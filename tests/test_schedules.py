@@ -5,7 +5,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from specdec.decoding import SpeculativeDecoder
 from specdec.proposers.base import Proposal
+from specdec.proposers.draft_model import DraftModelProposer
 from specdec.schedules import (
     ConfidenceSchedule,
     ConstantSchedule,
@@ -60,9 +62,6 @@ def test_confidence_stops_below_threshold():
 
 
 def test_the_decoder_takes_a_schedule_by_name_and_refuses_what_is_not_one(engine_factory, unrelated_draft):
-    from specdec.decoding import SpeculativeDecoder
-    from specdec.proposers.draft_model import DraftModelProposer
-
     engine = engine_factory(unrelated_draft)
     by_name = SpeculativeDecoder(engine, DraftModelProposer(engine), num_speculative_tokens=5, schedule="heuristic")
     assert isinstance(by_name.schedule, HeuristicSchedule) and by_name.schedule.k_max == 5 and by_name.k == 5
