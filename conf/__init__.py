@@ -1,4 +1,4 @@
-"""The Hydra configs of specdec (one YAML per option of each group; schema in specdec/config.py).
+"""The Hydra configs of specdec (one YAML per option of each group; schema in specdec/study/config.py).
 
 This folder is the configs' one home in the repository; packaging ships it inside the package as
 `specdec.conf` (pyproject.toml maps the one onto the other), and `specdec-run` / `python -m specdec`

@@ -21,8 +21,8 @@ import time
 import torch
 
 from specdec import Engine, ModelSpec, SpeculativeDecoder, load_model
-from specdec.data import build_turn_input, load_prompts
-from specdec.metrics import speedup, tokens_per_s
+from specdec.core.metrics import speedup, tokens_per_s
+from specdec.study.data import build_turn_input, load_prompts
 
 
 def hf_generate(model, ids: list[int], max_new_tokens: int) -> list[int]:

@@ -18,7 +18,7 @@ compiles every graph the timed runs need, and medians of the repeats are reporte
   from the device's name);
 - speculative decoding with forced acceptance (draft i accepted with probability a given drafts
   1..i-1 were: `verifier=forced`, not lossless, marked so), k = 4, eager and compiled (on a GPU with
-  its steps pipelined: `overlap=auto`, `specdec.pipeline`) and the compiled serial loop
+  its steps pipelined: `overlap=auto`, `specdec.accel.pipeline`) and the compiled serial loop
   (`overlap=off`), against compiled plain decoding;
 - on CUDA, compile=on with specdec's own CUDA graphs (`cuda_graphs="explicit"`, a replay a call
   without dynamo) against inductor's (`trees`), interleaved: plain decoding at the first batch size,
@@ -68,19 +68,19 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout without `pip install` (a bare GPU box)
 
-import specdec.verify as verify  # noqa: E402
-from specdec.compiled import CompiledForward  # noqa: E402
-from specdec.decoding import SpeculativeDecoder  # noqa: E402
-from specdec.engine import Engine, synchronize  # noqa: E402
-from specdec.metrics import (  # noqa: E402
+import specdec.core.verify as verify  # noqa: E402
+from specdec.accel.compiled import CompiledForward  # noqa: E402
+from specdec.accel.syncs import count_host_syncs, detect_cuda_syncs  # noqa: E402
+from specdec.core.decoding import SpeculativeDecoder  # noqa: E402
+from specdec.core.engine import Engine, synchronize  # noqa: E402
+from specdec.core.metrics import (  # noqa: E402
     draft_token_cost,
     expected_tokens_per_step,
     predicted_speedup,
     tokens_per_s,
 )
+from specdec.core.sampling import greedy_tokens  # noqa: E402
 from specdec.proposers.draft_model import DraftModelProposer  # noqa: E402
-from specdec.sampling import greedy_tokens  # noqa: E402
-from specdec.syncs import count_host_syncs, detect_cuda_syncs  # noqa: E402
 
 SHAPES = {
     # Llama-3.2-1B: 1.24 B parameters (embeddings tied)
@@ -363,7 +363,7 @@ def hf_rate(model, prompt: torch.Tensor, new_tokens: int, **kwargs) -> float:
 def make_engine(target, draft, device, dtype, compiled: bool, backend: str, cuda_graphs: str = "trees",
                 autotune: bool = False, freezing: bool | None = None) -> Engine:
     """An engine over the shared models; `freezing` True or False overrides where inductor freezes the
-    weights (by default: on a CPU only, `specdec.compiled.freezes`)."""
+    weights (by default: on a CPU only, `specdec.accel.compiled.freezes`)."""
     engine = Engine(target, draft, device=device, dtype=dtype,
                     compile=("autotune" if autotune else "on") if compiled else "off", cuda_graphs=cuda_graphs)
     if compiled and (backend != "inductor" or freezing is not None):  # the tests' quick graphs: dynamo's eager backend
@@ -385,7 +385,7 @@ def plain(engine: Engine, overlap: str = "auto") -> SpeculativeDecoder:
 def forced(engine: Engine, k: int, acceptance: float, overlap: str = "auto") -> SpeculativeDecoder | None:
     """Speculative decoding with forced acceptance, or None where this specdec has no forced verifier;
     `overlap` as the decoder takes it (auto: on a GPU, compiled, step n+1 is queued before step n's
-    outcome is read: `specdec.pipeline`)."""
+    outcome is read: `specdec.accel.pipeline`)."""
     if not hasattr(verify, "ForcedVerifier"):
         return None
     decoder = SpeculativeDecoder(engine, DraftModelProposer(engine), num_speculative_tokens=k, eos_token_id=[],
@@ -563,7 +563,7 @@ def main(argv: list[str] | None = None) -> dict:
             "compiled_draft_token_ms": draft_cost["compiled"] * 1e3, "compiled_c": c["compiled"],
             # the draft's step of k drafts as decoding runs it (one compiled call under compile=on), per draft
             "draft_step_ms": {n: v * 1e3 for n, v in step_cost.items()}, "c_in_step": c_step,
-            # specdec.metrics' cost model in units of one target step: E tokens per step of k draft
+            # specdec.core.metrics' cost model in units of one target step: E tokens per step of k draft
             # tokens at c each plus one scoring pass of k+1 tokens (Leviathan et al., measured costs)
             "predicted_speedup": {
                 f"alpha={a},k={k}": predicted_speedup(expected_tokens_per_step([a] * k), 1.0,
@@ -574,7 +574,7 @@ def main(argv: list[str] | None = None) -> dict:
     def forced_acceptance() -> None:
         """Speculative decoding with forced acceptance, batch 1, against compiled plain decoding."""
         if forced(engines["eager"], args.k, args.acceptance) is None:
-            result["forced_note"] = "skipped: this specdec has no verifier=forced (specdec/verify.py)"
+            result["forced_note"] = "skipped: this specdec has no verifier=forced (specdec/core/verify.py)"
             return
         base = plain(engines["compiled"])
         variants = {"plain compiled": lambda: decode_rate(base, [prompt], args.new_tokens)}

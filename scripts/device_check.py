@@ -8,7 +8,7 @@ The checks, on tiny random models in float32 (so that tokens must be identical):
 
 1. compile=on (inductor; CUDA graphs on a GPU) gives the eager path's greedy tokens: plain decoding
    (compiled with its steps overlapped, against the eager serial loop) and a draft model at k = 1
-   and 4 (at k = 4 its steps pipelined, `specdec.pipeline`), a single prompt and a ragged batch of three, and EAGLE's token trees (the tests' tiny
+   and 4 (at k = 4 its steps pipelined, `specdec.accel.pipeline`), a single prompt and a ragged batch of three, and EAGLE's token trees (the tests' tiny
    trained drafter) on the ragged batch; on a GPU no compiled graph may run without CUDA graphs
    (`cuda_graph_skips`, with the captures, in each case's compile report); and with specdec's own
    CUDA graphs (`cuda_graphs="explicit"`) plain decoding, the draft model at k = 4 and EAGLE on the
@@ -46,14 +46,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from specdec.compiled import CompiledForward  # noqa: E402
-from specdec.decoding import SpeculativeDecoder  # noqa: E402
-from specdec.engine import Engine  # noqa: E402
+from specdec.accel.compiled import CompiledForward  # noqa: E402
+from specdec.accel.syncs import count_host_syncs, detect_cuda_syncs  # noqa: E402
+from specdec.core.decoding import SpeculativeDecoder  # noqa: E402
+from specdec.core.engine import Engine  # noqa: E402
 from specdec.models import tiny_random_model  # noqa: E402
 from specdec.proposers.draft_model import DraftModelProposer  # noqa: E402
 from specdec.proposers.eagle import EagleProposer  # noqa: E402
 from specdec.proposers.ngram import NgramProposer  # noqa: E402
-from specdec.syncs import count_host_syncs, detect_cuda_syncs  # noqa: E402
 
 PROMPTS = [[5, 6, 7, 8, 9], [3, 4], [10, 11, 12, 13, 14, 15, 16, 17, 18]]
 # Seconds left for the benchmark's last stage to run past its start (a batch size compiling its graphs).

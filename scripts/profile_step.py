@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 
 from specdec import Engine, ModelSpec, SpeculativeDecoder, load_model
-from specdec.data import build_turn_input, load_prompts
-from specdec.engine import synchronize
+from specdec.core.engine import synchronize
+from specdec.study.data import build_turn_input, load_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -2,7 +2,7 @@
 
     python scripts/train_draft.py [key=value ...]        # config: conf/train_draft.yaml
 
-The recipe and the draft's shape are described in `specdec/training.py`. The script prints each
+The recipe and the draft's shape are described in `specdec/train/training.py`. The script prints each
 phase's progress and time, the KL loss as it trains, and finally the trained draft's acceptance and speedup
 on held-out Spec-Bench prompts (with `eval.init=true` the untrained draft's too); it writes the draft to `out` (a directory
 that `draft.path=` loads) with `train_report.json` beside the weights. Weights are never committed:
@@ -22,12 +22,12 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from specdec.config import resolve_path
-from specdec.data import load_builtin, load_spec_bench
-from specdec.engine import Engine
-from specdec.errors import InvalidInput, MissingInput, reported
+from specdec.core.engine import Engine
+from specdec.core.errors import InvalidInput, MissingInput, reported
 from specdec.models import ModelSpec, cache_dir, load_model
-from specdec.script_checks import (
+from specdec.study.config import resolve_path
+from specdec.study.data import load_builtin, load_spec_bench
+from specdec.train.script_checks import (
     check_at_least,
     check_cache_folder,
     check_choice,
@@ -35,7 +35,7 @@ from specdec.script_checks import (
     check_out_dir,
     checked,
 )
-from specdec.training import (
+from specdec.train.training import (
     Example,
     PhaseTimer,
     distill,

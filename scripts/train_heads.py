@@ -3,7 +3,7 @@ prompts this project writes.
 
     python scripts/train_heads.py [key=value ...]        # config: conf/train_heads.yaml
 
-The recipe is in `specdec/head_training.py`. The script logs each phase's time, the loss as it
+The recipe is in `specdec/train/head_training.py`. The script logs each phase's time, the loss as it
 trains and the heads' held-out agreement with the target after every epoch, then decodes held-out
 prompts with the trained heads against plain decoding (interleaved) and writes:
 
@@ -26,13 +26,18 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from specdec import metrics
-from specdec.config import resolve_path
-from specdec.data import build_turn_input, load_builtin, load_spec_bench
-from specdec.decoding import SpeculativeDecoder
-from specdec.engine import Engine
-from specdec.errors import InvalidInput, reported
-from specdec.head_training import (
+from specdec.core import metrics
+from specdec.core.decoding import SpeculativeDecoder
+from specdec.core.engine import Engine
+from specdec.core.errors import InvalidInput, reported
+from specdec.models import ModelSpec, cache_dir, load_model
+from specdec.proposers.eagle import EagleDrafter, EagleProposer
+from specdec.proposers.heads import OutputHead, frequent_tokens, save_checkpoint, target_signature
+from specdec.proposers.medusa import MedusaHeads, MedusaProposer
+from specdec.study.config import resolve_path
+from specdec.study.data import build_turn_input, load_builtin, load_spec_bench
+from specdec.study.tracking import TRACKER_SETTINGS, make_tracker
+from specdec.train.head_training import (
     FamilyPlan,
     check_disjoint,
     eagle_accuracy,
@@ -45,11 +50,7 @@ from specdec.head_training import (
     training_prompts,
     vocab_index,
 )
-from specdec.models import ModelSpec, cache_dir, load_model
-from specdec.proposers.eagle import EagleDrafter, EagleProposer
-from specdec.proposers.heads import OutputHead, frequent_tokens, save_checkpoint, target_signature
-from specdec.proposers.medusa import MedusaHeads, MedusaProposer
-from specdec.script_checks import (
+from specdec.train.script_checks import (
     check_at_least,
     check_cache_folder,
     check_choice,
@@ -57,8 +58,7 @@ from specdec.script_checks import (
     check_out_file,
     checked,
 )
-from specdec.tracking import TRACKER_SETTINGS, make_tracker
-from specdec.training import (
+from specdec.train.training import (
     Example,
     PhaseTimer,
     generate_continuations,

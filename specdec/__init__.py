@@ -8,11 +8,11 @@ import os as _os
 for _var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
     _os.environ.setdefault(_var, "1")
 
-from specdec.decoding import Generation, SpeculativeDecoder, TextStreamer  # noqa: E402
-from specdec.engine import CachedModel, Engine  # noqa: E402
+from specdec.core.decoding import Generation, SpeculativeDecoder, TextStreamer  # noqa: E402
+from specdec.core.engine import CachedModel, Engine  # noqa: E402
+from specdec.core.sampling import SamplingParams  # noqa: E402
 from specdec.models import ModelSpec, load_model, tiny_random_model  # noqa: E402
 from specdec.proposers.draft_model import DraftModelProposer  # noqa: E402
-from specdec.sampling import SamplingParams  # noqa: E402
 
 __all__ = [
     "CachedModel", "DraftModelProposer", "Engine", "Generation", "ModelSpec", "SamplingParams",

@@ -11,7 +11,7 @@ The configs are `conf/` at the top of the repository, shipped inside the package
 any folder. A clone used without installing it (`PYTHONPATH=.`) has no `specdec.conf` of its own;
 the app then reads `conf/` beside the package directly.
 
-The job body is `specdec.experiment.run`; the schema and checks are in `specdec.config`.
+The job body is `specdec.study.experiment.run`; the schema and checks are in `specdec.study.config`.
 """
 
 import importlib.util
@@ -22,7 +22,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from specdec.config import override_hints, register
+from specdec.study.config import override_hints, register
 
 register()  # the schema must be in the ConfigStore before Hydra composes `config.yaml`
 
@@ -43,8 +43,8 @@ def config_path() -> str:
 @hydra.main(version_base="1.3", config_path=config_path(), config_name="config")
 def main(cfg: DictConfig) -> float:
     """Run one job; returns the method's speedup (what a sweeper such as Optuna would optimise)."""
-    from specdec.errors import reported
-    from specdec.experiment import run  # imported here so `--help` and `--cfg` stay fast
+    from specdec.core.errors import reported
+    from specdec.study.experiment import run  # imported here so `--help` and `--cfg` stay fast
 
     # Bad input (a config value, a prompt file, a model), not a bug: its message says what is wrong
     # and what to do, and a traceback would only bury it.
@@ -55,7 +55,7 @@ def main(cfg: DictConfig) -> float:
 
 def cli() -> None:
     """The command: Hydra's app; when Hydra refuses the command line (it prints why and exits), the
-    settings a misspelt or misplaced key probably meant (`specdec.config.override_hints`)."""
+    settings a misspelt or misplaced key probably meant (`specdec.study.config.override_hints`)."""
     try:
         main()
     except SystemExit as stop:

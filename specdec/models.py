@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specdec.attention import AttentionLayout, eager_attention_needed
-from specdec.errors import InvalidInput, MissingInput, MissingPackage, first_line
+from specdec.core.attention import AttentionLayout, eager_attention_needed
+from specdec.core.errors import InvalidInput, MissingInput, MissingPackage, first_line
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -108,7 +108,7 @@ def load_model(
 
 def locate(spec: ModelSpec) -> Path | str:
     """Where `spec`'s files are, checked without reading a model, so that a path that cannot work is
-    refused before anything loads (`specdec.config.validate` calls this): the GGUF file, the model
+    refused before anything loads (`specdec.study.config.validate` calls this): the GGUF file, the model
     directory, or the hub id, found in the local Hugging Face cache; `tiny_random` is built, not found."""
     if spec.path == "tiny_random":
         return spec.path
@@ -158,7 +158,7 @@ def _checkpoint_dir(spec: ModelSpec) -> str:
 
 def context_length_of(spec: ModelSpec) -> int | None:
     """`spec`'s context (`max_position_embeddings`) read from its config alone, so that a request too
-    long for it is refused before the weights load (`specdec.config.validate`). None where only more
+    long for it is refused before the weights load (`specdec.study.config.validate`). None where only more
     would tell: a GGUF file not converted yet (parsing its metadata takes seconds, and loading converts
     it anyway) or a cached hub config transformers cannot read (loading then says why; a local
     directory's is refused by `locate`); the check after loading

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec.engine import Engine
+from specdec.core.engine import Engine
 from specdec.models import tiny_random_model
 
 # Tiny models gain nothing from a second thread, and OpenMP threads that spin-wait for a busy core
@@ -44,13 +44,13 @@ class TargetTime:
     same on every machine, and drafting pays wherever anything is accepted."""
 
     def __init__(self, monkeypatch, engine: Engine, width: float = 0.01):
-        import specdec.decoding
-        import specdec.engine
-        import specdec.policy
-        import specdec.proposers.hybrid
+        import specdec.adaptive.hybrid
+        import specdec.adaptive.policy
+        import specdec.core.decoding
+        import specdec.core.engine
 
         self.now = 0.0
-        for module in (specdec.decoding, specdec.engine, specdec.policy, specdec.proposers.hybrid):
+        for module in (specdec.core.decoding, specdec.core.engine, specdec.adaptive.policy, specdec.adaptive.hybrid):
             monkeypatch.setattr(module, "time", self)
         forward = engine.target.forward
 

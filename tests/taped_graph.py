@@ -11,7 +11,7 @@ That is what a real replay does, and what a stand-in that re-runs the call canno
   forgot to copy into the graph's buffers is read stale), and every result is written into the
   tensor the capture made for it, so the outputs a capture returned are overwritten by each replay;
 - a capture refuses what CUDA's refuses, or what a GPU would replay wrongly: a host read of a
-  device value (`.item()`, `.tolist()`, `nonzero`, boolean indexing: `specdec.syncs.reads_on_host`),
+  device value (`.item()`, `.tolist()`, `nonzero`, boolean indexing: `specdec.accel.syncs.reads_on_host`),
   a tensor made from host values (`torch.tensor(...)`: its copy to the device would replay from a
   pinned buffer reused since) and a draw from a `torch.Generator` (CUDA graphs replay only
   generators registered with them; specdec draws before a capture) raise the RuntimeError a CUDA
@@ -19,7 +19,7 @@ That is what a real replay does, and what a stand-in that re-runs the call canno
 
 A capture runs the call once as it is (a real capture's warm-up run: compiled calls compile there),
 then again while recording: both change nothing that the replay after them does not set again (a
-captured call's cache writes are its replay's, `specdec.cuda_graphs`).
+captured call's cache writes are its replay's, `specdec.accel.cuda_graphs`).
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from specdec.compiled import CompiledForward
-from specdec.engine import Engine
-from specdec.syncs import reads_on_host
+from specdec.accel.compiled import CompiledForward
+from specdec.accel.syncs import reads_on_host
+from specdec.core.engine import Engine
 
 CAPTURE_ERROR = "operation not permitted when stream is capturing"
 

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from specdec.anchors import HFAssisted, HFGenerate, HFPromptLookup
-from specdec.decoding import SpeculativeDecoder
+from specdec.core.decoding import SpeculativeDecoder
+from specdec.study.anchors import HFAssisted, HFGenerate, HFPromptLookup
 from tests.conftest import RAGGED_PROMPTS
 
 
@@ -103,7 +103,7 @@ def test_transformers_assisted_decoding_cannot_start_from_a_filled_cache(target)
     import torch
     from transformers import DynamicCache
 
-    from specdec.anchors import CACHE_KWARG
+    from specdec.study.anchors import CACHE_KWARG
 
     x = torch.tensor([[5, 6, 7, 8, 9, 5, 6, 7]])
     kw = {"attention_mask": torch.ones_like(x), "max_new_tokens": 10, "do_sample": False, "pad_token_id": 0,

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.decoding import SpeculativeDecoder
-from specdec.sampling import SamplingParams
+from specdec.core.decoding import SpeculativeDecoder
+from specdec.core.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")
 def decoder():
-    from specdec.engine import Engine
+    from specdec.core.engine import Engine
     from specdec.models import tiny_random_model
 
     return SpeculativeDecoder(Engine(tiny_random_model(seed=0), dtype="float32"))
@@ -65,7 +65,7 @@ def test_bad_decoder_arguments_are_named(decoder, kwargs, message):
 
 
 def test_an_unknown_device_is_named():
-    from specdec.engine import Engine
+    from specdec.core.engine import Engine
     from specdec.models import tiny_random_model
 
     with pytest.raises(ValueError, match=r"^device='tpu' is not a device torch knows; use auto, cpu, cuda or cuda:N$"):
@@ -76,10 +76,10 @@ def test_a_proposer_built_for_another_engine_is_refused():
     """A draft model's proposer drafts from its engine's draft and cache: with another engine's
     decoder it would propose from that engine's state (and crash mid-generation where the vocabularies
     differ). A proposer that needs no engine goes with any, and a name is not a proposer."""
-    from specdec.engine import Engine
+    from specdec.adaptive.hybrid import HybridProposer
+    from specdec.core.engine import Engine
     from specdec.models import tiny_random_model
     from specdec.proposers.draft_model import DraftModelProposer
-    from specdec.proposers.hybrid import HybridProposer
     from specdec.proposers.ngram import NgramProposer
 
     target = tiny_random_model(seed=0)

@@ -23,9 +23,9 @@ import pytest
 import torch
 import transformers as tf
 
-from specdec.attention import AttentionLayout, UnsupportedModelError
-from specdec.decoding import SpeculativeDecoder
-from specdec.engine import CachedModel, Engine
+from specdec.core.attention import AttentionLayout, UnsupportedModelError
+from specdec.core.decoding import SpeculativeDecoder
+from specdec.core.engine import CachedModel, Engine
 from specdec.models import ModelSpec, load_model, tiny_random_model, tiny_random_tokenizer
 from specdec.proposers.draft_model import DraftModelProposer
 
@@ -267,7 +267,7 @@ def test_medusa_drafts_losslessly_on_every_layout(arch, tmp_path):
     transformers' greedy tokens. BERT's logits are not its head's output on the decoder's (a prediction
     transform sits between them; Medusa drafted from the wrong distribution, losslessly but blind):
     refused as the proposer is built."""
-    from specdec.decoder_stack import hidden_source
+    from specdec.core.decoder_stack import hidden_source
     from specdec.proposers.heads import OutputHead, save_checkpoint
     from specdec.proposers.medusa import MedusaHeads, MedusaProposer
 
@@ -295,7 +295,7 @@ def test_head_training_reads_the_features_drafters_read(arch):
     wrapper's language model; it read `model.model` and failed on the others, after the target had
     written the training text), under the engine's attention (DeepSeek-V2's latent attention with two
     key heads, which transformers' own SDPA call rejects)."""
-    from specdec.training import Example, teacher_targets
+    from specdec.train.training import Example, teacher_targets
 
     name, model, _ = arch
     if name in HEAD_NOT_ON_DECODER:  # nothing to train heads on: refused before the pass
@@ -327,7 +327,7 @@ def test_layer_skip_and_a_cut_draft_decode_losslessly_on_every_stack(arch):
     keeps all its layers. A decoder without
     such a list (BERT's) is refused as the view is built."""
     from specdec.proposers.layer_skip import LayerSkipProposer, early_exit_view
-    from specdec.training import make_draft
+    from specdec.train.training import make_draft
 
     name, model, reference = arch
     if name in NO_STACK:
@@ -359,7 +359,7 @@ def test_eagle_and_shallower_views_refuse_layers_that_take_per_layer_inputs():
     refused as they are built."""
     from specdec.proposers.eagle import EagleDrafter
     from specdec.proposers.layer_skip import early_exit_view
-    from specdec.training import make_draft
+    from specdec.train.training import make_draft
 
     config = tf.Gemma3nTextConfig(
         vocab_size=VOCAB, vocab_size_per_layer_input=VOCAB, hidden_size=64, hidden_size_per_layer_input=8,

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec.compiled import CompiledForward
-from specdec.engine import Engine
+from specdec.accel.compiled import CompiledForward
+from specdec.core.engine import Engine
 from tests.conftest import load_script
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
@@ -203,7 +203,7 @@ def test_device_check_counts_only_the_callers_that_ran():
 
 
 def test_predicted_speedup_is_the_cost_model_of_specdec_metrics(tmp_path):
-    """The script's predictions apply specdec.metrics (no formula of its own), in target steps."""
+    """The script's predictions apply specdec.core.metrics (no formula of its own), in target steps."""
     bench = _load("bench_gpu")
     out = bench.main(["--device", "cpu", "--tiny", "--dtype", "float32", "--context", "8", "--k-max", "2",
                       "--new-tokens", "2", "--repeats", "1", "--batch-sizes", "1", "--k", "2", "--skip-hf",

@@ -19,15 +19,15 @@ import json
 import pytest
 import torch
 
-from specdec.config import ConfigError
-from specdec.decoding import SpeculativeDecoder
-from specdec.engine import Engine
-from specdec.metrics import RowStats
+from specdec.core.decoding import SpeculativeDecoder
+from specdec.core.engine import Engine
+from specdec.core.metrics import RowStats
+from specdec.core.sampling import SamplingParams, probabilities
+from specdec.core.verify import BlockVerifier, ForcedVerifier, GreedyVerifier, make_verifier
 from specdec.models import tiny_random_model
 from specdec.proposers.base import Proposal
 from specdec.proposers.draft_model import DraftModelProposer
-from specdec.sampling import SamplingParams, probabilities
-from specdec.verify import BlockVerifier, ForcedVerifier, GreedyVerifier, make_verifier
+from specdec.study.config import ConfigError
 from tests.stats import chi_square_pvalue
 
 
@@ -136,7 +136,7 @@ def _emitted_dists(verifier: BlockVerifier, p, q, proposal, monkeypatch) -> torc
         drawn.append(dist)
         return torch.zeros(len(dist), dtype=torch.long)
 
-    monkeypatch.setattr("specdec.verify.sample", capture)
+    monkeypatch.setattr("specdec.core.verify.sample", capture)
     n, k = proposal.tokens.shape
     for i in range(k + 1):
         h = torch.zeros(n, k, dtype=p.dtype)
@@ -375,7 +375,7 @@ def test_forced_through_the_decoder_measures_the_curve_and_is_lossy():
 def test_forced_runs_are_marked_lossy_in_results_and_table(tmp_path):
     from hydra import compose, initialize_config_dir
 
-    from specdec import experiment
+    from specdec.study import experiment
     from tests.test_experiment import CONF, FAST
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -403,8 +403,8 @@ def test_tree_proposers_refuse_verifiers_without_a_tree_form_before_any_model_lo
                                                                                     monkeypatch):
     from hydra import compose, initialize_config_dir
 
-    from specdec import experiment
-    from specdec.config import validate
+    from specdec.study import experiment
+    from specdec.study.config import validate
     from tests.test_experiment import CONF, FAST
 
     def no_model(*args, **kwargs):
@@ -422,7 +422,7 @@ def test_tree_proposers_refuse_verifiers_without_a_tree_form_before_any_model_lo
 
 
 def test_the_decoder_refuses_block_verification_of_a_tree():
-    from specdec.tree_verify import TreeVerifier
+    from specdec.core.tree_verify import TreeVerifier
 
     with pytest.raises(ValueError, match="verifier=block has no tree form"):
         TreeVerifier(BlockVerifier())

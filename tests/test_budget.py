@@ -10,12 +10,12 @@ from types import SimpleNamespace
 import pytest
 from omegaconf import OmegaConf
 
-from specdec import experiment
-from specdec.anchors import HFAssisted
-from specdec.config import ConfigError
-from specdec.data import Prompt
-from specdec.decoding import SpeculativeDecoder
+from specdec.core.decoding import SpeculativeDecoder
 from specdec.proposers.draft_model import DraftModelProposer
+from specdec.study import experiment
+from specdec.study.anchors import HFAssisted
+from specdec.study.config import ConfigError
+from specdec.study.data import Prompt
 
 CONTEXT = 512  # the tiny models' max_position_embeddings
 

@@ -4,7 +4,7 @@ and the next logits equal those of a cache that never saw the rejected tokens.""
 import pytest
 import torch
 
-from specdec.engine import CachedModel
+from specdec.core.engine import CachedModel
 
 
 def _fresh(model, batch=2, max_len=64):

@@ -1,4 +1,4 @@
-"""`python -m specdec.compare`: finds runs under run and sweep folders, tabulates every method with its
+"""`python -m specdec.study.compare`: finds runs under run and sweep folders, tabulates every method with its
 arguments, writes a CSV and a plot whose numbers are the summaries' own, marks unfinished runs, falls
 back to Hydra's files for summaries without method arguments, and reproduces the benchmarks study's
 tables from its run folder."""
@@ -14,8 +14,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from specdec import compare, experiment
-from specdec.report import summarize
-from specdec.results import PromptResult
+from specdec.study.report import summarize
+from specdec.study.results import PromptResult
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -183,7 +183,7 @@ def _markdown_tables(text: str) -> list[list[list[str]]]:
 
 def test_compare_reproduces_the_benchmarks_tables():
     """Every number of the vs_hf table and of its per-category table in experiments/benchmarks/README.md
-    comes out of `python -m specdec.compare experiments/benchmarks/runs/vs_hf` (the command there)."""
+    comes out of `python -m specdec.study.compare experiments/benchmarks/runs/vs_hf` (the command there)."""
     readme = (ROOT / "experiments" / "benchmarks" / "README.md").read_text()
     tables = _markdown_tables(readme)
     main = next(t for t in tables if t[0][:3] == ["method", "tok/s", "speedup"])

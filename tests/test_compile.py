@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec.compiled import (
+from specdec.accel.compiled import (
     MIN_KV,
     CompiledForward,
     bucket,
@@ -24,8 +24,9 @@ from specdec.compiled import (
     resolve_compile,
     width_bucket,
 )
-from specdec.decoding import SpeculativeDecoder
-from specdec.engine import Engine
+from specdec.core.decoding import SpeculativeDecoder
+from specdec.core.engine import Engine
+from specdec.core.schedules import HeuristicSchedule
 from specdec.models import tiny_random_model
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.eagle import EagleDrafter, EagleProposer
@@ -33,7 +34,6 @@ from specdec.proposers.heads import save_checkpoint
 from specdec.proposers.layer_skip import LayerSkipProposer
 from specdec.proposers.medusa import MedusaProposer
 from specdec.proposers.suffix import SuffixTreeProposer
-from specdec.schedules import HeuristicSchedule
 from tests.conftest import RAGGED_PROMPTS, load_script
 
 ASSETS = Path(__file__).resolve().parent / "assets"
@@ -129,7 +129,7 @@ def test_frozen_freezes_on_every_device_and_reaches_every_compiled_caller(target
     """compile=frozen: inductor's weight freezing for the engine's compiled callers and those a
     proposer adds from the target's options (layer skipping's draft), where `on` freezes on a CPU
     only; compiled through functions of their own (a frozen graph never stands in for another)."""
-    from specdec.compiled import _compiled, _forward, freezes
+    from specdec.accel.compiled import _compiled, _forward, freezes
     from specdec.proposers.layer_skip import LayerSkipProposer
 
     assert resolve_compile("frozen", torch.device("cpu")) is True
@@ -149,7 +149,7 @@ def test_autotune_compiles_apart_and_reaches_every_compiled_caller(target, monke
     from the target's options) compiles with inductor's max_autotune, through a compiled function of
     its own (an autotuned graph and a plain one of the same shape never stand in for each other),
     and passes of one token are not padded (the padding serves oneDNN's kernels)."""
-    from specdec.compiled import _compiled
+    from specdec.accel.compiled import _compiled
 
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
     assert resolve_compile("autotune", torch.device("cpu")) is True
@@ -164,7 +164,7 @@ def test_autotune_compiles_apart_and_reaches_every_compiled_caller(target, monke
     # (a screenful for every graph of a real model); the setting is the process's again afterwards.
     import torch._inductor.config as inductor_config
 
-    from specdec.compiled import QUIET_AUTOTUNE, _compiling
+    from specdec.accel.compiled import QUIET_AUTOTUNE, _compiling
 
     def settings():  # absent from older torch: None
         return {key: getattr(inductor_config, key, None) for key in QUIET_AUTOTUNE}
@@ -200,8 +200,8 @@ def test_autotuned_narrow_graphs_tune_among_the_cpp_gemms_only(monkeypatch):
     dtypes, CPUs and modes keep inductor's default choices."""
     import torch._inductor.config as inductor_config
 
-    from specdec import compiled
-    from specdec.compiled import CPP_GEMM_ROWS, _compiling, gemm_backends
+    from specdec.accel import compiled
+    from specdec.accel.compiled import CPP_GEMM_ROWS, _compiling, gemm_backends
 
     cpu = torch.device("cpu")
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
@@ -305,7 +305,7 @@ def _refuse_first_known_call(monkeypatch, asked: list | None = None) -> list[int
     """Make the first call to a known entry (one that skips dynamo's guards) fail as dynamo fails when
     no graph fits under the skipping stance. Returns the list the refusal is recorded in: one item,
     `len(asked)` at the time (the `_compiling` calls recorded before it), once it has happened."""
-    import specdec.compiled as compiled_module
+    import specdec.accel.compiled as compiled_module
 
     real_compiled, real_unguarded = compiled_module._compiled, compiled_module._unguarded
     skipping, refused = [False], []
@@ -351,8 +351,7 @@ def test_a_refused_known_call_recompiles_with_the_autotune_rule(monkeypatch):
     """The call that runs again with its guards after a refusal may compile, so under autotune it
     asks for the GEMM-kernel rule's choice (`gemm_backends`) like any call that may compile, not for
     the nothing a known call asks for."""
-    from specdec import compiled
-
+    from specdec.accel import compiled
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
     asked = []
     real = compiled._compiling
@@ -440,7 +439,7 @@ def test_known_calls_skip_the_guards(target, monkeypatch):
     """A call whose inputs match one this caller has run (same model, shapes, key bucket, buffers)
     skips dynamo's full guard evaluation; any new entry (the first call of a shape, a longer cache)
     evaluates every guard; with SKIP_KNOWN_GUARDS off, every call does."""
-    import specdec.compiled as compiled
+    import specdec.accel.compiled as compiled
 
     torch._dynamo.reset()
     engine = _engine(target, None, "on")
@@ -688,7 +687,7 @@ def test_cpu_compile_study_runs_every_method_in_both_modes(tmp_path):
 
 def test_cpu_compile_study_takes_spec_bench_categories_in_turn():
     """--source spec_bench: the first prompts cover Spec-Bench's six categories (MT-bench's eight as one)."""
-    from specdec.data import load_prompts
+    from specdec.study.data import load_prompts
 
     script = _study_script()
     mapping = script.spec_bench_categories()
@@ -741,7 +740,7 @@ def test_cuda_graph_captures_are_counted_once_installed():
     """The counter behind the report's `cuda_graph_captures` (a GPU's CUDA-graph trees capture through
     `torch.cuda.CUDAGraph.capture_begin`): installed once, it counts each call and then runs the
     class's own method (which, without CUDA, fails as it would have)."""
-    import specdec.compiled as compiled
+    import specdec.accel.compiled as compiled
 
     compiled.count_cuda_graph_captures()
     wrapper = torch.cuda.CUDAGraph.capture_begin

@@ -12,9 +12,9 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from specdec import experiment
-from specdec.config import ConfigError, model_spec, validate
 from specdec.models import tiny_random_model, tiny_random_tokenizer
+from specdec.study import experiment
+from specdec.study.config import ConfigError, model_spec, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -93,7 +93,7 @@ def test_defaults():
         assert cfg.method.name == "draft" and cfg.draft.path == "self" and not cfg.compare
     cfg = _compose([], hydra_config=True)
     assert cfg.data.source == "builtin" and cfg.logger.kind == "wandb"
-    assert cfg.hydra.callbacks.sweep_summary._target_ == "specdec.sweep.SweepSummary"
+    assert cfg.hydra.callbacks.sweep_summary._target_ == "specdec.study.sweep.SweepSummary"
 
 
 def test_wandb_mode_follows_the_environment(monkeypatch):
@@ -264,7 +264,7 @@ def test_tilde_in_paths_is_the_home_folder(tmp_path, monkeypatch):
     start.mkdir()
     (home / "sets" / "q.jsonl").write_text('{"question_id": 1, "category": "qa", "turns": ["Hi?"]}\n')
     monkeypatch.setenv("HOME", str(home))
-    from specdec.config import resolve_path
+    from specdec.study.config import resolve_path
 
     with _hydra_started_in(start):
         assert resolve_path("~/sets/q.jsonl") == home / "sets" / "q.jsonl"
@@ -462,7 +462,7 @@ def test_the_command_line_reports_a_bad_config_in_one_line_without_a_traceback(t
     (["zzz=1"], "`zzz` is not a setting; `python -m specdec --cfg job` prints them all"),
 ])
 def test_a_key_hydra_refuses_gets_the_setting_probably_meant(overrides, hint):
-    from specdec.config import override_hints
+    from specdec.study.config import override_hints
 
     with pytest.raises((ConfigCompositionException, ValidationError, ConfigKeyError)):
         _compose(overrides)  # Hydra refuses it: the hint adds to its message
@@ -471,7 +471,7 @@ def test_a_key_hydra_refuses_gets_the_setting_probably_meant(overrides, hint):
 
 
 def test_keys_hydra_accepts_get_no_hint():
-    from specdec.config import override_hints
+    from specdec.study.config import override_hints
 
     fine = ["method=eagle", "experiment=quick", "method.num_speculative_tokens=3", "+extra=1", "~experiment",
             "hydra.run.dir=x", "method.proposer.n=3", "method.schedule_args.margin=0.1", "method/schedule=constant",
@@ -487,16 +487,16 @@ def test_the_command_line_adds_the_hint_to_hydras_refusal(tmp_path):
 
 
 def test_config_names_the_cuda_graph_modes_of_the_engine():
-    """specdec.config checks cuda_graphs= without importing torch: its list is specdec.cuda_graphs'."""
-    from specdec import config
-    from specdec.cuda_graphs import CUDA_GRAPH_MODES
+    """specdec.study.config checks cuda_graphs= without importing torch: its list is specdec.accel.cuda_graphs'."""
+    from specdec.accel.cuda_graphs import CUDA_GRAPH_MODES
+    from specdec.study import config
 
     assert config.CUDA_GRAPH_MODES == CUDA_GRAPH_MODES
 
 
 def test_config_names_the_packed_linear_modes_of_the_engine():
-    """specdec.config checks packed_linear= without importing torch: its list is specdec.packed_linear's."""
-    from specdec import config
-    from specdec.packed_linear import PACKED_LINEAR_MODES
+    """specdec.study.config checks packed_linear= without importing torch: its list is specdec.accel.packed_linear's."""
+    from specdec.accel.packed_linear import PACKED_LINEAR_MODES
+    from specdec.study import config
 
     assert config.PACKED_LINEAR_MODES == PACKED_LINEAR_MODES

@@ -11,10 +11,10 @@ for name in ("hydra", "omegaconf", "wandb", "gguf", "datasets"):
     sys.modules[name] = None  # import of any of them now raises ImportError
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
-from specdec.decoding import SpeculativeDecoder
-from specdec.engine import Engine
+from specdec.core.decoding import SpeculativeDecoder
+from specdec.core.engine import Engine
 from specdec.proposers.draft_model import DraftModelProposer
-from specdec.schedules import make_schedule
+from specdec.core.schedules import make_schedule
 torch.manual_seed(0)
 cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2)

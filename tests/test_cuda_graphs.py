@@ -1,4 +1,4 @@
-"""compile=on with explicit CUDA graphs (`specdec.cuda_graphs`): every compiled call of a new shape is
+"""compile=on with explicit CUDA graphs (`specdec.accel.cuda_graphs`): every compiled call of a new shape is
 captured once and replayed after, its changing inputs copied into the graph's own buffers.
 
 A CPU cannot capture CUDA graphs, so these tests capture with a stand-in (`tests.taped_graph.TapedGraph`)
@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec.compiled import CompiledForward
-from specdec.cuda_graphs import CapturedCall, CudaGraph
-from specdec.decoding import SpeculativeDecoder
-from specdec.engine import Engine
+from specdec.accel.compiled import CompiledForward
+from specdec.accel.cuda_graphs import CapturedCall, CudaGraph
+from specdec.core.decoding import SpeculativeDecoder
+from specdec.core.engine import Engine
 from specdec.models import tiny_random_model
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.eagle import EagleProposer

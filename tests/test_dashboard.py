@@ -1,4 +1,4 @@
-"""`python -m specdec.dashboard`, offline: the workspace and the report build and validate, every key
+"""`python -m specdec.study.dashboard`, offline: the workspace and the report build and validate, every key
 their panels name is one a real (tiny, offline) run logs to W&B, a misspelt key fails that check, and
 the definition is written to a file. W&B's network API is replaced by one that fails the test if called."""
 
@@ -12,7 +12,7 @@ import yaml
 from hydra import compose, initialize_config_dir
 
 from specdec import dashboard, experiment
-from specdec.data import load_prompts
+from specdec.study.data import load_prompts
 
 wr = dashboard.wr
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec.data import Prompt, build_turn_input, common_prefix_len, load_prompts
+from specdec.study.data import Prompt, build_turn_input, common_prefix_len, load_prompts
 
 # Spec-Bench's question.jsonl ships inside the package, so it is there in a clone and in a wheel.
 SPEC_BENCH = resources.files("specdec") / "data" / "spec_bench"
@@ -226,7 +226,7 @@ def test_hf_json_files_that_do_not_parse_name_their_line(tmp_path, hf_cache):
 def test_hf_files_datasets_cannot_parse_are_named_in_one_line(tmp_path, hf_cache):
     """pandas' and pyarrow's parse errors come wrapped in `datasets`' own; said as bad input naming
     the file and the parser's first line, not a traceback of a hundred lines."""
-    from specdec.errors import InputError
+    from specdec.core.errors import InputError
 
     quote = tmp_path / "q.csv"
     quote.write_text('text,topic\n"What is rain?,weather\n')
@@ -290,10 +290,10 @@ def test_turn_input_chat_template(tokenizer):
 
 
 def test_bad_prompt_files_are_input_errors(tmp_path):
-    """What a prompt file holds wrong is bad input (`specdec.errors.InputError`: one `Error:` line on
+    """What a prompt file holds wrong is bad input (`specdec.core.errors.InputError`: one `Error:` line on
     the command line), also the ValueError or FileNotFoundError a library caller expects; a
     Spec-Bench file with no question says it is empty."""
-    from specdec.errors import InputError
+    from specdec.core.errors import InputError
 
     empty = tmp_path / "questions.jsonl"
     empty.write_text("\n\n", encoding="utf-8")
@@ -310,7 +310,7 @@ def test_bad_prompt_files_are_input_errors(tmp_path):
 
 
 def test_an_uncached_dataset_name_says_the_machine_reads_offline(monkeypatch):
-    from specdec.errors import InputError
+    from specdec.core.errors import InputError
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     with pytest.raises(InputError, match="data.hf_name=no-such-org/no-such-set-xyz: `datasets` cannot open it"):

@@ -5,8 +5,8 @@ block ends the row there; bad input is refused before any model work."""
 import pytest
 import torch
 
-from specdec.decoding import SpeculativeDecoder, TextStreamer
-from specdec.engine import CachedModel
+from specdec.core.decoding import SpeculativeDecoder, TextStreamer
+from specdec.core.engine import CachedModel
 from specdec.proposers.draft_model import DraftModelProposer
 from tests.conftest import RAGGED_PROMPTS
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from specdec import DraftModelProposer, Engine, ModelSpec, SpeculativeDecoder, load_model
-from specdec.data import build_turn_input
+from specdec.study.data import build_turn_input
 
 pytestmark = pytest.mark.slow
 

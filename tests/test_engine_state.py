@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from specdec.decoding import SpeculativeDecoder
-from specdec.engine import Engine
+from specdec.core.decoding import SpeculativeDecoder
+from specdec.core.engine import Engine
 from specdec.models import tiny_random_model
 from specdec.proposers.draft_model import DraftModelProposer
 

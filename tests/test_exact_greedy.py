@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from specdec import Engine, ModelSpec, SpeculativeDecoder, load_model
-from specdec.data import build_turn_input
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.ngram import NgramProposer
+from specdec.study.data import build_turn_input
 
 pytestmark = pytest.mark.slow
 

@@ -7,13 +7,13 @@ per method in summary.json and the printed table says it under its last line."""
 import pytest
 from hydra import compose, initialize_config_dir
 
-from specdec import experiment
-from specdec.compiled import CompiledForward
-from specdec.decoding import SpeculativeDecoder
-from specdec.engine import Engine
+from specdec.accel.compiled import CompiledForward
+from specdec.core.decoding import SpeculativeDecoder
+from specdec.core.engine import Engine
 from specdec.proposers.draft_model import DraftModelProposer
-from specdec.report import format_table, summarize
-from specdec.results import PromptResult
+from specdec.study import experiment
+from specdec.study.report import format_table, summarize
+from specdec.study.results import PromptResult
 from tests.conftest import RAGGED_PROMPTS
 from tests.test_experiment import CONF, FAST
 from tests.test_tree_engine import MEDUSA_LIKE, TopRankTree

@@ -19,14 +19,14 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from specdec import experiment
-from specdec.data import Prompt, build_turn_input
-from specdec.decoding import Generation
-from specdec.errors import NoSpace
-from specdec.metrics import GenerationStats, RowStats, expected_tokens_per_step
-from specdec.report import format_comparison, format_table, summarize
-from specdec.results import MethodSummary, PromptResult, Totals
-from specdec.tracking import Terminated, _jsonable, flatten, inspect_offline_run, read_offline_summary
+from specdec.core.decoding import Generation
+from specdec.core.errors import NoSpace
+from specdec.core.metrics import GenerationStats, RowStats, expected_tokens_per_step
+from specdec.study import experiment
+from specdec.study.data import Prompt, build_turn_input
+from specdec.study.report import format_comparison, format_table, summarize
+from specdec.study.results import MethodSummary, PromptResult, Totals
+from specdec.study.tracking import Terminated, _jsonable, flatten, inspect_offline_run, read_offline_summary
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 TINY = ["target=tiny_random", "draft=tiny_random", "logger=none", "data.limit=1",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec.sweep import collect, main, summarize_sweep, swept_keys
+from specdec.study.sweep import collect, main, summarize_sweep, swept_keys
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["experiment=tiny_smoke", "data.limit=1", "data.categories=[qa,rag]", "generation.max_new_tokens=4",
@@ -55,7 +55,7 @@ def test_two_point_multirun_writes_sweep_summary_and_plot(tmp_path):
 def test_sweep_jobs_are_named_by_their_swept_values(tmp_path):
     sweep = tmp_path / "sweep_wandb"
     _specdec(tmp_path, "-m", *TINY, "logger=wandb", "generation.temperature=0,0.5", f"hydra.sweep.dir={sweep}")
-    from specdec.tracking import inspect_offline_run
+    from specdec.study.tracking import inspect_offline_run
 
     runs = [inspect_offline_run(next((sweep / job / "wandb").glob("offline-run-*"))) for job in ("0", "1")]
     assert len({run["run_id"] for run in runs}) == 2 and all(run["state"] == "finished" for run in runs)
@@ -69,7 +69,7 @@ def test_jobs_of_a_multirun_share_the_sweep_as_wandb_group(tmp_path):
     from hydra.types import RunMode
     from omegaconf import OmegaConf, open_dict
 
-    from specdec.experiment import job_identity
+    from specdec.study.experiment import job_identity
 
     sweep = tmp_path / "my_sweep"
     sweep.mkdir()
@@ -142,7 +142,7 @@ def test_every_job_has_a_row_that_says_how_it_ended(tmp_path, capsys):
 
 
 def test_a_sweep_whose_last_job_cannot_work_stops_before_the_first(tmp_path):
-    """Every job is validated before any runs (`specdec.sweep_check`): a bad value in the last job
+    """Every job is validated before any runs (`specdec.study.sweep_check`): a bad value in the last job
     stops the sweep with one line naming the job, and no job folder is made."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "offline"}
     for sweep_args in (["method.num_speculative_tokens=2,0"], ["method.num_speculative_tokens=2", "data.limit=1,0"]):
@@ -158,7 +158,7 @@ def test_a_sweep_whose_last_job_cannot_work_stops_before_the_first(tmp_path):
 def test_job_overrides_expand_as_the_basic_sweeper_does():
     from omegaconf import OmegaConf
 
-    from specdec.sweep_check import job_overrides
+    from specdec.study.sweep_check import job_overrides
 
     config = OmegaConf.create({"hydra": {"sweeper": {"params": {"seed": "0,1"}},
                                          "overrides": {"task": ["method.num_speculative_tokens=1,2", "threads=1"]}}})
@@ -169,7 +169,7 @@ def test_job_overrides_expand_as_the_basic_sweeper_does():
 def test_a_folder_with_no_job_says_so(tmp_path):
     with pytest.raises(FileNotFoundError, match="no jobs under"):
         summarize_sweep(tmp_path)
-    from specdec.sweep import main
+    from specdec.study.sweep import main
 
     with pytest.raises(SystemExit, match="Error: .*nope is not a folder; give a sweep's multirun folder"):
         main([str(tmp_path / "nope")])

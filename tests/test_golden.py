@@ -62,7 +62,7 @@ def _record(decoder, prompts, max_new_tokens: int) -> dict:
 def _run(target: str, methods: dict[str, list[str]], prompts, max_new_tokens: int, target_time) -> dict:
     """Each method's record; time passes only in target passes (`target_time`), so that the hybrid's
     and the schedules' cost-driven choices are the same on every machine."""
-    from specdec.experiment import build
+    from specdec.study.experiment import build
 
     torch.set_num_threads(1)
     got = {}

@@ -4,8 +4,8 @@ that a study's measurement sets for the code (the operators around a compiled pa
 
 import pytest
 
-from specdec import compiled
-from specdec.compiled import CPP_GEMM_ROWS
+from specdec.accel import compiled
+from specdec.accel.compiled import CPP_GEMM_ROWS
 from tests.conftest import load_script
 
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from specdec.attention import GROUPED_SDPA, AttentionLayout, grouped_attention, grouped_sdpa
-from specdec.engine import CachedModel
+from specdec.core.attention import GROUPED_SDPA, AttentionLayout, grouped_attention, grouped_sdpa
+from specdec.core.engine import CachedModel
 from tests.conftest import RAGGED_PROMPTS
 
 
@@ -130,8 +130,8 @@ def test_a_generation_holds_the_swap_and_gives_it_back(target):
     """Setting a transformers config attribute costs microseconds, so a generation swaps once for all
     its passes; the config is SDPA again afterwards, also when the generation fails midway, and a
     layout read inside a generation takes the held swap for SDPA."""
-    from specdec.decoding import SpeculativeDecoder
-    from specdec.engine import Engine
+    from specdec.core.decoding import SpeculativeDecoder
+    from specdec.core.engine import Engine
 
     engine = Engine(target, dtype="float32")
     seen = []
@@ -152,8 +152,8 @@ def test_a_generation_holds_the_swap_and_gives_it_back(target):
 def test_a_generation_holds_the_swap_of_a_proposers_own_model(target):
     """Layer skipping drafts with a view of the target's first layers, whose config is its own: the
     generation holds its swap too, and gives it back."""
-    from specdec.decoding import SpeculativeDecoder
-    from specdec.engine import Engine
+    from specdec.core.decoding import SpeculativeDecoder
+    from specdec.core.engine import Engine
     from specdec.proposers.layer_skip import LayerSkipProposer
 
     engine = Engine(target, dtype="float32")
@@ -169,7 +169,7 @@ def test_a_generation_holds_the_swap_of_a_proposers_own_model(target):
 def test_engines_sharing_a_model_keep_the_swap_until_the_last_leaves(target):
     """Two engines on one model, as two threads would run them: the first generation to end must not
     swap the config back under the other, still running; the last one to leave does."""
-    from specdec.engine import Engine
+    from specdec.core.engine import Engine
 
     first, second = Engine(target, dtype="float32").exclusive(), Engine(target, dtype="float32").exclusive()
     first.__enter__()

@@ -17,19 +17,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec.decoding import SpeculativeDecoder
-from specdec.engine import Engine
+from specdec.accel.syncs import count_host_syncs, detect_cuda_syncs, is_sync_report, reads_are_free
+from specdec.adaptive.hybrid import HybridProposer
+from specdec.core.decoding import SpeculativeDecoder
+from specdec.core.engine import Engine
+from specdec.core.sampling import one_hot
+from specdec.core.schedules import make_schedule
+from specdec.core.tree import TokenTree
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.eagle import EagleProposer
-from specdec.proposers.hybrid import HybridProposer
 from specdec.proposers.layer_skip import LayerSkipProposer
 from specdec.proposers.medusa import MedusaProposer
 from specdec.proposers.ngram import NgramProposer
 from specdec.proposers.suffix import SuffixProposer, SuffixTreeProposer
-from specdec.sampling import one_hot
-from specdec.schedules import make_schedule
-from specdec.syncs import count_host_syncs, detect_cuda_syncs, is_sync_report, reads_are_free
-from specdec.tree import TokenTree
 from tests.conftest import RAGGED_PROMPTS
 
 ASSETS = Path(__file__).resolve().parent / "assets"

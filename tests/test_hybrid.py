@@ -7,13 +7,13 @@ import functools
 
 import pytest
 
-from specdec.decoding import SpeculativeDecoder
-from specdec.engine import Engine
+from specdec.adaptive.hybrid import LEAD_EVIDENCE, SWITCH, HybridProposer
+from specdec.adaptive.policy import Planner
+from specdec.core.decoding import SpeculativeDecoder
+from specdec.core.engine import Engine
 from specdec.models import tiny_random_model
-from specdec.policy import Planner
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.eagle import EagleProposer
-from specdec.proposers.hybrid import LEAD_EVIDENCE, SWITCH, HybridProposer
 from specdec.proposers.ngram import NgramProposer
 from specdec.proposers.suffix import SuffixProposer
 from tests.conftest import RAGGED_PROMPTS

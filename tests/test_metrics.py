@@ -1,7 +1,7 @@
 """Every metric against a hand-computed case: five steps of one row, one of which drafted nothing and
 two of which were cut (EOS inside the accepted drafts, max_new_tokens right after the first draft).
 The same counts give the same numbers through the decoder's statistics, the typed per-prompt result
-and the method's summary, since all three apply the one definition in `specdec.metrics`."""
+and the method's summary, since all three apply the one definition in `specdec.core.metrics`."""
 
 import dataclasses
 import json
@@ -10,7 +10,7 @@ import math
 import pytest
 
 from specdec import Engine, SpeculativeDecoder
-from specdec.metrics import (
+from specdec.core.metrics import (
     RowStats,
     acceptance_histogram,
     acceptance_histogram_by_draft_length,
@@ -21,7 +21,7 @@ from specdec.metrics import (
     predicted_speedup_with_prefill,
 )
 from specdec.proposers.draft_model import DraftModelProposer
-from specdec.results import MethodSummary, PromptResult
+from specdec.study.results import MethodSummary, PromptResult
 
 # (proposed, accepted by the verifier, emitted after the EOS / max_new_tokens cut)
 STEPS = [
@@ -203,7 +203,7 @@ def test_generation_stats_sum_the_rows(engine_factory):
 
 
 def test_expected_tokens_curve_by_hand():
-    from specdec.metrics import expected_tokens_curve, expected_tokens_per_step
+    from specdec.core.metrics import expected_tokens_curve, expected_tokens_per_step
 
     # E(0) = 1; E(1) = 1 + 0.5; E(2) = 1.5 + 0.5 * 0.5 * 0.5 (position 2 offered half the time)
     assert expected_tokens_curve([0.5, 0.5], [1.0, 0.5]) == [1.0, 1.5, 1.625]

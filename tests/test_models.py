@@ -296,7 +296,7 @@ def test_gguf_with_a_valid_header_and_a_garbage_body_is_named(tmp_path, monkeypa
 
 @pytest.mark.parametrize("content, says", [(b"", "; it is empty"), (b"PK\x03\x04 a zip file", "")])
 def test_a_file_that_is_not_gguf_is_named_before_loading(tmp_path, content, says):
-    from specdec.errors import InputError
+    from specdec.core.errors import InputError
 
     bad = tmp_path / "model.gguf"
     bad.write_bytes(content)
@@ -307,7 +307,7 @@ def test_a_file_that_is_not_gguf_is_named_before_loading(tmp_path, content, says
 def test_a_local_directory_transformers_cannot_load_is_an_input_error(tmp_path):
     """config.json is there but is not JSON: said as bad input naming the directory, not transformers'
     OSError with a traceback."""
-    from specdec.errors import InputError
+    from specdec.core.errors import InputError
 
     (tmp_path / "config.json").write_text("{", encoding="utf-8")
     with pytest.raises(InputError, match="is not a config transformers can read"):
@@ -351,7 +351,7 @@ def test_weights_that_config_json_does_not_describe_are_refused(tmp_path, layers
     layers at random (or drop the extra ones) and print a report, and the run would go on."""
     import json
 
-    from specdec.errors import InputError
+    from specdec.core.errors import InputError
 
     directory = _saved(tmp_path / "m")
     config = json.loads((directory / "config.json").read_text())
@@ -363,7 +363,7 @@ def test_weights_that_config_json_does_not_describe_are_refused(tmp_path, layers
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage"])
 def test_a_damaged_weights_file_is_refused_before_any_model_loads(tmp_path, damage):
-    from specdec.errors import InputError
+    from specdec.core.errors import InputError
 
     directory = _saved(tmp_path / "m")
     weights = directory / "model.safetensors"
@@ -374,7 +374,7 @@ def test_a_damaged_weights_file_is_refused_before_any_model_loads(tmp_path, dama
 
 
 def test_a_file_given_as_a_model_directory_is_named_as_a_file(tmp_path):
-    from specdec.errors import InputError
+    from specdec.core.errors import InputError
 
     weights = _saved(tmp_path / "m") / "model.safetensors"
     with pytest.raises(InputError, match="is a file, not a model directory"):
@@ -382,7 +382,7 @@ def test_a_file_given_as_a_model_directory_is_named_as_a_file(tmp_path):
 
 
 def test_a_cache_folder_that_cannot_be_made_says_to_set_specdec_cache(fake_gguf, tmp_path, monkeypatch):
-    from specdec.errors import InputError
+    from specdec.core.errors import InputError
 
     gguf, calls = fake_gguf
     (tmp_path / "a_file").write_text("")

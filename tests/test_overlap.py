@@ -6,9 +6,9 @@ really queue ahead: the order of passes and reads is checked, not assumed."""
 import pytest
 import torch
 
-from specdec.compiled import CompiledForward
-from specdec.decoding import SpeculativeDecoder
-from specdec.engine import Engine
+from specdec.accel.compiled import CompiledForward
+from specdec.core.decoding import SpeculativeDecoder
+from specdec.core.engine import Engine
 from specdec.proposers.draft_model import DraftModelProposer
 from tests.conftest import RAGGED_PROMPTS
 
@@ -56,7 +56,7 @@ def test_max_new_tokens_ends_without_an_extra_pass(engine_factory):
 def test_the_next_pass_is_queued_before_the_token_is_read(engine_factory, monkeypatch):
     """The property itself: after the first step, every read of a step's tokens comes after the next
     step's target pass was queued (serially, each read comes right after its own pass)."""
-    import specdec.syncs as syncs
+    import specdec.accel.syncs as syncs
 
     def order(overlap):
         engine = engine_factory()
@@ -121,7 +121,7 @@ def test_overlap_default_and_scope(engine_factory):
 
 
 def test_overlapped_reads_once_a_step(engine_factory):
-    from specdec.syncs import count_host_syncs
+    from specdec.accel.syncs import count_host_syncs
 
     engine = engine_factory()
     dec = _plain(engine, "on")
@@ -138,7 +138,7 @@ def test_an_experiment_sets_overlap_and_records_it(tmp_path):
     with, and the baseline's tokens do not depend on it."""
     from hydra import compose, initialize_config_dir
 
-    from specdec import experiment
+    from specdec.study import experiment
     from tests.test_experiment import CONF, FAST
 
     outputs = {}

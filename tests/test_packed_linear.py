@@ -1,5 +1,5 @@
 """packed_linear: a model's float32 CPU linear layers through oneDNN's packed weights inside
-`PackedLinears` (`specdec.packed_linear`). The packed product matches `nn.Linear` to float32 rounding
+`PackedLinears` (`specdec.accel.packed_linear`). The packed product matches `nn.Linear` to float32 rounding
 and a row's result does not depend on the rows fed with it; one row, autograd and anything outside
 the context run `nn.Linear` itself; holders are counted; a changed weight is repacked; `auto`
 resolves on only for eager float32 CPU engines; and greedy tokens through an Engine are the same
@@ -9,11 +9,11 @@ with the layers packed and unpacked (plain decoding, a draft model, layer skippi
 import pytest
 import torch
 
-import specdec.packed_linear as packed_linear
-from specdec.decoding import SpeculativeDecoder
-from specdec.engine import Engine
+import specdec.accel.packed_linear as packed_linear
+from specdec.accel.packed_linear import PACKED_LINEAR_MODES, PackedLinears, available, resolve_packed_linear
+from specdec.core.decoding import SpeculativeDecoder
+from specdec.core.engine import Engine
 from specdec.models import tiny_random_model
-from specdec.packed_linear import PACKED_LINEAR_MODES, PackedLinears, available, resolve_packed_linear
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.layer_skip import LayerSkipProposer
 from tests.conftest import RAGGED_PROMPTS, load_script

@@ -1,4 +1,4 @@
-"""Pipelined speculative steps (`specdec.pipeline`, `overlap=` with a greedy draft model under
+"""Pipelined speculative steps (`specdec.accel.pipeline`, `overlap=` with a greedy draft model under
 compile=on): the host queues step n+1, drafts included, before it reads step n's outcome. It must
 give the serial loop's tokens, statistics, streaming and caches exactly (the target's own greedy
 decoding, float32), with drafts that are all accepted, none, or some; rows ending on EOS and on
@@ -9,17 +9,17 @@ checked, not assumed. Compiled with dynamo's quick backend (the same graphs, sha
 import pytest
 import torch
 
-from specdec.compiled import CompiledForward
-from specdec.decoding import SpeculativeDecoder
-from specdec.engine import Engine
+from specdec.accel.compiled import CompiledForward
+from specdec.accel.pipeline import pipeline_blocked
+from specdec.core.decoding import SpeculativeDecoder
+from specdec.core.engine import Engine
+from specdec.core.sampling import SamplingParams
+from specdec.core.schedules import HeuristicSchedule
+from specdec.core.verify import ForcedVerifier, GreedyVerifier
 from specdec.models import tiny_random_model
-from specdec.pipeline import pipeline_blocked
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.layer_skip import LayerSkipProposer
 from specdec.proposers.ngram import NgramProposer
-from specdec.sampling import SamplingParams
-from specdec.schedules import HeuristicSchedule
-from specdec.verify import ForcedVerifier, GreedyVerifier
 from tests.conftest import RAGGED_PROMPTS
 from tests.taped_graph import taped_engine
 
@@ -113,7 +113,7 @@ def test_forced_acceptance_pipelined_draws_as_the_serial_loop(engines):
 def test_a_pass_is_queued_before_the_previous_step_is_read(engines, monkeypatch):
     """The property itself: after the first step, each step's outcome is read after the next step's
     target pass was queued."""
-    import specdec.syncs as syncs
+    import specdec.accel.syncs as syncs
 
     engine = engines["self"]
     events = []
@@ -166,7 +166,7 @@ def test_room_for_a_step_ahead_and_a_context_without_it(unrelated_draft, capture
 
 
 def test_reads_once_a_step(engines):
-    from specdec.syncs import count_host_syncs
+    from specdec.accel.syncs import count_host_syncs
 
     engine = engines["layer_skip"]
     decoder = _decoder(engine, "layer_skip", "on")
@@ -262,7 +262,7 @@ def test_a_step_that_cannot_be_captured_runs_uncaptured(target, unrelated_draft,
     """A capture refused (as a device refuses an operation it cannot capture, after the call ran once
     on the side): a warning, the steps go on pass by pass with the serial loop's tokens, and the
     report says why."""
-    import specdec.pipeline as pipeline
+    import specdec.accel.pipeline as pipeline
 
     class Refused(pipeline.CapturedCall):
         def __init__(self, fn, args, extra, holder, graph):

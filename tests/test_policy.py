@@ -9,16 +9,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from specdec.decoding import SpeculativeDecoder
-from specdec.engine import Engine
+from specdec.adaptive.policy import AcceptanceModel, CostModel, Plan, Planner, StepClock, Timings, drafting
+from specdec.core.decoding import SpeculativeDecoder
+from specdec.core.engine import Engine
+from specdec.core.schedules import CostAwareSchedule, make_schedule
 from specdec.models import tiny_random_model
-from specdec.policy import AcceptanceModel, CostModel, Plan, Planner, StepClock, Timings, drafting
 from specdec.proposers.base import Proposal
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.eagle import EagleProposer
 from specdec.proposers.ngram import NgramProposer
 from specdec.proposers.suffix import SuffixProposer, SuffixTreeProposer
-from specdec.schedules import CostAwareSchedule, make_schedule
 from tests.conftest import RAGGED_PROMPTS
 from tests.stats import chi_square_pvalue
 from tests.test_strategies_lossless import BRANCHING, N, _exact_joint, _sample_pairs, draft, expected, target  # noqa: F401
@@ -292,7 +292,7 @@ def test_the_first_step_of_each_shape_is_not_measured(monkeypatch):
     # built for new shapes). Taken as the reference, it priced the first 2-wide step (33 ms) at 0.85
     # plain steps: drafting looked cheaper than not drafting.
     now = [0.0]
-    monkeypatch.setattr("specdec.policy.time.perf_counter", lambda: now[0])
+    monkeypatch.setattr("specdec.adaptive.policy.time.perf_counter", lambda: now[0])
     costs, clock = CostModel(), StepClock()
     for b, t, seconds in [(2, 1, 0.039), (2, 2, 0.033), (2, 1, 0.027), (2, 2, 0.033), (2, 1, 0.027)]:
         clock.tick(costs)

@@ -1,4 +1,4 @@
-"""One way to name an implementation (specdec.registry): a verifier, schedule, data source or tracker is
+"""One way to name an implementation (specdec.study.registry): a verifier, schedule, data source or tracker is
 a `_target_` node or the name of a file holding one, the valid names are the files found (the package's
 and those of any folder on hydra.searchpath), and a new one added from a folder of its own (a module on
 sys.path plus one YAML) runs in the checks, the app and a sweep with no other edit."""
@@ -17,19 +17,19 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from specdec import experiment, registry
-from specdec.config import ConfigError, validate
-from specdec.sampling import SamplingParams
-from specdec.schedules import CostAwareSchedule, make_schedule
-from specdec.tracking import make_tracker
-from specdec.verify import BlockVerifier, GreedyVerifier, TypicalVerifier, make_verifier
+from specdec.core.sampling import SamplingParams
+from specdec.core.schedules import CostAwareSchedule, make_schedule
+from specdec.core.verify import BlockVerifier, GreedyVerifier, TypicalVerifier, make_verifier
+from specdec.study.config import ConfigError, validate
+from specdec.study.tracking import make_tracker
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 
 PARTS = '''
-from specdec.schedules import ConstantSchedule
-from specdec.tracking import Tracker
-from specdec.verify import GreedyVerifier
+from specdec.core.schedules import ConstantSchedule
+from specdec.study.tracking import Tracker
+from specdec.core.verify import GreedyVerifier
 
 
 class StrictGreedy(GreedyVerifier):
@@ -54,7 +54,7 @@ class Halving(ConstantSchedule):
 
 
 def questions(path=None, n: int = 2):
-    from specdec.data import Prompt
+    from specdec.study.data import Prompt
 
     return [Prompt(f"q{i}", "made_up", (f"What is {i} + {i}?",)) for i in range(n)]
 
@@ -107,7 +107,7 @@ def test_names_nodes_and_objects_build_the_same_parts():
     greedy, sampling = SamplingParams(0.0), SamplingParams(0.8)
     assert type(make_verifier("auto", greedy)) is GreedyVerifier
     assert type(make_verifier("block", sampling)) is BlockVerifier
-    node = {"_target_": "specdec.verify.TypicalVerifier", "epsilon": 0.2}
+    node = {"_target_": "specdec.core.verify.TypicalVerifier", "epsilon": 0.2}
     typical = make_verifier(OmegaConf.create(node), sampling, delta=0.4)  # a node, with verifier_args on top
     assert isinstance(typical, TypicalVerifier) and (typical.epsilon, typical.delta) == (0.2, 0.4)
     same = GreedyVerifier()

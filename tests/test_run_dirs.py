@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from specdec import experiment
-from specdec.run_dirs import FolderInUseError, check_sweep_subdir, claim_run_dir, claim_sweep_dir
+from specdec.study import experiment
+from specdec.study.run_dirs import FolderInUseError, check_sweep_subdir, claim_run_dir, claim_sweep_dir
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["experiment=tiny_smoke", "data.limit=1", "data.categories=[qa]", "generation.max_new_tokens=2",
@@ -104,7 +104,7 @@ def test_a_second_run_into_a_folder_is_refused_before_anything_is_written(tmp_pa
 def test_a_folder_that_cannot_be_made_is_one_error_line(tmp_path):
     from omegaconf import OmegaConf
 
-    from specdec.run_dirs import RunFolders
+    from specdec.study.run_dirs import RunFolders
 
     (tmp_path / "a_file").write_text("")
     bad = tmp_path / "a_file" / "sub"
@@ -139,7 +139,7 @@ def test_a_refused_run_leaves_no_run_folder(tmp_path):
 
 @pytest.mark.parametrize("script", ["train_heads", "train_draft"])
 def test_a_refused_training_run_leaves_no_run_folder(tmp_path, script):
-    """The training scripts refuse a bad value before loading (specdec.script_checks) and take back
+    """The training scripts refuse a bad value before loading (specdec.train.script_checks) and take back
     the folder Hydra made for the run, as the experiment command does; a folder made in advance stays."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, str(REPO / "scripts" / f"{script}.py"), "train.epochs=-1"]

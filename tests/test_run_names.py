@@ -9,8 +9,8 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-from specdec import experiment
 from specdec.models import ModelSpec, describe_model, tiny_random_model, tiny_random_tokenizer
+from specdec.study import experiment
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 FAST = ["~experiment", "logger=none", "data.limit=1", "data.categories=[qa]", "generation.max_new_tokens=2", "plots=false",

@@ -14,12 +14,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from specdec.decoding import SpeculativeDecoder
-from specdec.engine import Engine
+from specdec.core.decoding import SpeculativeDecoder
+from specdec.core.engine import Engine
+from specdec.core.sampling import SamplingParams, probabilities
+from specdec.core.verify import SpeculativeSamplingVerifier
 from specdec.models import tiny_random_model
 from specdec.proposers.draft_model import DraftModelProposer
-from specdec.sampling import SamplingParams, probabilities
-from specdec.verify import SpeculativeSamplingVerifier
 from tests.stats import chi_square_pvalue
 from tests.test_verify import QAsOneVerifier
 

@@ -5,15 +5,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from specdec.decoding import SpeculativeDecoder
-from specdec.proposers.base import Proposal
-from specdec.proposers.draft_model import DraftModelProposer
-from specdec.schedules import (
+from specdec.core.decoding import SpeculativeDecoder
+from specdec.core.schedules import (
     ConfidenceSchedule,
     ConstantSchedule,
     HeuristicSchedule,
     make_schedule,
 )
+from specdec.proposers.base import Proposal
+from specdec.proposers.draft_model import DraftModelProposer
 
 
 def _outcome(lengths, accepted, active=None):
@@ -71,5 +71,5 @@ def test_the_decoder_takes_a_schedule_by_name_and_refuses_what_is_not_one(engine
     assert isinstance(SpeculativeDecoder(engine, DraftModelProposer(engine)).schedule, ConstantSchedule)
     with pytest.raises(ValueError, match="unknown schedule 'heuristc'"):
         SpeculativeDecoder(engine, DraftModelProposer(engine), schedule="heuristc")
-    with pytest.raises(TypeError, match="got 3, which has no k_max.*subclass specdec.schedules.ConstantSchedule"):
+    with pytest.raises(TypeError, match="got 3, which has no k_max.*subclass specdec.core.schedules.ConstantSchedule"):
         SpeculativeDecoder(engine, DraftModelProposer(engine), schedule=3)

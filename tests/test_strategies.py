@@ -5,13 +5,13 @@ decoding, at batch size 1 and in a ragged batch."""
 import pytest
 import torch
 
-from specdec.decoding import SpeculativeDecoder
-from specdec.engine import Engine
+from specdec.core.decoding import SpeculativeDecoder
+from specdec.core.engine import Engine
+from specdec.core.schedules import make_schedule
 from specdec.models import tiny_random_model
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.layer_skip import LayerSkipProposer, early_exit_view
 from specdec.proposers.ngram import NgramProposer
-from specdec.schedules import make_schedule
 from tests.conftest import RAGGED_PROMPTS
 
 # Prompts that repeat themselves, so that prompt lookup has something to find.
@@ -139,8 +139,8 @@ def test_ngram_finds_the_longest_most_recent_match():
 
 
 def test_ngram_proposes_per_row_lengths_and_nothing_without_a_match():
-    from specdec.decoding import DecodeState
-    from specdec.sampling import SamplingParams
+    from specdec.core.decoding import DecodeState
+    from specdec.core.sampling import SamplingParams
 
     tokens = torch.tensor([[1, 2, 3, 1, 2, 0, 0], [1, 2, 3, 4, 5, 6, 0]])
     state = DecodeState(tokens, [5, 6], [3, 3], [True, True], 4, 7, SamplingParams(), torch.Generator())

@@ -4,10 +4,10 @@ schedule too) give exactly the target's greedy output on real prompts."""
 import pytest
 
 from specdec import Engine, ModelSpec, SpeculativeDecoder, load_model
-from specdec.data import build_turn_input
+from specdec.core.schedules import make_schedule
 from specdec.proposers.layer_skip import LayerSkipProposer
 from specdec.proposers.ngram import NgramProposer
-from specdec.schedules import make_schedule
+from specdec.study.data import build_turn_input
 
 pytestmark = pytest.mark.slow
 

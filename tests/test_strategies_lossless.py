@@ -9,18 +9,18 @@ that tests siblings against p instead of what the siblings before them left of i
 import pytest
 import torch
 
-from specdec.decoding import SpeculativeDecoder
-from specdec.engine import Engine
+from specdec.core.decoding import SpeculativeDecoder
+from specdec.core.engine import Engine
+from specdec.core.sampling import SamplingParams, probabilities
+from specdec.core.schedules import make_schedule
+from specdec.core.tree_verify import TreeVerifier
+from specdec.core.verify import SpeculativeSamplingVerifier
 from specdec.models import tiny_random_model
 from specdec.proposers.base import Proposal
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.layer_skip import LayerSkipProposer
 from specdec.proposers.ngram import NgramProposer
 from specdec.proposers.suffix import SuffixTreeProposer
-from specdec.sampling import SamplingParams, probabilities
-from specdec.schedules import make_schedule
-from specdec.tree_verify import TreeVerifier
-from specdec.verify import SpeculativeSamplingVerifier
 from tests.stats import chi_square_pvalue
 from tests.test_tree import SiblingsAgainstP
 

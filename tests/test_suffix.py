@@ -9,7 +9,9 @@ import random
 import pytest
 import torch
 
-from specdec.decoding import DecodeState, SpeculativeDecoder
+from specdec.core.decoding import DecodeState, SpeculativeDecoder
+from specdec.core.sampling import SamplingParams
+from specdec.core.tree import TreeProposal
 from specdec.proposers.suffix import (
     OutputCache,
     SuffixIndex,
@@ -19,8 +21,6 @@ from specdec.proposers.suffix import (
     continuation,
     expansion,
 )
-from specdec.sampling import SamplingParams
-from specdec.tree import TreeProposal
 from tests.conftest import RAGGED_PROMPTS
 
 
@@ -189,11 +189,11 @@ def test_suffix_greedy_equals_autoregressive_across_requests(engine_factory, bat
 @pytest.mark.slow
 def test_suffix_policy_and_hybrid_with_its_trained_part_on_the_embedded_target_equal_its_greedy_output(target_time):
     from specdec import Engine, ModelSpec, load_model
-    from specdec.data import build_turn_input
+    from specdec.adaptive.hybrid import HybridProposer
+    from specdec.core.schedules import make_schedule
     from specdec.proposers.eagle import EagleProposer
-    from specdec.proposers.hybrid import HybridProposer
     from specdec.proposers.ngram import NgramProposer
-    from specdec.schedules import make_schedule
+    from specdec.study.data import build_turn_input
 
     model, tok = load_model(ModelSpec(path="embedded"))
     engine = Engine(model, dtype="float32")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec.tracking import (
+from specdec.study.tracking import (
     Terminated,
     Tracker,
     WandbTracker,

@@ -11,13 +11,13 @@ import torch
 import transformers
 from hydra import compose, initialize_config_dir
 
-from specdec.data import Prompt
-from specdec.decoding import SpeculativeDecoder
-from specdec.engine import Engine
-from specdec.errors import InputError, InvalidInput
+from specdec.core.decoding import SpeculativeDecoder
+from specdec.core.engine import Engine
+from specdec.core.errors import InputError, InvalidInput
 from specdec.models import ModelSpec, load_model, tiny_random_model, tiny_random_tokenizer
 from specdec.proposers.draft_model import DraftModelProposer
-from specdec.training import distill, make_draft, split_prompts, take_per_category, teacher_targets
+from specdec.study.data import Prompt
+from specdec.train.training import distill, make_draft, split_prompts, take_per_category, teacher_targets
 from tests.conftest import load_script, tiny_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,7 +83,7 @@ def test_draft_starts_as_the_targets_first_layers_and_shares_the_frozen_head():
 
 
 def test_distill_lowers_the_kl_to_the_target():
-    from specdec.training import Example
+    from specdec.train.training import Example
 
     target = tiny_random_model(seed=0, num_layers=3)
     g = torch.Generator().manual_seed(1)
@@ -154,8 +154,8 @@ def test_the_teacher_distribution_is_the_targets_own(config, extra):
     """Distillation's teacher is the head on the stored hidden states, scaled and capped as the target
     does (Cohere's logits are its head's x 0.0625, Gemma-2's soft-capped): its logits at every loss
     position equal the target's (without the transform, Cohere's were 16 times too sharp)."""
-    from specdec.decoder_stack import final_logits, logit_transform
-    from specdec.training import Example
+    from specdec.core.decoder_stack import final_logits, logit_transform
+    from specdec.train.training import Example
 
     target = tiny_of(getattr(transformers, config), **extra)
     tokens = torch.arange(3, 15)
@@ -192,7 +192,7 @@ def test_an_existing_folder_and_the_target_are_never_overwritten(tmp_path, monke
 
 def test_an_interrupted_save_keeps_the_earlier_draft(tmp_path, monkeypatch):
     from specdec.models import tiny_random_tokenizer
-    from specdec.training import save_draft
+    from specdec.train.training import save_draft
 
     out = tmp_path / "draft"
     draft = make_draft(tiny_random_model(seed=0), 1)

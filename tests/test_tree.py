@@ -6,11 +6,11 @@ and 3), with a broken variant that tests siblings against p instead of the resid
 import pytest
 import torch
 
+from specdec.core.sampling import SamplingParams
+from specdec.core.tree import TokenTree, TreeProposal, chain_tree, static_tree
+from specdec.core.tree_verify import TreeGreedyVerifier, TreeSamplingVerifier
+from specdec.core.verify import GreedyVerifier, SpeculativeSamplingVerifier
 from specdec.proposers.base import Proposal
-from specdec.sampling import SamplingParams
-from specdec.tree import TokenTree, TreeProposal, chain_tree, static_tree
-from specdec.tree_verify import TreeGreedyVerifier, TreeSamplingVerifier
-from specdec.verify import GreedyVerifier, SpeculativeSamplingVerifier
 from tests.stats import chi_square_pvalue
 
 MEDUSA_LIKE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]

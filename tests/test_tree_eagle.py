@@ -10,13 +10,13 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from specdec import experiment
-from specdec.decoding import SpeculativeDecoder
-from specdec.engine import Engine
-from specdec.head_training import FOLLOW_UPS
+from specdec.core.decoding import SpeculativeDecoder
+from specdec.core.engine import Engine
 from specdec.models import tiny_random_model
 from specdec.proposers.eagle import EagleDrafter, EagleProposer
 from specdec.proposers.heads import OutputHead, save_checkpoint
+from specdec.study import experiment
+from specdec.train.head_training import FOLLOW_UPS
 from tests.conftest import RAGGED_PROMPTS, load_script
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,8 +139,8 @@ def test_a_medusa_checkpoint_is_not_an_eagle_drafter(target):
 
 
 def test_family_plan_builds_each_stage_from_the_targets_answers():
-    from specdec.data import load_builtin, load_spec_bench
-    from specdec.head_training import FamilyPlan, check_disjoint
+    from specdec.study.data import load_builtin, load_spec_bench
+    from specdec.train.head_training import FamilyPlan, check_disjoint
 
     evaluation = [t for p in load_spec_bench() + load_builtin() for t in p.turns]
     plan = FamilyPlan(written=5, math=4, qa=3, follow_ups=4, passages=3, code=2, derived=2, seed=0)
@@ -166,8 +166,8 @@ def test_family_plan_builds_each_stage_from_the_targets_answers():
 
 
 def test_eagle_labels_at_prompt_positions_are_the_targets_own_predictions():
-    from specdec.head_training import eagle_sequences, vocab_index
-    from specdec.training import Example
+    from specdec.train.head_training import eagle_sequences, vocab_index
+    from specdec.train.training import Example
 
     torch.manual_seed(0)
     head = torch.randn(32, 8)
@@ -180,7 +180,7 @@ def test_eagle_labels_at_prompt_positions_are_the_targets_own_predictions():
 
 
 def test_unrolled_eagle_loss_reads_its_own_predicted_features(target):
-    from specdec.head_training import eagle_loss
+    from specdec.train.head_training import eagle_loss
 
     torch.manual_seed(0)
     drafter = EagleDrafter(target)

@@ -6,10 +6,10 @@ to plain greedy decoding for several static tree shapes, at batch size 1 and in 
 import pytest
 import torch
 
-from specdec.decoding import SpeculativeDecoder
-from specdec.engine import CachedModel, Engine
+from specdec.core.decoding import SpeculativeDecoder
+from specdec.core.engine import CachedModel, Engine
+from specdec.core.tree import TokenTree, TreeProposal, static_tree
 from specdec.proposers.base import Proposal
-from specdec.tree import TokenTree, TreeProposal, static_tree
 from tests.conftest import RAGGED_PROMPTS
 
 MEDUSA_LIKE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]

@@ -10,15 +10,15 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from specdec import experiment
-from specdec.config import ConfigError, validate
-from specdec.decoding import SpeculativeDecoder
-from specdec.engine import Engine
-from specdec.errors import InvalidInput
-from specdec.head_training import check_disjoint, medusa_labels, training_prompts, vocab_index
+from specdec.core.decoding import SpeculativeDecoder
+from specdec.core.engine import Engine
+from specdec.core.errors import InvalidInput
 from specdec.models import tiny_random_model, tiny_random_tokenizer
 from specdec.proposers.medusa import MedusaHeads, MedusaProposer
-from specdec.training import Example
+from specdec.study import experiment
+from specdec.study.config import ConfigError, validate
+from specdec.train.head_training import check_disjoint, medusa_labels, training_prompts, vocab_index
+from specdec.train.training import Example
 from tests.conftest import RAGGED_PROMPTS, load_script, tiny_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -190,7 +190,7 @@ def test_labels_are_the_tokens_ahead_inside_the_continuation():
 
 
 def test_training_prompts_are_distinct_and_disjoint_from_evaluation_sets():
-    from specdec.data import load_builtin, load_spec_bench
+    from specdec.study.data import load_builtin, load_spec_bench
 
     prompts = training_prompts(600)
     assert len(set(prompts)) == 600

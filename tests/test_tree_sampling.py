@@ -8,14 +8,14 @@ fast on constructed distributions in test_tree.py."""
 import pytest
 import torch
 
-from specdec.decoding import SpeculativeDecoder
-from specdec.engine import Engine
+from specdec.core.decoding import SpeculativeDecoder
+from specdec.core.engine import Engine
+from specdec.core.sampling import SamplingParams, probabilities
+from specdec.core.tree import TreeProposal, static_tree
+from specdec.core.tree_verify import TreeVerifier
+from specdec.core.verify import SpeculativeSamplingVerifier
 from specdec.models import tiny_random_model
 from specdec.proposers.base import Proposal
-from specdec.sampling import SamplingParams, probabilities
-from specdec.tree import TreeProposal, static_tree
-from specdec.tree_verify import TreeVerifier
-from specdec.verify import SpeculativeSamplingVerifier
 from tests.stats import chi_square_pvalue
 from tests.test_tree import SiblingsAgainstP
 

@@ -1,4 +1,4 @@
-"""Shared types live beneath the parts that exchange them: `specdec.types` holds the hand-offs and
+"""Shared types live beneath the parts that exchange them: `specdec.core.types` holds the hand-offs and
 protocols, their old homes hand the very same objects on, and the package's imports form no cycle
 (read from the source, lazy and TYPE_CHECKING imports included)."""
 
@@ -7,20 +7,20 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import specdec.decoding
+import specdec.core.decoding
+import specdec.core.types
+import specdec.core.verify
 import specdec.proposers.base
-import specdec.types
-import specdec.verify
 
-PACKAGE = Path(specdec.types.__file__).parent
+PACKAGE = Path(specdec.core.types.__file__).parent
 
 
 def test_old_homes_hand_on_the_same_objects():
     for name in ("DecodeState", "StepOutcome", "Generation", "Proposal", "Proposer", "TokenCallback"):
-        assert getattr(specdec.decoding, name) is getattr(specdec.types, name), name
+        assert getattr(specdec.core.decoding, name) is getattr(specdec.core.types, name), name
     for name in ("DecodeState", "StepOutcome", "Proposal", "Proposer"):
-        assert getattr(specdec.proposers.base, name) is getattr(specdec.types, name), name
-    assert specdec.verify.Verification is specdec.types.Verification
+        assert getattr(specdec.proposers.base, name) is getattr(specdec.core.types, name), name
+    assert specdec.core.verify.Verification is specdec.core.types.Verification
 
 
 def _module(path: Path) -> str:
@@ -49,8 +49,8 @@ def test_no_import_cycle_in_the_package():
     modules = {_module(p) for p in files}
     graph = {_module(p): _imports(p, modules) for p in files}
     graph["specdec"] = set()  # the package's face only hands names on; importing a submodule runs it first
-    assert graph["specdec.types"] <= {"specdec.metrics", "specdec.sampling", "specdec.syncs"}
-    assert graph["specdec.syncs"] == set()  # a leaf: the hand-offs may upload with it
+    assert graph["specdec.core.types"] <= {"specdec.core.metrics", "specdec.core.sampling", "specdec.accel.syncs"}
+    assert graph["specdec.accel.syncs"] == set()  # a leaf: the hand-offs may upload with it
     done: set[str] = set()
 
     def visit(module: str, path: list[str]) -> None:

@@ -6,11 +6,11 @@ import math
 import pytest
 import torch
 
-from specdec.decoding import SpeculativeDecoder
+from specdec.core.decoding import SpeculativeDecoder
+from specdec.core.sampling import SamplingParams
+from specdec.core.verify import GreedyVerifier, TypicalVerifier, make_verifier
 from specdec.proposers.base import Proposal
 from specdec.proposers.draft_model import DraftModelProposer
-from specdec.sampling import SamplingParams
-from specdec.verify import GreedyVerifier, TypicalVerifier, make_verifier
 from tests.conftest import RAGGED_PROMPTS
 
 

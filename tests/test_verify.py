@@ -6,9 +6,9 @@ verifier failing the check; and `probabilities` against transformers' own warper
 import pytest
 import torch
 
+from specdec.core.sampling import SamplingParams, probabilities
+from specdec.core.verify import ForcedVerifier, GreedyVerifier, SpeculativeSamplingVerifier, make_verifier
 from specdec.proposers.base import Proposal
-from specdec.sampling import SamplingParams, probabilities
-from specdec.verify import ForcedVerifier, GreedyVerifier, SpeculativeSamplingVerifier, make_verifier
 from tests.stats import chi_square_pvalue
 
 

@@ -68,18 +68,18 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 from transformers.utils import logging as hf_logging
 
-from specdec.attention import AttentionLayout
-from specdec.compiled import CompiledForward
-from specdec.decoding import SpeculativeDecoder
-from specdec.engine import Engine
-from specdec.errors import InvalidInput
-from specdec.head_training import eagle_sequences, medusa_labels, train_eagle, train_medusa, vocab_index
+from specdec.accel.compiled import CompiledForward
+from specdec.core.attention import AttentionLayout
+from specdec.core.decoding import SpeculativeDecoder
+from specdec.core.engine import Engine
+from specdec.core.errors import InvalidInput
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.eagle import EagleDrafter, EagleProposer
 from specdec.proposers.heads import OutputHead, save_checkpoint
 from specdec.proposers.layer_skip import LayerSkipProposer
 from specdec.proposers.medusa import MedusaHeads, MedusaProposer
-from specdec.training import Example, generate_continuations, make_draft, teacher_targets
+from specdec.train.head_training import eagle_sequences, medusa_labels, train_eagle, train_medusa, vocab_index
+from specdec.train.training import Example, generate_continuations, make_draft, teacher_targets
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17], [3, 4], [20, 21, 22, 23, 24, 25, 26]]
 NEW_TOKENS = 12

@@ -10,7 +10,7 @@ and its trees (budget 8, k = 8), both without their cross-request index (each co
 decodes a prompt untimed right before its timed run: an index would hand it its own output). Each
 under `compile=off` and `compile=on` (`--modes`: also `autotune`, inductor's GEMM autotuning, and
 `unpacked`, the eager path with `packed_linear=off`: its linear layers through MKL as `nn.Linear`
-runs them, where `off` packs them for oneDNN in float32, `specdec.packed_linear`).
+runs them, where `off` packs them for oneDNN in float32, `specdec.accel.packed_linear`).
 
 - Engines: one per (method kind, compile mode), all sharing the model object (same device and
   dtype). EAGLE and Medusa get engines of their own because their target keeps hidden states in
@@ -54,14 +54,14 @@ from pathlib import Path
 import torch
 
 from specdec import Engine, ModelSpec, SpeculativeDecoder, load_model
-from specdec.compiled import CompiledForward
-from specdec.data import build_turn_input, load_prompts
+from specdec.accel.compiled import CompiledForward
+from specdec.core.schedules import make_schedule
 from specdec.proposers.eagle import EagleProposer
 from specdec.proposers.layer_skip import LayerSkipProposer
 from specdec.proposers.medusa import MedusaProposer
 from specdec.proposers.ngram import NgramProposer
 from specdec.proposers.suffix import SuffixProposer, SuffixTreeProposer
-from specdec.schedules import make_schedule
+from specdec.study.data import build_turn_input, load_prompts
 
 METHODS = ("autoregressive", "ngram", "eagle", "medusa", "layer_skip", "suffix", "suffix_tree")
 MODES = ("off", "on", "autotune", "unpacked")  # `--modes` takes off and at least one of the others

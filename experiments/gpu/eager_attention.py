@@ -1,4 +1,4 @@
-"""What grouped-query attention without repeated key heads (`specdec.attention.grouped_sdpa`) saves in
+"""What grouped-query attention without repeated key heads (`specdec.core.attention.grouped_sdpa`) saves in
 eager passes of the embedded SmolLM2 on this CPU, against transformers' own SDPA path.
 
 One Spec-Bench first turn per category (40-769 tokens), prefilled once; then, interleaved, after a
@@ -21,7 +21,7 @@ from unittest import mock
 import torch
 
 from specdec import Engine, ModelSpec, load_model
-from specdec.data import build_turn_input, load_prompts
+from specdec.study.data import build_turn_input, load_prompts
 
 
 def timed_pass(target, tokens: torch.Tensor, implementation) -> float:
@@ -51,7 +51,7 @@ def main() -> None:
     target = Engine(model, device="cpu", dtype=args.dtype, compile="off").target
     prompts = load_prompts("spec_bench", limit=1)
     # transformers' SDPA path: the engine's swap replaced by nothing
-    implementations = {"transformers_sdpa": lambda: mock.patch("specdec.engine.grouped_attention",
+    implementations = {"transformers_sdpa": lambda: mock.patch("specdec.core.engine.grouped_attention",
                                                                lambda m: contextlib.nullcontext()),
                        "grouped": contextlib.nullcontext}
     rows = []

@@ -18,9 +18,9 @@ import time
 import torch
 
 from specdec import Engine, ModelSpec, SpeculativeDecoder, load_model
-from specdec.data import build_turn_input, load_prompts
 from specdec.proposers.eagle import EagleProposer
 from specdec.proposers.heads import OutputHead
+from specdec.study.data import build_turn_input, load_prompts
 
 
 def main() -> None:

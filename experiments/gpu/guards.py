@@ -1,5 +1,5 @@
 """What dynamo's guard evaluation costs a compiled decoding step, and what skipping it for known
-entries (`specdec.compiled.SKIP_KNOWN_GUARDS`) saves: the same compiled decoder, the switch on and off
+entries (`specdec.accel.compiled.SKIP_KNOWN_GUARDS`) saves: the same compiled decoder, the switch on and off
 in turn, interleaved after a warm-up that compiles every graph, medians of the repeats.
 
     python experiments/gpu/guards.py --out experiments/gpu/guards.json             # embedded SmolLM2, bfloat16
@@ -20,12 +20,12 @@ import time
 
 import torch
 
-import specdec.compiled as compiled
-from specdec.data import load_prompts
-from specdec.decoding import SpeculativeDecoder
-from specdec.engine import Engine
+import specdec.accel.compiled as compiled
+from specdec.core.decoding import SpeculativeDecoder
+from specdec.core.engine import Engine
 from specdec.models import ModelSpec, load_model
 from specdec.proposers.eagle import EagleProposer
+from specdec.study.data import load_prompts
 
 
 def main(argv: list[str] | None = None) -> dict:

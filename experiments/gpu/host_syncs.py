@@ -2,13 +2,13 @@
 
 Every method decodes the same ragged batch of three prompts (k = 4, 24 new tokens, tiny random
 models and the tiny trained EAGLE and Medusa checkpoints of the tests), greedy and sampling, under
-`specdec.syncs.count_host_syncs`, after a two-token generation that does the once-per-process set-up.
+`specdec.accel.syncs.count_host_syncs`, after a two-token generation that does the once-per-process set-up.
 Counts are deterministic: one run each.
 
     python experiments/gpu/host_syncs.py
     python experiments/gpu/host_syncs.py --root /path/to/another/checkout   # e.g. an older commit
 
-`--root` imports specdec from another checkout (it needs `specdec/syncs.py`: copy it there).
+`--root` imports specdec from another checkout (it needs `specdec/accel/syncs.py`: copy it there).
 """
 
 from __future__ import annotations
@@ -30,15 +30,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     sys.path.insert(0, args.root)
     import torch
 
-    from specdec.decoding import SpeculativeDecoder
-    from specdec.engine import Engine
+    from specdec.accel.syncs import count_host_syncs
+    from specdec.core.decoding import SpeculativeDecoder
+    from specdec.core.engine import Engine
     from specdec.models import tiny_random_model
     from specdec.proposers.draft_model import DraftModelProposer
     from specdec.proposers.eagle import EagleProposer
     from specdec.proposers.medusa import MedusaProposer
     from specdec.proposers.ngram import NgramProposer
     from specdec.proposers.suffix import SuffixTreeProposer
-    from specdec.syncs import count_host_syncs
 
     torch.set_num_threads(1)
     assets = Path(args.root) / "tests" / "assets"

@@ -27,9 +27,9 @@ import time
 
 import torch
 
-import specdec.verify as verify
-from specdec.decoding import SpeculativeDecoder
-from specdec.engine import Engine
+import specdec.core.verify as verify
+from specdec.core.decoding import SpeculativeDecoder
+from specdec.core.engine import Engine
 from specdec.models import tiny_random_model
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.ngram import NgramProposer
@@ -39,7 +39,7 @@ METHODS = ("plain", "draft", "forced", "ngram")
 
 def decoder(method: str, mode: str, target, draft) -> SpeculativeDecoder:
     """`mode`: eager, compiled (the serial loop) or overlapped (compiled, `overlap=on`: plain decoding
-    overlapped, a draft model's steps pipelined, `specdec.pipeline`; n-gram serial still)."""
+    overlapped, a draft model's steps pipelined, `specdec.accel.pipeline`; n-gram serial still)."""
     engine = Engine(target, draft, dtype="float32", compile="off" if mode == "eager" else "on")
     proposer = {"plain": lambda: None, "draft": lambda: DraftModelProposer(engine),
                 "forced": lambda: DraftModelProposer(engine), "ngram": lambda: NgramProposer(engine)}[method]()

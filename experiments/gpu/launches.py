@@ -25,11 +25,11 @@ from collections import Counter
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode_temporarily
 
-import specdec.compiled as compiled
-import specdec.verify as verify
-from specdec.compiled import CompiledForward
-from specdec.decoding import SpeculativeDecoder
-from specdec.engine import Engine
+import specdec.accel.compiled as compiled
+import specdec.core.verify as verify
+from specdec.accel.compiled import CompiledForward
+from specdec.core.decoding import SpeculativeDecoder
+from specdec.core.engine import Engine
 from specdec.models import tiny_random_model
 from specdec.proposers.draft_model import DraftModelProposer
 

@@ -8,7 +8,7 @@ layer, `--rows` rows each; eager and compiled calls alternate after a warm-up, m
 `--repeats` of the process's CPU time per call, in milliseconds.
 
 `--variants` adds inductor's autotuning (`compile=autotune`): `autotune` with its default GEMM
-choices, `autotune_cpp` among its C++ GEMM templates alone (what `specdec.compiled.gemm_backends`
+choices, `autotune_cpp` among its C++ GEMM templates alone (what `specdec.accel.compiled.gemm_backends`
 picks for graphs of at most `CPP_GEMM_ROWS` rows). Each variant compiles its own copy of the head.
 
     python experiments/gpu/output_heads.py --out experiments/gpu/output_heads.json
@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from specdec.compiled import _compiling, allow_recompiles
+from specdec.accel.compiled import _compiling, allow_recompiles
 
 VARIANTS = {"compiled": (None, None), "autotune": ("max-autotune-no-cudagraphs", None),
             "autotune_cpp": ("max-autotune-no-cudagraphs", "CPP")}  # name: (compile mode, GEMM backends)

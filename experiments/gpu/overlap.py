@@ -21,10 +21,10 @@ import time
 
 import torch
 
-from specdec.data import load_prompts
-from specdec.decoding import SpeculativeDecoder
-from specdec.engine import Engine, synchronize
+from specdec.core.decoding import SpeculativeDecoder
+from specdec.core.engine import Engine, synchronize
 from specdec.models import ModelSpec, load_model
+from specdec.study.data import load_prompts
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -1,6 +1,6 @@
 """What a model's linear layers cost for T input rows, through MKL (`nn.Linear`) and packed for oneDNN.
 
-`packed_linear=` (specdec/packed_linear.py) rests on one claim: on a CPU, eagerly, MKL serves one row
+`packed_linear=` (specdec/accel/packed_linear.py) rests on one claim: on a CPU, eagerly, MKL serves one row
 at the memory's pace but two or more far slower, while oneDNN's kernels on weights packed once serve a
 few rows at little more than one. This measures it for every linear layer of a model (the embedded
 SmolLM2: 211 projections and the output head, float32, weights read from memory, not cache), run
@@ -22,8 +22,8 @@ import time
 
 import torch
 
+from specdec.accel.packed_linear import PackedLinears, available
 from specdec.models import ModelSpec, load_model
-from specdec.packed_linear import PackedLinears, available
 
 
 def linear_layers(model: torch.nn.Module) -> list[torch.nn.Linear]:

@@ -3,7 +3,7 @@
 A speculative step scores its drafts in one pass of T = k + 1 tokens (or a tree's nodes). Where a
 pass costs little more at T = 9 than at T = 1 (a memory-bound GPU), long drafts are nearly free to
 score; where it does not, every rejected draft token costs. `compile=on` also pads T to a width
-bucket (`specdec.compiled.WIDTHS`, at least `NARROWEST`), and its kernels differ from the eager ones: this measures both
+bucket (`specdec.accel.compiled.WIDTHS`, at least `NARROWEST`), and its kernels differ from the eager ones: this measures both
 against the same eager passes, so that a method whose steps score wide passes (suffix decoding,
 k = 8) can be told what compiling does to its step.
 
@@ -30,9 +30,9 @@ from unittest import mock
 
 import torch
 
-from specdec import compiled as compiled_module
-from specdec.compiled import CompiledForward
-from specdec.engine import Engine
+from specdec.accel import compiled as compiled_module
+from specdec.accel.compiled import CompiledForward
+from specdec.core.engine import Engine
 from specdec.models import ModelSpec, load_model
 
 # `--modes`: off first, then compiled modes: compile= values, and `concat`: compile=on with the linear
@@ -50,11 +50,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--calls", type=int, default=3, help="passes timed together per repeat")
     ap.add_argument("--narrowest", type=int, default=None,
                     help="pad compiled passes to at least this width (default: the engine's rule, "
-                         "specdec.compiled.narrowest_width)")
+                         "specdec.accel.compiled.narrowest_width)")
     ap.add_argument("--modes", default="off,on", help="off, then one or more of on, autotune (compile=), concat")
     ap.add_argument("--cpp-gemm-rows", type=int, default=None,
                     help="autotune: graphs of at most this many rows tune among the C++ GEMMs only "
-                         "(default specdec.compiled.CPP_GEMM_ROWS; 0: inductor's default choices everywhere)")
+                         "(default specdec.accel.compiled.CPP_GEMM_ROWS; 0: inductor's default choices everywhere)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     modes = args.modes.split(",")

@@ -19,9 +19,9 @@ import statistics
 import torch
 
 from specdec import SpeculativeDecoder
+from specdec.core.sampling import probabilities
+from specdec.core.verify import BlockVerifier, SpeculativeSamplingVerifier
 from specdec.proposers.layer_skip import LayerSkipProposer
-from specdec.sampling import probabilities
-from specdec.verify import BlockVerifier, SpeculativeSamplingVerifier
 
 try:
     from exact_greedy_cost import embedded, spec_bench_first_turns

@@ -26,9 +26,9 @@ import time
 import torch
 
 from specdec import Engine, ModelSpec, SpeculativeDecoder, load_model
-from specdec.data import Prompt, build_turn_input, load_prompts, select_prompts
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.ngram import NgramProposer
+from specdec.study.data import Prompt, build_turn_input, load_prompts, select_prompts
 
 # Spec-Bench reports the eight MT-bench categories as one (conf/data/spec_bench.yaml).
 MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")

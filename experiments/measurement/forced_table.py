@@ -1,6 +1,6 @@
 """The forced-acceptance sweep as one table: the acceptance curve set and measured, and the speedup
 measured against the cost model's predictions, recomputed from each job's results.jsonl with
-`specdec.results.MethodSummary.measure` (so the table follows the current definitions):
+`specdec.study.results.MethodSummary.measure` (so the table follows the current definitions):
 
 - predicted: decode only, E * t_base / t_step, E from the measured per-position acceptance;
 - with prefill: the same steps plus the method's measured prefill, against the baseline's tokens/s.
@@ -14,9 +14,9 @@ import json
 import sys
 from pathlib import Path
 
-from specdec.metrics import expected_tokens_per_step, ratio
-from specdec.report import BASELINE
-from specdec.results import MethodSummary, PromptResult
+from specdec.core.metrics import expected_tokens_per_step, ratio
+from specdec.study.report import BASELINE
+from specdec.study.results import MethodSummary, PromptResult
 
 
 def main(sweep: Path) -> None:

@@ -17,7 +17,7 @@ import random
 import statistics
 import time
 
-from specdec.policy import Planner
+from specdec.adaptive.policy import Planner
 
 
 def run(batch: int, steps: int) -> tuple[float, str]:

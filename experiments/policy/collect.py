@@ -21,8 +21,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from specdec import metrics
-from specdec.report import markdown_table
+from specdec.core import metrics
+from specdec.study.report import markdown_table
 
 # Every method of the study; runs made before a method was added lack it, and it is left out of their tables.
 METHODS = ["ngram", "ngram_ca", "suffix", "suffix_ca", "draft1", "draft_ca", "eagle", "eagle_ca", "hybrid", "hybrid_bs"]

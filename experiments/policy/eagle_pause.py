@@ -18,9 +18,9 @@ import argparse
 import torch
 
 from specdec import Engine, ModelSpec, SpeculativeDecoder, load_model
-from specdec.data import build_turn_input, load_spec_bench
+from specdec.core.schedules import ConstantSchedule
 from specdec.proposers.eagle import EagleProposer
-from specdec.schedules import ConstantSchedule
+from specdec.study.data import build_turn_input, load_spec_bench
 
 CATEGORIES = ("qa", "translation", "math_reasoning", "summarization", "rag", "multi_turn")
 

@@ -32,7 +32,7 @@ def measure(path: Path) -> dict[int, dict[int, float]]:
     from profile_step import width_costs
 
     from specdec import Engine, ModelSpec, load_model
-    from specdec.data import build_turn_input, load_prompts
+    from specdec.study.data import build_turn_input, load_prompts
 
     torch.set_num_threads(1)
     model, tok = load_model(ModelSpec(path="embedded"))

@@ -23,14 +23,14 @@ from collections import defaultdict
 import torch
 
 from specdec import Engine, ModelSpec, load_model
-from specdec.data import build_turn_input, load_prompts
-from specdec.decoding import SpeculativeDecoder
+from specdec.adaptive.hybrid import HybridProposer
+from specdec.core.decoding import SpeculativeDecoder
+from specdec.core.schedules import make_schedule
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.eagle import EagleProposer
-from specdec.proposers.hybrid import HybridProposer
 from specdec.proposers.ngram import NgramProposer
 from specdec.proposers.suffix import SuffixProposer
-from specdec.schedules import make_schedule
+from specdec.study.data import build_turn_input, load_prompts
 
 NEVER = {"margin": 1e9, "explore": 0.0}  # the policy is free to draft and never does
 

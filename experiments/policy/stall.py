@@ -27,10 +27,10 @@ import time
 import torch
 
 from specdec import Engine, ModelSpec, SpeculativeDecoder, load_model
-from specdec.data import build_turn_input, load_spec_bench
+from specdec.core.schedules import make_schedule
 from specdec.proposers.ngram import NgramProposer
 from specdec.proposers.suffix import SuffixProposer
-from specdec.schedules import make_schedule
+from specdec.study.data import build_turn_input, load_spec_bench
 
 CATEGORIES = ("qa", "translation", "math_reasoning")
 STALLS = (None, "scoring", "drafting")

@@ -22,15 +22,15 @@ import time
 
 import torch
 
-from specdec.cache import RowCache
-from specdec.data import build_turn_input, load_spec_bench
-from specdec.decoding import SpeculativeDecoder
-from specdec.engine import CachedModel, Engine
-from specdec.head_training import eagle_sequences, training_prompts, vocab_index
+from specdec.core.cache import RowCache
+from specdec.core.decoding import SpeculativeDecoder
+from specdec.core.engine import CachedModel, Engine
 from specdec.models import ModelSpec, load_model
 from specdec.proposers.eagle import EagleProposer
 from specdec.proposers.heads import OutputHead
-from specdec.training import Example, generate_continuations, teacher_targets, truncate
+from specdec.study.data import build_turn_input, load_spec_bench
+from specdec.train.head_training import eagle_sequences, training_prompts, vocab_index
+from specdec.train.training import Example, generate_continuations, teacher_targets, truncate
 
 
 def _top1(drafter, embed, head: OutputHead, index, examples) -> dict:

@@ -5,10 +5,10 @@ tokens per row, with the draft probabilities q when it has them. After verificat
 `observe` call with the outcome, so that it can roll back its own state (a draft model's KV cache)
 or learn (acceptance statistics). Nothing else is required: a new strategy is one module.
 
-The types and the protocol are defined in `specdec.types`, beneath both the loop and the proposers;
+The types and the protocol are defined in `specdec.core.types`, beneath both the loop and the proposers;
 this module hands them on to proposers, which import them from here.
 """
 
-from specdec.types import DecodeState, Proposal, Proposer, StepOutcome
+from specdec.core.types import DecodeState, Proposal, Proposer, StepOutcome
 
 __all__ = ["DecodeState", "Proposal", "Proposer", "StepOutcome"]

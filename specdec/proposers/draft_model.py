@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import torch
 
-from specdec.engine import CachedModel, Engine
+from specdec.accel.syncs import reads_are_free
+from specdec.core.engine import CachedModel, Engine
+from specdec.core.sampling import greedy_tokens, probabilities, sample
 from specdec.proposers.base import Proposal
-from specdec.sampling import greedy_tokens, probabilities, sample
-from specdec.syncs import reads_are_free
 
 
 class DraftModelProposer:

@@ -25,7 +25,7 @@ The drafted levels are scratch in the drafter's cache: it rolls back to the caug
 the next step re-feeds the accepted tokens with the target's true features.
 
 Under `compile=on` the drafter's passes run compiled at the target's width and key buckets over
-pooled buffers (`specdec.compiled.CompiledModule`); the output head stays eager (compiled, it
+pooled buffers (`specdec.accel.compiled.CompiledModule`); the output head stays eager (compiled, it
 measured the same).
 
 Nodes are deterministic choices (a one-hot q), so greedy verification gives the target's greedy
@@ -39,15 +39,15 @@ import inspect
 
 import torch
 
-from specdec.attention import AttentionLayout, grouped_attention
-from specdec.cache import RowCache
-from specdec.compiled import CompiledModule
-from specdec.decoder_stack import decoder_stack
-from specdec.engine import Engine, overlay_columns
+from specdec.accel.compiled import CompiledModule
+from specdec.accel.syncs import to_device
+from specdec.core.attention import AttentionLayout, grouped_attention
+from specdec.core.cache import RowCache
+from specdec.core.decoder_stack import decoder_stack
+from specdec.core.engine import Engine, overlay_columns
+from specdec.core.tree import TokenTree, TreeProposal
 from specdec.proposers.base import Proposal
 from specdec.proposers.heads import OutputHead, load_checkpoint
-from specdec.syncs import to_device
-from specdec.tree import TokenTree, TreeProposal
 
 # The drafter's single layer attends to all of its positions (whatever the target's layers do).
 _LAYOUT = AttentionLayout("eagle", ("full_attention",), None, "cache")

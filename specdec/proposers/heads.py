@@ -25,9 +25,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
 
-from specdec.decoder_stack import final_logits, logit_transform
-from specdec.errors import InvalidInput, MissingInput
-from specdec.tracking import write_whole
+from specdec.core.decoder_stack import final_logits, logit_transform
+from specdec.core.errors import InvalidInput, MissingInput
+from specdec.study.tracking import write_whole
 
 
 class OutputHead:

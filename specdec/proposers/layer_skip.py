@@ -2,7 +2,7 @@
 Verify, Zhang et al. 2024): the draft is the target's own first `exit_layer` decoder layers followed
 by the target's final norm and lm_head.
 
-No weights are copied and no second model is loaded: `early_exit_view` (specdec/decoder_stack.py)
+No weights are copied and no second model is loaded: `early_exit_view` (specdec/core/decoder_stack.py)
 builds a shallow module tree whose decoder list holds the target's first layers (Llama's
 `model.layers`, GPT-2's and Falcon's `transformer.h`, GPT-NeoX's, a multimodal wrapper's language
 model), so every parameter is the target's own tensor (after `Engine` has moved the target, so the
@@ -18,9 +18,9 @@ gives a weak draft from its early layers; how weak is measured in experiments/st
 
 from __future__ import annotations
 
-from specdec.compiled import CompiledForward
-from specdec.decoder_stack import early_exit_view
-from specdec.engine import CachedModel, Engine
+from specdec.accel.compiled import CompiledForward
+from specdec.core.decoder_stack import early_exit_view
+from specdec.core.engine import CachedModel, Engine
 from specdec.proposers.draft_model import DraftModelProposer
 
 __all__ = ["LayerSkipProposer", "early_exit_view"]

@@ -14,7 +14,7 @@ cache beside the keys and values (`CachedModel.keep_hidden_states`), compacted w
 tree step, so h is simply the last valid entry.
 
 Under `compile=on` the heads, the output head and the top-k run as one compiled call
-(`specdec.compiled.CompiledCall`): the output head is the target's whole vocabulary, and its
+(`specdec.accel.compiled.CompiledCall`): the output head is the target's whole vocabulary, and its
 matmul for a few rows cost 1.4-2x as much eagerly as compiled on a CPU.
 
 Greedy verification makes the output the target's greedy output; at temperature > 0 the nodes are
@@ -26,12 +26,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specdec.compiled import CompiledCall
-from specdec.engine import Engine
+from specdec.accel.compiled import CompiledCall
+from specdec.accel.syncs import to_device
+from specdec.core.engine import Engine
+from specdec.core.tree import TreeProposal, static_tree
 from specdec.proposers.base import Proposal
 from specdec.proposers.heads import OutputHead, load_checkpoint
-from specdec.syncs import to_device
-from specdec.tree import TreeProposal, static_tree
 
 # A CPU-sized tree: the heads' top two guesses for the next token and the top guess after the first.
 # Medusa's GPU trees have 60+ nodes; on a CPU each node costs a scored token, and the shipped heads'

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import torch
 
-from specdec.engine import Engine
+from specdec.accel.syncs import reads_are_free, to_device
+from specdec.core.engine import Engine
 from specdec.proposers.base import Proposal
-from specdec.syncs import reads_are_free, to_device
 
 
 class NgramProposer:

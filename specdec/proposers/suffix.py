@@ -41,9 +41,9 @@ from collections import Counter, deque
 
 import torch
 
+from specdec.accel.syncs import reads_are_free, to_device
+from specdec.core.tree import TokenTree, TreeProposal
 from specdec.proposers.base import Proposal
-from specdec.syncs import reads_are_free, to_device
-from specdec.tree import TokenTree, TreeProposal
 
 
 class _Node:

@@ -1,0 +1,663 @@
+"""The experiment configuration: typed schema (structured configs) and the checks run before any model loads.
+
+`conf/` holds one small YAML per option of each group (target, draft, method, data, generation, logger,
+experiment); the dataclasses here are the schema they are merged into. Registered in Hydra's ConfigStore
+as `base_config` and listed first in `conf/config.yaml`'s defaults, they make a misspelt key or a value
+of the wrong type fail at composition, with Hydra naming the key.
+
+What a schema cannot say (k >= 1, top_p in (0, 1], a data file that must exist, a method that needs a
+draft) is checked by `validate`, which the experiment calls before it loads anything heavy, so a bad
+value costs a second, not a model load. Every message names the offending key.
+
+A method is one YAML in `conf/method/` (see `MethodConfig`): its `proposer` is instantiated by Hydra
+with the engine (`_target_` plus any arguments), so a new method needs a module and that file only.
+"""
+
+import dataclasses
+import difflib
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+
+from specdec.core.errors import InvalidInput
+
+log = logging.getLogger(__name__)
+
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+COMPILE_MODES = ("off", "on", "autotune", "frozen", "auto")  # specdec.accel.compiled.COMPILE_MODES, without importing torch here
+OVERLAP_MODES = ("auto", "on", "off")  # specdec.core.decoding.OVERLAP_MODES' names
+CUDA_GRAPH_MODES = ("trees", "explicit")  # specdec.accel.cuda_graphs.CUDA_GRAPH_MODES
+PACKED_LINEAR_MODES = ("auto", "on", "off")  # specdec.accel.packed_linear.PACKED_LINEAR_MODES
+
+
+class ConfigError(InvalidInput):
+    """A configuration value that cannot work; the message starts with the key."""
+
+
+@dataclass
+class ModelConfig:
+    """A target or draft model. `path`: a directory, a hub id in the local HF cache, a `.gguf` file,
+    `embedded` (SmolLM2-135M-Instruct), `tiny_random`; for a draft also `self` (the target itself) or
+    null (no draft). Results name the model from what was loaded (`specdec.models.describe_model`);
+    `name` is an optional label of your own, recorded beside it as `target_name` / `draft_name`."""
+
+    name: str | None = None
+    path: str | None = None
+    gguf_file: str | None = None
+    seed: int = 0  # tiny_random only
+    num_layers: int = 2  # tiny_random only
+    vocab_size: int = 256  # tiny_random only
+
+
+@dataclass
+class MethodConfig:
+    """One way of decoding; one file per method in `conf/method/`.
+
+    proposer: `{_target_: module.Class, ...args}` instantiated with `engine=<Engine>`, or null for
+              plain autoregressive decoding.
+    schedule: the name of a file in `conf/method/schedule/` (constant, heuristic, confidence, cost_aware,
+              ...) or a `{_target_: ...}` node, built with `num_speculative_tokens` and `schedule_args`.
+    verifier: the name of a file in `conf/method/verifier/` (auto: greedy at temperature 0, else
+              speculative sampling; greedy, speculative_sampling, block, typical, forced, ...) or a
+              `{_target_: ...}` node, built with `verifier_args` (see `specdec.study.registry`).
+    decoder:  instead of a proposer, `{_target_: ...}` of a whole decoder with SpeculativeDecoder's
+              `generate` (the `transformers` anchors in `specdec.study.anchors`), instantiated with
+              `engine`, `num_speculative_tokens` and `tokenizer`.
+    heads_path, tree: for methods that draft with trained heads over a token tree (medusa, eagle): the
+              checkpoint, and the tree as rank paths; their proposer reads them as `${..heads_path}`.
+    """
+
+    name: str = MISSING
+    proposer: Any = None
+    decoder: Any = None
+    num_speculative_tokens: int = 4
+    schedule: Any = "constant"  # a name (conf/method/schedule/<name>.yaml) or a `_target_` node
+    schedule_args: dict[str, Any] = field(default_factory=dict)
+    verifier: Any = "auto"  # a name (conf/method/verifier/<name>.yaml) or a `_target_` node
+    verifier_args: dict[str, Any] = field(default_factory=dict)
+    needs_draft: bool = False
+    heads_path: str | None = None  # trained heads (medusa, eagle): a checkpoint of scripts/train_heads.py, or `embedded`
+    tree: Any = None  # a static tree as rank paths, [[0], [1], [0, 0], ...] (null: the method's default)
+
+
+@dataclass
+class DataConfig:
+    """A prompt set (`specdec.study.data.load_prompts`). `source`: a name, the file `conf/data/source/<name>.yaml`
+    that names its reader with `_target_`, or such a node; the reader takes the settings below that it
+    names and `source_args`, its own. Relative paths resolve against the directory the
+    command was started from. `limit` keeps the first `limit` prompts of each category (or overall when
+    `per_category` is false); `category_map` renames categories before selection (Spec-Bench reports
+    its eight MT-bench categories as one, `multi_turn`)."""
+
+    source: Any = "builtin"
+    source_args: dict[str, Any] = field(default_factory=dict)
+    path: str | None = None
+    limit: int | None = None
+    categories: list[str] | None = None
+    per_category: bool = True
+    category_map: dict[str, str] = field(default_factory=dict)
+    system_prompt: str | None = None
+    hf_name: str | None = None  # source=hf: a dataset name (needs a network unless cached)
+    split: str = "train"
+    text_field: str = "text"
+    category_field: str | None = None
+    id_field: str | None = None
+
+
+@dataclass
+class GenerationConfig:
+    """Decoding settings, the same for the method and the baseline. temperature 0 is greedy."""
+
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    batch_size: int = 1
+
+
+@dataclass
+class LoggerConfig:
+    """`kind`: a name, the file `conf/logger/kind/<name>.yaml` that names the tracker with `_target_`
+    (none, wandb), or such a node; the tracker takes the settings below that it names. W&B runs offline
+    unless WANDB_MODE (or `mode`) says otherwise; `group` defaults to the sweep's name in a multirun."""
+
+    kind: Any = "none"
+    project: str = "specdec"
+    entity: str | None = None
+    mode: str | None = None
+    group: str | None = None
+    tags: list[str] = field(default_factory=list)
+    init_timeout: float = 15.0
+
+
+@dataclass
+class Config:
+    target: ModelConfig = field(default_factory=ModelConfig)
+    draft: ModelConfig = field(default_factory=ModelConfig)
+    method: MethodConfig = field(default_factory=MethodConfig)
+    # More methods measured in the same run, interleaved with `method` and the baseline; filled by
+    # presets with `- /method@compare.<name>: <name>` in their defaults (see experiment=vs_hf).
+    compare: dict[str, MethodConfig] = field(default_factory=dict)
+    data: DataConfig = field(default_factory=DataConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    dtype: str = "auto"  # auto (bfloat16 on a GPU or a CPU with bfloat16 units) | float32 | bfloat16 | float16
+    compile: str = "auto"  # off | on | autotune | auto (on for CUDA, off on a CPU): torch.compile at static shapes
+    # auto | on | off: eager float32 passes on a CPU run linear layers through oneDNN's packed weights
+    packed_linear: str = "auto"
+    overlap: str = "auto"  # off | on | auto (on for CUDA): queue a step before reading the last (plain, draft model)
+    cuda_graphs: str = "trees"  # compile=on on CUDA: trees (inductor's CUDA graphs) | explicit (specdec's own)
+    seed: int = 0
+    threads: int | None = 1  # torch CPU threads per job; null keeps torch's default (all cores)
+    warmup: bool = True  # one short untimed generation per method before measuring
+    # Greedy runs score every target pass at one width (the run's largest k + 1, padded) over the whole
+    # cache buffer, so that speculative output equals plain decoding bit for bit in bfloat16 too.
+    exact_greedy: bool = True
+    plots: bool = True
+    progress: bool | None = None  # progress bars: null shows them only on a terminal
+
+
+# Names researchers type for a setting that specdec calls otherwise.
+ALIASES = {"k": "num_speculative_tokens", "gamma": "num_speculative_tokens", "num_draft_tokens": "num_speculative_tokens",
+           "draft_tokens": "num_speculative_tokens", "max_tokens": "max_new_tokens", "temp": "temperature",
+           "model": "path", "batch": "batch_size"}
+
+
+def _settings(node=Config, prefix: str = "") -> list[str]:
+    """Every dotted key of the schema under `node` (a `compare.<name>` entry counts as its MethodConfig)."""
+    keys = []
+    for f in dataclasses.fields(node):
+        key = prefix + f.name
+        keys.append(key)
+        if dataclasses.is_dataclass(f.type):
+            keys += _settings(f.type, key + ".")
+    return keys
+
+
+def _unknown_part(parts: list[str]) -> int | None:
+    """The index of the first part of a dotted key that names nothing in the schema, or None (the key
+    is a setting, or reaches a value or a free-form node such as `method.proposer`)."""
+    node, i = Config, 0
+    while i < len(parts):
+        kinds = {f.name: f.type for f in dataclasses.fields(node)}
+        if parts[i] not in kinds:
+            return i
+        if node is Config and parts[i] == "compare":  # compare.<name>.<setting>: a MethodConfig
+            node, i = MethodConfig, i + 2
+            continue
+        if not dataclasses.is_dataclass(kinds[parts[i]]):
+            return None
+        node, i = kinds[parts[i]], i + 1
+    return None
+
+
+def override_hints(overrides: list[str]) -> list[str]:
+    """For command-line overrides that Hydra refused, the settings that were probably meant: `method.k=8`
+    -> `method.num_speculative_tokens`, `temperature=0.7` -> `generation.temperature`. Only keys that
+    name no setting of the schema get a hint (a group choice such as `method=eagle`, `+`/`~` overrides,
+    Hydra's own and free-form nodes, such as `method.proposer.*`, are left alone)."""
+    here = Path(__file__).resolve().parents[1]  # the configs: a wheel's specdec/conf, or a clone's conf/
+    groups = {"hydra", "experiment"} | {p.name for conf in (here / "conf", here.parent / "conf") if conf.is_dir()
+                                        for p in conf.iterdir() if p.is_dir()}
+    every = _settings()
+    hints = []
+    for override in overrides:
+        key = override.split("=", 1)[0]
+        if "=" not in override or key.startswith(("+", "~", "-", "hydra.")) or "/" in key or "@" in key:
+            continue
+        parts = key.split(".")
+        if len(parts) == 1 and key in groups:
+            continue
+        bad = _unknown_part(parts)
+        if bad is None:
+            continue
+        wanted = ALIASES.get(parts[bad], parts[bad])
+        # Where the key was going first (the setting under the same node), then anywhere by that name,
+        # then a near spelling.
+        beside = ".".join([*parts[:bad], wanted])
+        near = ([beside] if bad and _unknown_part(beside.split(".")) is None else
+                [k for k in every if k.rsplit(".", 1)[-1] == wanted])
+        scope = ".".join(parts[:bad])
+        under = [k[len(scope) + 1:] for k in every if k.startswith(scope + ".")] if bad else every
+        near = near or [f"{scope}.{c}" if bad else c for c in difflib.get_close_matches(parts[bad], under, n=1, cutoff=0.75)]
+        if near:
+            hints.append(f"`{key}` is not a setting; did you mean {' or '.join(f'`{k}`' for k in near)}?")
+        else:
+            hints.append(f"`{key}` is not a setting; `python -m specdec --cfg job` prints them all")
+    return hints
+
+
+def register() -> None:
+    """Put the schema in Hydra's ConfigStore (`conf/config.yaml` lists `base_config` first)."""
+    ConfigStore.instance().store(name="base_config", node=Config)
+
+
+register()
+
+
+# ---------------------------------------------------------------- checks before anything loads
+
+
+def _fail(key: str, message: str) -> None:
+    raise ConfigError(f"{key}: {message}")
+
+
+def resolve_path(path: str | Path) -> Path:
+    """A path from the config: `~` is the home folder, a relative path is relative to the directory the
+    command was started from (Hydra's runtime cwd inside a job, else the current directory)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.utils import to_absolute_path
+
+    path = Path(path).expanduser()  # first: to_absolute_path would make "~/x" into "<cwd>/~/x"
+    if HydraConfig.initialized():
+        return Path(to_absolute_path(str(path)))
+    return path.absolute()
+
+
+def _check_type(key: str, value: Any, kind: type, optional: bool = False) -> None:
+    """`value` must be an int (kind int) or a number (kind float), or None if `optional`. A config built
+    in Python bypasses the schema's conversions, so "0.5" or None would otherwise fail later as a bare
+    TypeError far from the key."""
+    from specdec.study.registry import type_problem
+
+    problem = type_problem(value, kind, optional)
+    if problem:
+        _fail(key, problem)
+
+
+def _check_target(key: str, target: Any) -> None:
+    """`_target_` must name an importable attribute (checked without instantiating anything)."""
+    from specdec.study.registry import target_of
+
+    try:
+        target_of(target, key.removesuffix("._target_"))
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def _check_known_keys(node: DictConfig, path: str = "") -> None:
+    """Every key of a schema node is the schema's: Hydra's `+key=value` adds one the schema lacks,
+    which nothing reads (a misspelt `+generation.temprature=0.7` would run greedy unsaid). Nodes of
+    free form (a proposer's arguments) are checked against their class instead (`_check_arguments`)."""
+    import dataclasses
+
+    schema = OmegaConf.get_type(node)
+    if dataclasses.is_dataclass(schema):
+        names = [f.name for f in dataclasses.fields(schema)]
+        for key in node:
+            if key not in names and not (path == "" and key == "hydra"):
+                _fail(f"{path}{key}", f"is not a setting (added with `+`?); {path.rstrip('.') or 'the config'} "
+                                      f"has: {', '.join(names)}")
+        children = names
+    elif schema is dict:
+        children = list(node)
+    else:
+        return
+    for key in children:
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
+            _check_known_keys(child, f"{path}{key}.")
+
+
+def _cores() -> int:
+    """The cores this process may run on (its affinity: a container's or a job's share)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+TINY_MAX_LAYERS = 64  # a test model: deeper than this is a typo, and would build for minutes
+TINY_MIN_VOCAB = 16  # ids 0-2 are pad, eos and unk; the built-in prompts need a few more
+
+
+def _check_tiny(role: str, m: DictConfig) -> None:
+    """A tiny random Llama's size (`specdec.models.tiny_random_model`) that can decode the prompts."""
+    _check_type(f"{role}.num_layers", m.num_layers, int)
+    _check_type(f"{role}.vocab_size", m.vocab_size, int)
+    if not 1 <= m.num_layers <= TINY_MAX_LAYERS:
+        _fail(f"{role}.num_layers", f"a tiny random model has 1 to {TINY_MAX_LAYERS} layers, got {m.num_layers}")
+    if m.vocab_size < TINY_MIN_VOCAB:
+        _fail(f"{role}.vocab_size", f"a tiny random model needs >= {TINY_MIN_VOCAB} tokens, got {m.vocab_size}")
+
+
+def model_spec(model_cfg: DictConfig, role: str):
+    """The `specdec.models.ModelSpec` of `target` or `draft` (`role`): a local path resolves against the
+    directory the command was started from (`resolve_path`)."""
+    from specdec.models import ModelSpec
+
+    path = model_cfg.path
+    if path and path not in ("embedded", "tiny_random") and (path.startswith((".", "~")) or Path(path).exists()):
+        path = str(resolve_path(path))
+    return ModelSpec(path=path, gguf_file=model_cfg.gguf_file, name=role, seed=model_cfg.seed,
+                     num_layers=model_cfg.num_layers, vocab_size=model_cfg.vocab_size)
+
+
+def _check_model(cfg: DictConfig, role: str) -> None:
+    """`role`'s files are where its config says (`specdec.models.locate`: no model is read)."""
+    from specdec.core.errors import InputError
+    from specdec.models import locate
+
+    try:
+        locate(model_spec(cfg[role], role))
+    except InputError as err:
+        key = f"{role}.gguf_file" if cfg[role].gguf_file and not str(cfg[role].path or "").endswith(".gguf") \
+            else f"{role}.path"
+        _fail(key, str(err))
+
+
+def room_message(key: str, new: int, k: int, need: int, method: str, context: str) -> str:
+    """Why a method's request cannot fit the context even after a one-token prompt (`key` is blamed:
+    the method's k, or max_new_tokens): said the same before the models load (`validate`) and after."""
+    return (f"{key}: max_new_tokens={new} plus k={k} drafted tokens need {need} positions with a one-token "
+            f"prompt ({method}), more than {context}; lower {key}")
+
+
+def _check_context(cfg: DictConfig, role: str) -> None:
+    """Every method's max_new_tokens and k fit `role`'s context after a one-token prompt, where its
+    config alone tells the context (`specdec.models.context_length_of`). k is the schedule's k_max, a
+    lower bound of what the decoder reserves per step (a tree's node budget or exact greedy's scoring
+    width may reserve more): the exact check, with the prompts, runs once the models are loaded
+    (`experiment._check_room`)."""
+    from specdec.core.schedules import make_schedule
+    from specdec.models import context_length_of
+
+    context = context_length_of(model_spec(cfg[role], role))
+    if context is None:
+        return
+    new = cfg.generation.max_new_tokens
+    for key, m in method_configs(cfg):
+        if role == "draft" and not m.needs_draft:
+            continue
+        k = 0
+        if m.proposer is not None:
+            k = make_schedule(m.schedule, max(m.num_speculative_tokens, 1), **m.schedule_args).k_max
+        need = 1 + new + k
+        if need > context:
+            blame = f"{key}.num_speculative_tokens" if k and 2 + k > context else "generation.max_new_tokens"
+            raise ConfigError(room_message(blame, new, k, need, m.name,
+                                           f"the {role}'s context of {context} tokens (max_position_embeddings)"))
+
+
+def validate(cfg: DictConfig) -> None:
+    """Raise ConfigError, naming the key, for any value that cannot work. Loads no model."""
+    from specdec.core.sampling import SamplingParams
+    from specdec.study.data import HF_FILE_TYPES, READER_SETTINGS
+    from specdec.study.tracking import TRACKER_SETTINGS
+
+    _check_known_keys(cfg)
+    g = cfg.generation
+    for key, kind, optional in (
+        ("generation.max_new_tokens", int, False), ("generation.temperature", float, False),
+        ("generation.top_p", float, False), ("generation.top_k", int, False),
+        ("generation.batch_size", int, False), ("seed", int, False), ("threads", int, True),
+        ("data.limit", int, True),
+    ):
+        _check_type(key, OmegaConf.select(cfg, key), kind, optional)
+    if g.max_new_tokens < 1:
+        _fail("generation.max_new_tokens", f"must be >= 1, got {g.max_new_tokens}")
+    if g.batch_size < 1:
+        _fail("generation.batch_size", f"must be >= 1, got {g.batch_size}")
+    if not 0 <= g.temperature < math.inf:
+        _fail("generation.temperature", f"must be finite and >= 0 (0 is greedy), got {g.temperature}")
+    if not 0 < g.top_p <= 1:
+        _fail("generation.top_p", f"must be in (0, 1], got {g.top_p}")
+    if g.top_k < 0:
+        _fail("generation.top_k", f"must be >= 0 (0 disables it), got {g.top_k}")
+    filters = [f"{key}={g[key]}" for key, off in (("top_p", 1.0), ("top_k", 0)) if g[key] != off]
+    if g.temperature == 0 and filters:  # a warning, not an error: a sweep over temperatures includes 0
+        log.warning("generation.temperature=0 decodes greedily and ignores %s; set a temperature > 0 to "
+                    "sample from the filtered distribution", " and ".join(filters))
+
+    # Where the models are comes before the methods: a mistyped target.path is that, not a method's
+    # checkpoint trained for another target.
+    if not cfg.target.path and not cfg.target.gguf_file:
+        _fail("target.path", "is empty; set target=smollm2_135m, target=tiny_random or target.path=<model>")
+    if cfg.target.path == "self":
+        _fail("target.path", "`self` is for drafts only")
+    roles = ["target"]
+    if cfg.draft.path not in ("self", None) and any(m.needs_draft for _, m in method_configs(cfg)):
+        # (draft=none with a method that needs a draft is the method's error, below)
+        roles.append("draft")
+    for role in roles:
+        _check_model(cfg, role)
+
+    params = SamplingParams(g.temperature, g.top_k, g.top_p)
+    for key, m in method_configs(cfg):
+        _validate_method(key, m, cfg, params)
+
+    for role in roles:
+        _check_context(cfg, role)
+
+    d = cfg.data
+    reader = _check_part("data.source", "data/source", d.source, d.source_args, {k: d[k] for k in READER_SETTINGS})
+    _check_reader_reads(reader, d)
+    if d.limit is not None and d.limit < 1:
+        _fail("data.limit", f"must be >= 1 (or null for all prompts), got {d.limit}")
+    if d.source == "hf" and not (d.path or d.hf_name):
+        _fail("data.path", "data=hf needs data.path (a local json/jsonl/csv/parquet/txt file) or data.hf_name")
+    if d.path:  # spec_bench without a path reads the copy in the package
+        path = resolve_path(d.path)
+        suffix = path.suffix.lower()
+        if d.source == "hf" and path.is_file() and suffix not in HF_FILE_TYPES:
+            _fail("data.path", f"{path}: data=hf reads local .json, .jsonl, .csv, .parquet or .txt files (and "
+                               f"dataset folders); {suffix or 'a file without a suffix'} is none of them")
+        if (d.source == "spec_bench" or suffix in HF_FILE_TYPES) and not path.is_file():
+            _fail("data.path", f"file not found: {path}")
+
+    device = str(cfg.device)
+    if device not in DEVICES and not device.startswith("cuda:"):
+        _fail("device", f"must be one of {', '.join(DEVICES)} (or cuda:N), got {device!r}")
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            _fail("device", f"{device} requested but CUDA is not available here; use device=auto or cpu")
+    if cfg.dtype not in DTYPES:
+        _fail("dtype", f"must be one of {', '.join(DTYPES)}, got {cfg.dtype!r}")
+    if cfg.compile not in COMPILE_MODES:
+        _fail("compile", f"must be one of {', '.join(COMPILE_MODES)}, got {cfg.compile!r}")
+    if cfg.packed_linear not in PACKED_LINEAR_MODES:
+        _fail("packed_linear", f"must be one of {', '.join(PACKED_LINEAR_MODES)}, got {cfg.packed_linear!r}")
+    if cfg.overlap not in OVERLAP_MODES:
+        _fail("overlap", f"must be one of {', '.join(OVERLAP_MODES)}, got {cfg.overlap!r}")
+    if cfg.cuda_graphs not in CUDA_GRAPH_MODES:
+        _fail("cuda_graphs", f"must be one of {', '.join(CUDA_GRAPH_MODES)}, got {cfg.cuda_graphs!r}")
+    if cfg.threads is not None and not 1 <= cfg.threads <= _cores():
+        _fail("threads", f"must be between 1 and this machine's {_cores()} cores, or null (torch's default), "
+                         f"got {cfg.threads}")
+    if not 0 < cfg.logger.init_timeout < math.inf:
+        _fail("logger.init_timeout", f"must be a positive number of seconds, got {cfg.logger.init_timeout}")
+    for role in ("target", "draft"):
+        if cfg[role].path == "tiny_random":
+            _check_tiny(role, cfg[role])
+    tracker = _check_part("logger.kind", "logger/kind", cfg.logger.kind,
+                          offered={k: cfg.logger[k] for k in TRACKER_SETTINGS})
+    _check_tracker_mode(tracker, cfg.logger.mode)
+
+
+def _check_part(key: str, folder: str, spec: Any, args: Any = None, offered: Any = None) -> Any:
+    """A part named by `key` (see `specdec.study.registry`) must exist and take the arguments given; nothing is
+    built. Returns the class or function it names."""
+    from specdec.study.registry import resolve
+
+    try:
+        return resolve(folder, spec, key, args, offered=offered)[1]
+    except ValueError as err:
+        _fail(key, str(err))
+
+
+
+def _check_reader_reads(reader: Any, d: DictConfig) -> None:
+    """A reader setting changed from its default (`path`, `hf_name`, `split`, the field names) is one
+    the data source reads: the reader is offered only the settings it takes, so a file named for a
+    source that reads none (data=builtin data.path=mine.jsonl) would otherwise run the built-in
+    prompts unsaid. data=hf reads a file or a dataset, not both."""
+    from specdec.study.data import READER_SETTINGS
+    from specdec.study.registry import takes
+
+    source = d.source if isinstance(d.source, str) else "<node>"
+    for name in READER_SETTINGS:
+        if d[name] != DataConfig.__dataclass_fields__[name].default and not takes(reader, name):
+            _fail(f"data.{name}", f"is set, but data.source={source} does not read it (it would be ignored); "
+                                  "data=spec_bench data.path=<file> reads a Spec-Bench question file, data=hf "
+                                  "reads a json/jsonl/csv/parquet/txt file (data.path) or a dataset (data.hf_name), "
+                                  "with data.split, data.text_field, data.category_field and data.id_field")
+    if d.path and d.hf_name and takes(reader, "path") and takes(reader, "hf_name"):
+        _fail("data.hf_name", f"and data.path are both set ({d.hf_name!r}, {d.path!r}): give one, the dataset "
+                              "name or the local file")
+
+
+def _check_tracker_mode(tracker: Any, mode: str | None) -> None:
+    """A tracker that lists its `MODES` gets one of them: `mode` as it will resolve it
+    (`WandbTracker.resolve_mode`: `logger.mode`, else `WANDB_MODE`)."""
+    modes = getattr(tracker, "MODES", None)
+    if not modes:
+        return
+    mode = tracker.resolve_mode(mode)
+    if mode not in modes:
+        source = "the WANDB_MODE environment variable" if os.environ.get("WANDB_MODE") == mode else "logger.mode"
+        _fail("logger.mode", f"{mode!r} (from {source}) is not one of {', '.join(modes)}; "
+                             "offline keeps the run local (wandb sync uploads it later), logger=none turns W&B off")
+
+
+def _check_tree_verifier(key: str, m: DictConfig, verifier: Any, params: Any) -> None:
+    """A proposer that drafts token trees takes only the verifiers with a tree form, at any temperature
+    (block verification and lossy rules would otherwise be swapped silently for the tree rule)."""
+    from specdec.core.sampling import SamplingParams
+    from specdec.core.tree_verify import TREE_VERIFIERS
+    from specdec.core.verify import make_verifier
+
+    names = {verifier.name}
+    if params.greedy:  # the rule it would be at temperature > 0, where rules differ
+        try:
+            names.add(make_verifier(m.verifier, SamplingParams(1.0), **m.verifier_args).name)
+        except ValueError:  # a greedy-only rule
+            pass
+    if not names <= set(TREE_VERIFIERS):
+        spec = m.verifier if isinstance(m.verifier, str) else ", ".join(sorted(names))
+        _fail(f"{key}.verifier", f"{key}={m.name} drafts token trees, which take verifier=auto, greedy or "
+                                 f"speculative_sampling (the rules with a tree form); verifier={spec} has none")
+
+
+def method_configs(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
+    """(config key, method config) of `method` and of every `compare` entry, in that order."""
+    return [("method", cfg.method)] + [(f"compare.{name}", m) for name, m in cfg.compare.items()]
+
+
+def _check_heads(key: str, m: DictConfig, cfg: DictConfig, kind: str, optional: bool) -> None:
+    """`heads_path` names a checkpoint of `kind` that exists and, if `embedded`, a target it was
+    trained for. `optional` (a hybrid's part): null leaves the part out instead of failing."""
+    drop = f", or leave the {kind} part out: {key}.heads_path=null" if optional else ""
+    if not m.heads_path:
+        if optional:
+            return
+        _fail(f"{key}.heads_path", f"{key}={m.name} needs trained heads: set {key}.heads_path=<checkpoint> "
+                                   "(train one with scripts/train_heads.py)")
+    from specdec.proposers.heads import resolve_heads_path
+
+    if m.heads_path != "embedded":
+        heads = resolve_path(m.heads_path)
+    elif cfg.target.path != "embedded":
+        _fail(f"{key}.heads_path", f"`embedded` is the {kind} checkpoint trained for the embedded target "
+                                   f"(SmolLM2-135M), not for target.path={cfg.target.path}. Train one for this target "
+                                   f"(scripts/train_heads.py kind={kind} target.path=...) and set {key}.heads_path=<it>"
+                                   + (drop or ", or leave this method out: the default run (experiment=overview) "
+                                      "includes it, `~experiment method=<name>` runs one method alone"))
+    else:
+        heads = resolve_heads_path(m.heads_path, kind)
+    if not heads.is_file():
+        _fail(f"{key}.heads_path", f"file not found: {heads}{drop}")
+    from specdec.proposers.heads import checkpoint_info
+
+    try:
+        checkpoint_info(heads, kind)  # the header only: a broken file fails here, before any model loads
+    except ValueError as err:
+        _fail(f"{key}.heads_path", str(err).removeprefix("method.heads_path=") + drop)
+
+
+def _check_arguments(key: str, cls: Any, spec: DictConfig) -> None:
+    """Every argument `spec` gives is one `cls` takes, of the type its annotation says where that is
+    a scalar (a misspelt or `+`-added one, or `max_ngram=abc`, would otherwise fail only once the
+    models have loaded)."""
+    from specdec.study.registry import takes, wrong_types
+
+    unknown = [str(k) for k in spec if not str(k).startswith("_") and not takes(cls, str(k))]
+    if unknown:
+        import inspect
+
+        params = [n for n in inspect.signature(cls).parameters if n != "engine"]
+        _fail(f"{key}.{unknown[0]}", f"{cls.__name__} takes no argument {unknown[0]!r}; it takes: {', '.join(params)}")
+    # heads_path is `_check_heads`'s: null there leaves a hybrid's part out
+    wrong = wrong_types(cls, {k: v for k, v in spec.items() if not str(k).startswith("_") and k != "heads_path"})
+    if wrong:
+        _fail(f"{key}.{wrong[0]}", wrong[1])
+
+
+def _validate_method(key: str, m: DictConfig, cfg: DictConfig, params: Any) -> None:
+    _check_type(f"{key}.num_speculative_tokens", m.num_speculative_tokens, int)
+    for part in ("proposer", "decoder"):
+        spec = m[part]
+        if spec is not None:
+            if not isinstance(spec, DictConfig) or "_target_" not in spec:
+                _fail(f"{key}.{part}", f"must be null or a mapping with a `_target_` (the {part} class)")
+            _check_target(f"{key}.{part}._target_", spec._target_)
+    if m.proposer is not None and m.decoder is not None:
+        _fail(key, "set either a proposer or a decoder, not both")
+    if m.proposer is not None or m.decoder is not None:
+        if m.num_speculative_tokens < 1 and m.decoder is None:
+            _fail(f"{key}.num_speculative_tokens", f"k must be >= 1, got {m.num_speculative_tokens}")
+        from specdec.core.schedules import make_schedule
+
+        try:
+            make_schedule(m.schedule, max(m.num_speculative_tokens, 1), **m.schedule_args)
+        except (ValueError, TypeError) as err:
+            _fail(f"{key}.schedule", str(err))
+    from specdec.core.verify import make_verifier
+
+    try:
+        verifier = make_verifier(m.verifier, params, **m.verifier_args)  # raises on a name, args or temperature it cannot serve
+        if hasattr(verifier, "check_k"):  # a verifier whose arguments depend on k (forced: one a_i per draft)
+            verifier.check_k(m.num_speculative_tokens)
+    except (ValueError, TypeError) as err:
+        _fail(f"{key}.verifier", str(err))
+    if m.proposer is None and m.decoder is None and (m.verifier != "auto" or m.verifier_args):
+        # a warning, not an error: a sweep over methods may set one verifier for all of them
+        log.warning("%s.verifier=%s: plain decoding (%s) drafts nothing, so it verifies nothing; the verifier "
+                    "setting is ignored", key, m.verifier, m.name)
+    from specdec.study.registry import target_of
+
+    proposer = target_of(m.proposer._target_, f"{key}.proposer") if m.proposer is not None else None
+    # The proposer, or a hybrid's parts: config key -> (class, its config); a hybrid's part with heads is optional.
+    parts = {f"{key}.proposer": (proposer, m.proposer)} if proposer is not None else {}
+    hybrid = proposer is not None and isinstance(m.proposer.get("parts"), DictConfig)
+    if hybrid:
+        parts = {f"{key}.proposer.parts.{name}": (target_of(spec._target_, f"{key}.proposer.parts.{name}"), spec)
+                 for name, spec in m.proposer.parts.items() if isinstance(spec, DictConfig) and "_target_" in spec}
+    given = dict(parts)  # every node whose arguments a class takes: the parts, the hybrid itself, a decoder
+    if hybrid:
+        given[f"{key}.proposer"] = (proposer, m.proposer)
+    if m.decoder is not None:
+        given[f"{key}.decoder"] = (target_of(m.decoder._target_, f"{key}.decoder"), m.decoder)
+    for label, (cls, spec) in given.items():
+        _check_arguments(label, cls, spec)
+    if any(getattr(cls, "drafts_trees", False) for cls, _ in parts.values()):
+        _check_tree_verifier(key, m, verifier, params)
+    for cls, spec in parts.values():
+        if "heads_path" in spec:
+            _check_heads(key, m, cfg, getattr(cls, "name", m.name), optional=hybrid)
+    if m.tree is not None:
+        from specdec.core.tree import static_tree
+
+        try:
+            static_tree(OmegaConf.to_container(m.tree) if isinstance(m.tree, ListConfig) else m.tree)
+        except ValueError as err:
+            _fail(f"{key}.tree", str(err))
+    if m.needs_draft and cfg.draft.path is None:
+        _fail("draft", f"{key}={m.name} needs a draft model but draft=none; "
+                       "set draft=self, draft=tiny_random or draft.path=<model>")

@@ -1,0 +1,529 @@
+"""The body of one Hydra job: check, load, run the method and the baseline side by side, record, report.
+
+One run:
+  1. validate  the config (specdec.study.config.validate), then load the prompts: bad values and missing files
+               fail here, before any model loads
+  2. build     target (+ draft if method.needs_draft; tokenizers checked), Engine, proposer, schedule,
+               the method's decoder and the autoregressive baseline decoder on the same engine
+  3. warm up   one short untimed generation per decoder
+  4. measure   batch by batch, the method and the baseline alternate which goes first (order effects
+               cancel); a multi-turn prompt is answered turn by turn, each turn continuing the
+               conversation's KV cache (`past=`); results.jsonl is rewritten after every batch
+  5. report    summary.json, plots, the W&B run (never blocking), the printed table
+
+Batches (generation.batch_size > 1) hold consecutive prompts with the same number of turns. A row's
+`wall_s`, `draft_s` and `verify_s` are then its batch's times divided by the batch size (so they add
+up to the run's time); `latency_s` is the time until that row finished and `ttft_s` the batch's time
+to first token, since every row's first token arrives at the end of the batch's prefill (both are
+latencies of a request, not shares of the run). At batch size 1 they are simply the prompt's own.
+
+Cache reuse across turns is one policy for the whole run (`Setup.cache_reuse`, recorded in
+summary.json as `cache_reuse`): every method continues a conversation from its previous turn's cache,
+or, when some method cannot (transformers' assisted generation and prompt lookup), every method
+re-prefills every turn, so that no ratio between methods mixes in the cost of a prefill.
+
+The decoding loop knows nothing of Hydra or W&B; this module knows nothing of KV caches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+
+from specdec.core.decoding import Generation, SpeculativeDecoder
+from specdec.core.engine import Engine
+from specdec.core.errors import InputError, NoSpace
+from specdec.core.metrics import speedup
+from specdec.core.schedules import make_schedule
+from specdec.models import check_tokenizers_compatible, describe_model, load_model
+from specdec.study.config import ConfigError, method_configs, model_spec, resolve_path, room_message, validate
+from specdec.study.data import Prompt, build_turn_input, load_prompts, select_prompts
+from specdec.study.report import BASELINE, format_comparison, format_table, make_plots, summarize
+from specdec.study.results import PromptResult
+from specdec.study.run_dirs import check_no_results, release_run_dir
+from specdec.study.tracking import make_tracker, sigterm_raises, write_atomic, write_local_results
+
+log = logging.getLogger("specdec")
+
+WARMUP_TOKENS = 8
+TURN_OVERHEAD_TOKENS = 16  # chat-template tokens around one answer, for sizing a conversation's cache
+
+
+@dataclass
+class ExperimentResult:
+    out_dir: Path
+    summary: dict
+    rows: list[PromptResult]
+    wandb_run_dir: Path | None
+    table: str
+
+
+@dataclass
+class Setup:
+    """What `build` makes: the engine, the tokenizer, the decoders of the methods by name (`method`
+    first, then `compare`; the baseline itself is never among them), the baseline's decoder, and what
+    was loaded as target and draft (`specdec.models.describe_model`, by role)."""
+
+    engine: Engine
+    tokenizer: object
+    methods: dict[str, SpeculativeDecoder]
+    baseline: SpeculativeDecoder
+    models: dict[str, dict] = field(default_factory=dict)
+
+    @property
+    def k_max(self) -> int:
+        return max((d.k for d in self.methods.values()), default=0)
+
+    @property
+    def cannot_reuse_cache(self) -> list[str]:
+        """The methods that cannot continue a conversation from the previous turn's cache. specdec's
+        decoders all can; an anchor says whether it can with `continues_cache`."""
+        return [name for name, d in self.methods.items() if not getattr(d, "continues_cache", True)]
+
+    @property
+    def cache_reuse(self) -> bool:
+        """The run's policy: turns continue the previous turn's cache only if every method can."""
+        return not self.cannot_reuse_cache
+
+
+# ---------------------------------------------------------------- 1. data
+
+
+def load_data(cfg: DictConfig) -> list[Prompt]:
+    """The prompt set of `cfg.data`: categories renamed by `category_map`, then selected."""
+    d = cfg.data
+    path = str(resolve_path(d.path)) if d.path else None
+    prompts = load_prompts(d.source, path, hf_name=d.hf_name, split=d.split, text_field=d.text_field,
+                           category_field=d.category_field, id_field=d.id_field, source_args=d.source_args)
+    mapping = dict(d.category_map or {})
+    if mapping:
+        prompts = [Prompt(p.prompt_id, mapping.get(p.category, p.category), p.turns) for p in prompts]
+    categories = list(d.categories) if d.categories is not None else None
+    prompts = select_prompts(prompts, d.limit, categories, d.per_category)
+    if not prompts:
+        raise ConfigError(f"data: no prompts selected from data.source={d.source} (data.categories, data.limit)")
+    return prompts
+
+
+# ---------------------------------------------------------------- 2. build
+
+
+def build(cfg: DictConfig) -> Setup:
+    """Load the models and make the decoders. The draft loads only if some method needs one."""
+    target_spec = model_spec(cfg.target, "target")
+    target, tokenizer = load_model(target_spec)
+    models = {"target": describe_model(target_spec, target)}
+    draft = None
+    if any(m.needs_draft for _, m in method_configs(cfg)):
+        if cfg.draft.path == "self":
+            draft = target  # its own cache: the same weights propose and verify
+            models["draft"] = {**models["target"], "label": "self"}
+        else:
+            draft_spec = model_spec(cfg.draft, "draft")
+            draft, draft_tokenizer = load_model(draft_spec)
+            check_tokenizers_compatible(tokenizer, draft_tokenizer, target, draft)
+            models["draft"] = describe_model(draft_spec, draft)
+    engine = Engine(target, draft, device=cfg.device, dtype=cfg.dtype, compile=cfg.compile, cuda_graphs=cfg.cuda_graphs,
+                    packed_linear=cfg.packed_linear)
+    for described in models.values():
+        described["dtype"] = str(engine.dtype).removeprefix("torch.")
+    log.info("target %s, draft %s on %s (%s)", models["target"]["label"],
+             models["draft"]["label"] if "draft" in models else "none", engine.device,
+             str(engine.dtype).removeprefix("torch."))
+    baseline = SpeculativeDecoder(engine, tokenizer=tokenizer)
+    methods = {}
+    for key, m in method_configs(cfg):
+        decoder = make_decoder(m, engine, tokenizer, key)
+        if decoder is not None:
+            methods[m.name] = decoder
+    set_exact_greedy([*methods.values(), baseline], cfg.exact_greedy)
+    for decoder in (*methods.values(), baseline):  # plain decoding, and a draft model's steps (`specdec.accel.pipeline`)
+        if isinstance(decoder, SpeculativeDecoder):
+            decoder.overlap = cfg.overlap
+    return Setup(engine, tokenizer, methods, baseline, models)
+
+
+def set_exact_greedy(decoders: list, on: bool) -> None:
+    """Exact greedy for a run: every specdec decoder (the baseline included) scores at one width, the
+    widest any of them needs (largest k + 1), so that their greedy outputs agree bit for bit. A run
+    whose only specdec decoder is the baseline (against transformers' anchors) needs no such thing
+    and keeps plain decoding's own shapes, as `generate()` has them. Decoders it cannot apply to
+    (`exact_greedy_blocked`: trees, compile=on) score as they are."""
+    ours = [d for d in decoders if isinstance(d, SpeculativeDecoder)]
+    width = max((d.k + 1 for d in ours if d.exact_greedy_blocked is None), default=1)
+    for d in ours:
+        d.exact_greedy, d.score_width = on and width > 1, width
+
+
+def exact_greedy_state(decoder, cfg: DictConfig) -> str:
+    """For summary.json: `on`, `off`, or `not applied: <why>` where a greedy run asked for exact
+    greedy and this decoder cannot have it (README, numerics)."""
+    if not cfg.exact_greedy or cfg.generation.temperature != 0:
+        return "off"
+    if not isinstance(decoder, SpeculativeDecoder):
+        return "not applied: transformers' own decoding loop"
+    if decoder.exact_greedy_blocked is not None:
+        return f"not applied: {decoder.exact_greedy_blocked}"
+    return "on" if decoder.exact_greedy else "off"
+
+
+@contextlib.contextmanager
+def _arguments_of(key: str) -> Iterator[None]:
+    """Hydra's instantiate wraps what a constructor raises; an argument it refuses (ValueError,
+    TypeError) comes out as a ConfigError that names `key`, unless the message names its key itself."""
+    from hydra.errors import InstantiationException
+
+    try:
+        yield
+    except InstantiationException as err:
+        cause = err.__cause__
+        if not isinstance(cause, (ValueError, TypeError)) or isinstance(cause, ConfigError):
+            raise
+        message = str(cause)
+        raise ConfigError(message if message.startswith(("method.", "compare.")) else f"{key}: {message}") from cause
+
+
+def make_decoder(m: DictConfig, engine: Engine, tokenizer, key: str = "method"):
+    """The decoder of one method config (`key`: where it is in the config); None for the
+    autoregressive baseline itself. An argument its proposer or decoder refuses (a value that cannot
+    work with this model, such as an exit layer past the last) is a ConfigError naming the key."""
+    with _arguments_of(f"{key}.decoder" if m.decoder is not None else f"{key}.proposer"):
+        if m.decoder is not None:  # a whole decoder from elsewhere (the transformers anchors)
+            return instantiate(m.decoder, engine=engine, num_speculative_tokens=m.num_speculative_tokens,
+                               tokenizer=tokenizer)
+        if m.proposer is None:
+            return None
+        proposer = instantiate(m.proposer, engine=engine)
+    schedule = make_schedule(m.schedule, m.num_speculative_tokens, **m.schedule_args)
+    return SpeculativeDecoder(engine, proposer, m.num_speculative_tokens, verifier=m.verifier,
+                              verifier_args=dict(m.verifier_args), tokenizer=tokenizer, schedule=schedule)
+
+
+# ---------------------------------------------------------------- 3-4. measure
+
+
+def make_batches(prompts: list[Prompt], batch_size: int) -> list[list[Prompt]]:
+    """Consecutive prompts with the same number of turns, at most `batch_size` per batch."""
+    batches: list[list[Prompt]] = []
+    for p in prompts:
+        last = batches[-1] if batches else None
+        if last and len(last) < batch_size and len(last[0].turns) == len(p.turns):
+            last.append(p)
+        else:
+            batches.append([p])
+    return batches
+
+
+def conversation_positions(decoder, tokenizer, prompt: Prompt, cfg: DictConfig) -> int:
+    """Cache positions `decoder` needs for a whole conversation: its last turn's input rendered with
+    empty answers, each earlier answer and every turn's template tokens around an answer, and then the
+    last answer (`positions_needed` adds that and the decoder's own room). Too few only costs the
+    reuse of a cache across turns (a fresh prefill), not correctness."""
+    turns = prompt.turns
+    ids = build_turn_input(tokenizer, [(u, "") for u in turns[:-1]], turns[-1], cfg.data.system_prompt)
+    new = cfg.generation.max_new_tokens
+    before_last_answer = len(ids) + (len(turns) - 1) * new + (len(turns) > 1) * len(turns) * TURN_OVERHEAD_TOKENS
+    return decoder.positions_needed(before_last_answer, new)
+
+
+def run_batch(decoder: SpeculativeDecoder, role: str, batch: list[Prompt], cfg: DictConfig, seed: int,
+              tokenizer, reuse_cache: bool = True) -> list[PromptResult]:
+    """Answer every turn of the batch's prompts with one decoder; one result per prompt. With
+    `reuse_cache` a turn continues the previous turn's cache (`past=`), else it is prefilled afresh."""
+    g = cfg.generation
+    turns = len(batch[0].turns)
+    reserve = 0  # a conversation's later turns continue the first turn's caches: room for all of them
+    if turns > 1 and reuse_cache:
+        reserve = max(conversation_positions(decoder, tokenizer, p, cfg) for p in batch)
+    histories: list[list[tuple[str, str]]] = [[] for _ in batch]
+    generations: list[Generation] = []
+    past: Generation | None = None
+    for t in range(turns):
+        inputs = [build_turn_input(tokenizer, histories[j], p.turns[t], cfg.data.system_prompt)
+                  for j, p in enumerate(batch)]
+        out = decoder.generate(inputs, max_new_tokens=g.max_new_tokens, temperature=g.temperature,
+                               top_k=g.top_k, top_p=g.top_p, seed=seed + t, past=past, reserve=reserve)
+        generations.append(out)
+        for j, p in enumerate(batch):
+            histories[j].append((p.turns[t], out.texts[j]))
+        past = out if reuse_cache else None
+    return [PromptResult.from_generations(p.prompt_id, p.category, role, seed, generations, j)
+            for j, p in enumerate(batch)]
+
+
+def drop_too_long(prompts: list[Prompt], setup: Setup, cfg: DictConfig) -> tuple[list[Prompt], list[str]]:
+    """Prompts whose conversation fits every decoder's context; the ids of the others (warned, and listed
+    in summary.json). Both methods skip the same prompts, so the comparison stays side by side."""
+    decoders = [*setup.methods.values(), setup.baseline]
+    _check_room(setup, cfg)
+    kept, dropped = [], []
+    for p in prompts:
+        fits = all(d.fits(conversation_positions(d, setup.tokenizer, p, cfg)) for d in decoders)
+        (kept if fits else dropped).append(p)
+    context = min((d.context_length for d in decoders if d.context_length is not None), default=None)
+    if dropped:
+        log.warning("skipping %d prompt(s) longer than the context of %d tokens (with max_new_tokens=%d): %s",
+                    len(dropped), context, cfg.generation.max_new_tokens, ", ".join(p.prompt_id for p in dropped))
+    if not kept:
+        raise ConfigError(f"data: every selected prompt needs more than the models' context of {context} tokens "
+                          f"with max_new_tokens={cfg.generation.max_new_tokens}; lower generation.max_new_tokens "
+                          "or select shorter prompts")
+    return kept, [p.prompt_id for p in dropped]
+
+
+def _check_room(setup: Setup, cfg: DictConfig) -> None:
+    """k and max_new_tokens must leave room for a prompt in the context: if not, blame them, not the prompts."""
+    new = cfg.generation.max_new_tokens
+    keys = {m.name: f"{key}.num_speculative_tokens" for key, m in method_configs(cfg)}
+    for name, decoder in [*setup.methods.items(), (BASELINE, setup.baseline)]:
+        need = decoder.positions_needed(1, new)
+        if decoder.fits(need):
+            continue
+        key = keys.get(name, "method.num_speculative_tokens")
+        key = key if not decoder.fits(decoder.positions_needed(1, 1)) else "generation.max_new_tokens"
+        raise ConfigError(room_message(key, new, decoder.k, need, name,
+                                       f"the models' context of {decoder.context_length} tokens"))
+
+
+def warm_up(decoders: list[SpeculativeDecoder], prompt: Prompt, cfg: DictConfig, tokenizer) -> None:
+    """One short untimed generation per decoder: first calls pay for allocations and kernel choices."""
+    ids = build_turn_input(tokenizer, [], prompt.turns[0], cfg.data.system_prompt)
+    g = cfg.generation
+    for decoder in decoders:
+        decoder.generate([ids], max_new_tokens=min(WARMUP_TOKENS, g.max_new_tokens),
+                         temperature=g.temperature, top_k=g.top_k, top_p=g.top_p, seed=cfg.seed)
+
+
+def measure(setup: Setup, prompts: list[Prompt], cfg: DictConfig, on_batch=None) -> list[PromptResult]:
+    """Run every method and the baseline on every batch; the order rotates from batch to batch, so
+    each goes first, second, ... equally often and order effects cancel."""
+    roles = [*setup.methods.items(), (BASELINE, setup.baseline)]
+    method_name = " / ".join(name for name, _ in roles[:-1]) or BASELINE
+    rows: list[PromptResult] = []
+    batches = make_batches(prompts, cfg.generation.batch_size)
+    disable = None if cfg.progress is None else not cfg.progress
+    with tqdm(total=len(prompts), desc=f"{method_name} vs {BASELINE}", unit="prompt", disable=disable,
+              file=sys.stderr, leave=False) as bar:
+        for i, batch in enumerate(batches):
+            shift = i % len(roles)
+            order = roles[shift:] + roles[:shift]
+            for role, decoder in order:
+                rows += run_batch(decoder, role, batch, cfg, cfg.seed + i, setup.tokenizer, setup.cache_reuse)
+            bar.update(len(batch))
+            if on_batch is not None:
+                on_batch(rows)
+    return rows
+
+
+# ---------------------------------------------------------------- 5. the whole job
+
+
+def run_info(cfg: DictConfig, setup: Setup | None = None) -> dict:
+    """The run's settings for summary.json. Target and draft are named from what `build` loaded
+    (`<role>_model`: label, source, type, dtype...); without a setup, from the configured path. A config
+    group's name is never a model's label; a `name` given in the config is kept as `<role>_name`."""
+    needs_draft = any(m.needs_draft for _, m in method_configs(cfg))
+    models = setup.models if setup is not None else {}
+    info = {
+        "target": models["target"]["label"] if "target" in models else cfg.target.path or cfg.target.gguf_file,
+        "target_path": cfg.target.path,
+        "target_model": models.get("target"),
+        "draft": (models["draft"]["label"] if "draft" in models else cfg.draft.path) if needs_draft else "none",
+        "draft_path": cfg.draft.path if needs_draft else None,
+        "draft_model": models.get("draft") if needs_draft else None,
+        "num_speculative_tokens": cfg.method.num_speculative_tokens if not is_baseline(cfg.method) else 0,
+        "schedule": cfg.method.schedule,
+        "data": cfg.data.source,
+        "temperature": cfg.generation.temperature,
+        "max_new_tokens": cfg.generation.max_new_tokens,
+        "batch_size": cfg.generation.batch_size,
+        "device": cfg.device,
+        "dtype": cfg.dtype,
+        "seed": cfg.seed,
+        **{f"{role}_name": cfg[role].name for role in ("target", "draft") if cfg[role].get("name")},
+        # Every method's full arguments (proposer or decoder with its arguments, k, schedule, verifier),
+        # so that runs compare from summary.json alone (specdec.study.compare).
+        "method_configs": {m.name: OmegaConf.to_container(m, resolve=True) for _, m in method_configs(cfg)},
+    }
+    if setup is not None:
+        info["device"] = str(setup.engine.device)
+        info["dtype"] = str(setup.engine.dtype).removeprefix("torch.")
+        info["cache_reuse"] = "across_turns" if setup.cache_reuse else "none"
+        info["exact_greedy"] = bool(cfg.exact_greedy)
+        info["overlap"] = "on" if setup.baseline.overlaps() else "off"  # what plain decoding ran with
+        info["compile"] = ("autotune" if setup.engine.autotune else "frozen" if setup.engine.freezing else "on") \
+            if setup.engine.compile else "off"
+        if setup.engine.compile and setup.engine.device.type == "cuda":
+            info["cuda_graphs"] = cfg.cuda_graphs
+        info["packed_linear"] = "on" if setup.engine.packed_linear else "off"  # what `auto` resolved to
+        exact = setup.baseline.exact_greedy and cfg.generation.temperature == 0
+        info["score_width"] = setup.baseline.score_width if exact else 1
+        if not setup.cache_reuse:
+            info["cache_reuse_blocked_by"] = setup.cannot_reuse_cache
+    return info
+
+
+def is_baseline(m: DictConfig) -> bool:
+    """A method config that is the autoregressive baseline itself: no proposer and no decoder of its own."""
+    return m.proposer is None and m.decoder is None
+
+
+def job_identity(method_name: str) -> tuple[str, str | None]:
+    """(W&B run name, W&B group). In a multirun the group is the sweep folder's name, shared by all its
+    jobs, and the name lists this job's values of the swept parameters; otherwise the name lists the
+    command-line overrides."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from specdec.study.sweep import swept_keys_of
+
+    if not HydraConfig.initialized():
+        return method_name, None
+    hc = HydraConfig.get()
+    if hc.mode != RunMode.MULTIRUN:
+        return hc.job.override_dirname or method_name, None
+    values = dict(o.lstrip("+~").split("=", 1) for o in hc.overrides.task if "=" in o)
+    swept = [f"{k}={values[k]}" for k in swept_keys_of(hc.sweep.dir) if k in values]
+    return ",".join(swept) or f"{method_name}-{hc.job.num}", Path(hc.sweep.dir).name
+
+
+def run(cfg: DictConfig, out_dir: str | Path) -> ExperimentResult:
+    """One experiment; writes results.jsonl, summary.json, plots and table.md into `out_dir`."""
+    out_dir = Path(out_dir)
+    try:
+        validate(cfg)
+        prompts = load_data(cfg)  # a missing file or unknown category fails here, before models load
+    except InputError:
+        release_run_dir(out_dir)  # a refused run leaves no folder that looks like a failed one
+        raise
+    check_no_results(out_dir, "out_dir")  # never over another run's results (specdec.study.run_dirs)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    _quiet_transformers()
+
+    method_names = [m.name for _, m in method_configs(cfg) if not is_baseline(m)]
+    method_name = method_names[0] if method_names else BASELINE
+    greedy = cfg.generation.temperature == 0
+    job_name, sweep_group = job_identity(method_name)
+    lg = cfg.logger
+    tracker = make_tracker(lg.kind, project=lg.project, entity=lg.entity, mode=lg.mode, tags=[*lg.tags, method_name],
+                           init_timeout=lg.init_timeout)
+    config = OmegaConf.to_container(cfg, resolve=True)
+    info = run_info(cfg)
+    saved: list[PromptResult] = []  # the rows of the last save that was written: what a failure leaves behind
+    exact: dict[str, str] = {}  # per method, whether exact greedy applied (known once the decoders are built)
+
+    def save(rows: list[PromptResult], complete: bool = False, error: str | None = None) -> dict:
+        """`rows` is `saved` when a failure is recorded: results.jsonl holds them (once one was written),
+        so only the summary is rewritten."""
+        summary = summarize(rows, method_names or [BASELINE], info, greedy, exact)
+        summary["complete"] = complete
+        if error is not None:
+            summary["error"] = error  # how the run ended early; a sweep marks the job failed
+        with _room_to_write(out_dir, saved):
+            write_local_results(out_dir, None if rows is saved and saved else [r.to_dict() for r in rows], summary)
+        saved[:] = rows
+        return summary
+
+    # A SIGTERM (Slurm, `timeout`) raises here like any failure: partial results are saved with
+    # complete=false and the error, the tracker closes its run as failed, the exit status is non-zero.
+    with tracker, sigterm_raises():
+        try:
+            tracker.start(config, name=job_name, group=lg.group or sweep_group, out_dir=out_dir)
+            setup = build(cfg)
+            prompts, skipped = drop_too_long(prompts, setup, cfg)
+            info.update(run_info(cfg, setup), skipped_prompts=skipped)
+            exact.update({name: exact_greedy_state(d, cfg) for name, d in
+                          [*setup.methods.items(), (BASELINE, setup.baseline)]})
+            for name, state in exact.items():
+                if state.startswith("not applied"):
+                    log.warning("%s: exact greedy %s; its greedy output may differ from plain decoding's "
+                                "outside float32 (README, numerics)", name, state)
+            if cfg.warmup:
+                warm_up([*setup.methods.values(), setup.baseline], prompts[0], cfg, setup.tokenizer)
+            rows = measure(setup, prompts, cfg, on_batch=save)
+            summary = save(rows, complete=True)
+        except BaseException as exc:  # every way out, Ctrl-C and SIGTERM included; re-raised below
+            try:
+                partial = save(saved, error=f"{type(exc).__name__}: {exc}".removesuffix(": "))
+            except OSError as write_error:  # a full disk: the last save's files are what is left
+                if not isinstance(exc, NoSpace):  # whose message says so already
+                    log.warning("could not record the failure in %s (%s)", out_dir, write_error)
+            else:
+                tracker.log_summary(partial, [r.to_dict() for r in saved], {})
+            raise
+        plots = _plots(summary, out_dir) if cfg.plots else {}
+        table = format_table(summary)
+        if len(method_names) > 1:
+            table += "\n\n" + format_comparison(summary)
+        with _room_to_write(out_dir, rows):
+            write_atomic({out_dir / "table.md": table + "\n"})
+        tracker.log_rows(per_prompt(rows, method_name))
+        tracker.log_summary(summary, [r.to_dict() for r in rows], plots)
+    print(table, flush=True)
+    log.info("results in %s", out_dir)
+    return ExperimentResult(out_dir, summary, rows, tracker.run_dir, table)
+
+
+@contextlib.contextmanager
+def _room_to_write(out_dir: Path, kept: list[PromptResult]) -> Iterator[None]:
+    """A full disk (or quota) while writing into `out_dir` is a NoSpace error that says what is kept:
+    the files of the last save (`kept`), whole, since a failed write changes none of them."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        n = len({r.prompt_id for r in kept})
+        what = (f"results.jsonl and summary.json keep the results up to prompt {n}" if n else
+                "no results were written")
+        raise NoSpace(f"no space left writing {out_dir} ({err.strerror}); {what}; free some space, or pick "
+                      "another hydra.run.dir, and run again") from err
+
+
+def per_prompt(rows: list[PromptResult], method_name: str) -> list[dict]:
+    """One W&B history step per prompt: the method's numbers and its speedup over the baseline."""
+    base = {r.prompt_id: r for r in rows if r.method == BASELINE}
+    out = []
+    for i, r in enumerate(r for r in rows if r.method == method_name):
+        b = base[r.prompt_id]
+        out.append({
+            "index": i,
+            "new_tokens": r.new_tokens,
+            "wall_s": r.wall_s,
+            "tokens_per_s": r.tokens_per_s,
+            "baseline_tokens_per_s": b.tokens_per_s,
+            "speedup": speedup(r.tokens_per_s, b.tokens_per_s),
+            "acceptance_rate": r.acceptance_rate,
+            "mean_accepted_length": r.mean_accepted_length,
+            "ttft_s": r.ttft_s,
+        })
+    return out
+
+
+def _plots(summary: dict, out_dir: Path) -> dict[str, Path]:
+    """Plots are a convenience: failing to draw them must not fail a run whose results are written."""
+    try:
+        return make_plots(summary, out_dir)
+    except Exception as exc:  # matplotlib problems (fonts, backends) are not worth a lost run
+        log.warning("plots failed (%s: %s); results are written", type(exc).__name__, exc)
+        return {}
+
+
+def _quiet_transformers() -> None:
+    """transformers' weight-loading progress bars would interleave with ours."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
