@@ -11,7 +11,7 @@ import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 
-from specdec import dashboard, experiment
+from specdec.study import dashboard, experiment
 from specdec.study.data import load_prompts
 
 wr = dashboard.wr

@@ -16,10 +16,10 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
-from specdec import experiment, registry
 from specdec.core.sampling import SamplingParams
 from specdec.core.schedules import CostAwareSchedule, make_schedule
 from specdec.core.verify import BlockVerifier, GreedyVerifier, TypicalVerifier, make_verifier
+from specdec.study import experiment, registry
 from specdec.study.config import ConfigError, validate
 from specdec.study.tracking import make_tracker
 
