@@ -27,5 +27,5 @@ run t07_draft_schedules $T $D method.num_speculative_tokens=6 method.schedule=he
 run t07_draft_typical $T method=draft_typical draft.path=$DRAFT draft.name=distilled-2l method.num_speculative_tokens=2
 
 # the study's table: one row per run, with the speedup (tau) of every category
-python -m specdec.compare "$RUNS" \
+python -m specdec.study.compare "$RUNS" \
     --columns run,method,args,temperature,lossless,speedup,tau,alpha,predicted,c,verify_cost,tok/s,base_tok/s,=baseline
