@@ -51,5 +51,5 @@ MEDUSA_TREES="method=medusa method.tree=[[0],[1],[2],[0,0],[0,1],[1,0],[0,0,0],[
 run medusa_trees "$SWEEP_LIMIT" $MEDUSA_TREES dtype=bfloat16
 run medusa_trees_float32 "$SWEEP_LIMIT" $MEDUSA_TREES dtype=float32
 
-python -m specdec.compare "$RUNS" \
+python -m specdec.study.compare "$RUNS" \
     --columns run,method,args,temperature,dtype,lossless,speedup,tau,alpha,predicted,measured/predicted,c,verify_cost,tok/s,base_tok/s,=baseline
