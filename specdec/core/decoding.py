@@ -23,6 +23,7 @@ import torch
 
 from specdec.accel.pipeline import PipelinedSteps, pipeline_blocked
 from specdec.accel.syncs import HostCopy, to_device
+from specdec.core.contract import check_proposal
 from specdec.core.engine import Engine, Timer
 from specdec.core.metrics import GenerationStats, RowStats
 from specdec.core.sampling import SamplingParams, check_number
@@ -280,8 +281,9 @@ class SpeculativeDecoder:
         while any(state.active):
             k = self.schedule.next_k(state) if self.speculative else 0
             draft_before, verify_before = draft_t.total, verify_t.total
-            with draft_t:
-                proposal = self.schedule.trim(state, self.proposer.propose(state, k))  # 1. propose
+            with draft_t:  # 1. propose, checked and cut to its longest row (`specdec.core.contract`)
+                proposal = check_proposal(self.proposer, self.proposer.propose(state, k), state, k, target.vocab_size)
+                proposal = self.schedule.trim(state, proposal)
             with verify_t:
                 logits = self._score(state, proposal)  # 2. score
                 result = verifier(logits, proposal, sampling, state.generator)  # 3. verify
