@@ -59,6 +59,7 @@ import torch
 from specdec.accel.compiled import inline_calls
 from specdec.accel.cuda_graphs import CapturedCall
 from specdec.accel.syncs import HostCopy, to_device
+from specdec.core.contract import check_proposal
 from specdec.core.sampling import SamplingParams
 from specdec.core.schedules import ConstantSchedule
 from specdec.core.tree_verify import TreeVerifier
@@ -130,7 +131,8 @@ class PipelinedSteps:
         if not self._fits(before):
             return
         with self.draft_t:  # the first drafts: the host knows every length, the proposer's own step
-            proposal = self.decoder.proposer.propose(state, k)
+            proposer = self.decoder.proposer
+            proposal = check_proposal(proposer, proposer.propose(state, k), state, k, self.target.vocab_size)
         live = list(state.active)
         with self.verify_t:
             lens = to_device(state.seq_lens, self.device)
