@@ -15,7 +15,6 @@ import argparse
 import csv
 import json
 import re
-import sys
 from pathlib import Path
 
 NUMERIC = re.compile(r"^[-+~<>]?[\d.]+(e-?\d+)?\s*(x|%|ms|s)?( \(.*\))?$|^-$")
@@ -66,4 +65,4 @@ def main(argv: list[str] | None = None) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main() and 0)
+    main()
