@@ -70,6 +70,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout witho
 
 import specdec.core.verify as verify  # noqa: E402
 from specdec.accel.compiled import CompiledForward  # noqa: E402
+from specdec.accel.passes import Accelerated
 from specdec.accel.syncs import count_host_syncs, detect_cuda_syncs  # noqa: E402
 from specdec.core.decoding import SpeculativeDecoder  # noqa: E402
 from specdec.core.engine import Engine, synchronize  # noqa: E402
@@ -364,8 +365,7 @@ def make_engine(target, draft, device, dtype, compiled: bool, backend: str, cuda
                 autotune: bool = False, freezing: bool | None = None) -> Engine:
     """An engine over the shared models; `freezing` True or False overrides where inductor freezes the
     weights (by default: on a CPU only, `specdec.accel.compiled.freezes`)."""
-    engine = Engine(target, draft, device=device, dtype=dtype,
-                    compile=("autotune" if autotune else "on") if compiled else "off", cuda_graphs=cuda_graphs)
+    engine = Engine(target, draft, device=device, dtype=dtype, passes=Accelerated(compile=("autotune" if autotune else "on") if compiled else "off", cuda_graphs=cuda_graphs))
     if compiled and (backend != "inductor" or freezing is not None):  # the tests' quick graphs: dynamo's eager backend
         for m in (engine.target, engine.draft):
             m.compiled = CompiledForward(m, backend=backend, cuda_graphs=cuda_graphs, autotune=autotune,

@@ -47,6 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from specdec.accel.compiled import CompiledForward  # noqa: E402
+from specdec.accel.passes import Accelerated  # noqa: E402
 from specdec.accel.syncs import count_host_syncs, detect_cuda_syncs  # noqa: E402
 from specdec.core.decoding import SpeculativeDecoder  # noqa: E402
 from specdec.core.engine import Engine  # noqa: E402
@@ -63,7 +64,7 @@ EAGLE = ROOT / "tests" / "assets" / "tiny_random_eagle.safetensors"
 
 def _decoder(target, draft, device: str, compile: str, backend: str, method: str, k: int,
              overlap: str = "auto", cuda_graphs: str = "trees", freezing: bool | None = None) -> SpeculativeDecoder:
-    engine = Engine(target, draft, device=device, dtype="float32", compile=compile, cuda_graphs=cuda_graphs)
+    engine = Engine(target, draft, device=device, dtype="float32", passes=Accelerated(compile=compile, cuda_graphs=cuda_graphs))
     if engine.compile:
         for model in (engine.target, engine.draft):
             if model is not None:

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from specdec import Engine, ModelSpec, SpeculativeDecoder, load_model
+from specdec.accel.passes import Accelerated
 from specdec.core.engine import synchronize
 from specdec.study.data import build_turn_input, load_prompts
 
@@ -99,7 +100,7 @@ def main() -> None:
     draft = None
     if args.method == "draft":
         draft = target if args.draft == "self" else load_model(ModelSpec(path=args.draft))[0]
-    engine = Engine(target, draft, dtype=args.dtype, compile=args.compile)
+    engine = Engine(target, draft, dtype=args.dtype, passes=Accelerated(compile=args.compile))
     proposer = build_proposer(args.method, engine)
     decoder = SpeculativeDecoder(engine, proposer, num_speculative_tokens=args.k, tokenizer=tok)
     prompts = [build_turn_input(tok, [], p.turns[0]) for p in load_prompts("builtin", limit=1)][: args.prompts]
@@ -119,7 +120,7 @@ def main() -> None:
         clock.wrap(decoder.proposer.head, "logits", "eagle: output head")
     clock.wrap(decoder.proposer, "propose", "1 propose")
     clock.wrap(decoder, "_score", "2 score")
-    clock.wrap(decoder, "_commit_step", "4 commit")
+    clock.wrap(decoder, "commit_step", "4 commit")
     clock.wrap(decoder.proposer, "observe", "5 observe")
     steps = 0
     for ids in prompts:

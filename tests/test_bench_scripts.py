@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from specdec.accel.compiled import CompiledForward
+from specdec.accel.passes import Accelerated
 from specdec.core.engine import Engine
 from tests.conftest import load_script
 
@@ -133,7 +134,7 @@ def test_a_draft_step_is_timed_as_decoding_runs_it():
     context = torch.arange(1, 17)[None]
     tokens = torch.cat([context, context[:, :1]], dim=1)
     for compile in ("off", "on"):
-        engine = Engine(target, target, dtype="float32", compile=compile)
+        engine = Engine(target, target, dtype="float32", passes=Accelerated(compile=compile))
         if engine.compile:
             engine.draft.compiled = CompiledForward(engine.draft, backend="eager")
         engine.draft.reset(1, 64)

@@ -24,6 +24,7 @@ from specdec.accel.compiled import (
     resolve_compile,
     width_bucket,
 )
+from specdec.accel.passes import Accelerated
 from specdec.core.decoding import SpeculativeDecoder
 from specdec.core.engine import Engine
 from specdec.core.schedules import HeuristicSchedule
@@ -40,7 +41,7 @@ ASSETS = Path(__file__).resolve().parent / "assets"
 
 
 def _engine(target, draft, compile: str, backend: str = "eager", device: str = "cpu") -> Engine:
-    engine = Engine(target, draft, device=device, dtype="float32", compile=compile)
+    engine = Engine(target, draft, device=device, dtype="float32", passes=Accelerated(compile=compile))
     if engine.compile:
         for model in (engine.target, engine.draft):
             if model is not None:
@@ -122,7 +123,7 @@ def test_narrowest_width_only_where_the_cpu_has_bfloat16_units(monkeypatch):
         monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda units=units: units)
         assert narrowest_width(cpu, torch.bfloat16) == expected
         assert narrowest_width(cpu, torch.float32) == 1
-        assert Engine(tiny_random_model(), dtype="bfloat16", compile="on").target.compiled.narrowest == expected
+        assert Engine(tiny_random_model(), dtype="bfloat16", passes=Accelerated(compile="on")).target.compiled.narrowest == expected
 
 
 def test_frozen_freezes_on_every_device_and_reaches_every_compiled_caller(target):
@@ -133,12 +134,12 @@ def test_frozen_freezes_on_every_device_and_reaches_every_compiled_caller(target
     from specdec.proposers.layer_skip import LayerSkipProposer
 
     assert resolve_compile("frozen", torch.device("cpu")) is True
-    engine = Engine(target, dtype="float32", compile="frozen")
-    assert engine.compile and engine.freezing and not engine.autotune
+    engine = Engine(target, dtype="float32", passes=Accelerated(compile="frozen"))
+    assert engine.compile and engine.passes.freezing and not engine.passes.autotune
     proposer = LayerSkipProposer(engine, exit_layer=1)
     for caller in (engine.target.compiled, proposer.draft.compiled):
         assert caller.freezing is True and caller.options()["freezing"] is True
-    on = Engine(target, dtype="float32", compile="on")
+    on = Engine(target, dtype="float32", passes=Accelerated(compile="on"))
     assert on.freezing is None and on.target.compiled.freezing == freezes(on.device, "inductor")
     assert not freezes(torch.device("cuda"), "inductor")  # `on` leaves a GPU's weights unfrozen
     assert _compiled(_forward, engine.device, "eager", freezing=True) is not _compiled(_forward, engine.device, "eager")
@@ -153,12 +154,12 @@ def test_autotune_compiles_apart_and_reaches_every_compiled_caller(target, monke
 
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
     assert resolve_compile("autotune", torch.device("cpu")) is True
-    engine = Engine(tiny_random_model(), tiny_random_model(seed=1), dtype="bfloat16", compile="autotune")
-    assert engine.autotune and engine.compile
+    engine = Engine(tiny_random_model(), tiny_random_model(seed=1), dtype="bfloat16", passes=Accelerated(compile="autotune"))
+    assert engine.passes.autotune and engine.compile
     for caller in (engine.target.compiled, engine.draft.compiled):
         assert caller.autotune and caller.narrowest == 1 and caller.options()["autotune"]
-    assert Engine(tiny_random_model(), dtype="bfloat16", compile="on").target.compiled.narrowest == 4
-    assert not Engine(tiny_random_model(), dtype="bfloat16", compile="off").autotune
+    assert Engine(tiny_random_model(), dtype="bfloat16", passes=Accelerated(compile="on")).target.compiled.narrowest == 4
+    assert not Engine(tiny_random_model(), dtype="bfloat16", passes=Accelerated(compile="off")).autotune
 
     # While a graph compiles under autotune, inductor prints no table of timings per matrix product
     # (a screenful for every graph of a real model); the setting is the process's again afterwards.
@@ -225,7 +226,7 @@ def test_autotuned_narrow_graphs_tune_among_the_cpp_gemms_only(monkeypatch):
     asked = []
     real = compiled._compiling
     monkeypatch.setattr(compiled, "_compiling", lambda f, a, backends=None: asked.append((a, backends)) or real(f, a, backends))
-    engine = Engine(tiny_random_model(), tiny_random_model(seed=1), dtype="bfloat16", compile="autotune")
+    engine = Engine(tiny_random_model(), tiny_random_model(seed=1), dtype="bfloat16", passes=Accelerated(compile="autotune"))
     for model in (engine.target, engine.draft):
         model.compiled = CompiledForward(model, backend="eager", autotune=True)
     decoder = SpeculativeDecoder(engine, DraftModelProposer(engine), num_speculative_tokens=4)
@@ -357,7 +358,7 @@ def test_a_refused_known_call_recompiles_with_the_autotune_rule(monkeypatch):
     real = compiled._compiling
     monkeypatch.setattr(compiled, "_compiling", lambda f, a, backends=None: asked.append((a, backends)) or real(f, a, backends))
     refused = _refuse_first_known_call(monkeypatch, asked)
-    engine = Engine(tiny_random_model(), dtype="bfloat16", compile="autotune")
+    engine = Engine(tiny_random_model(), dtype="bfloat16", passes=Accelerated(compile="autotune"))
     engine.target.compiled = CompiledForward(engine.target, backend="eager", autotune=True)
     SpeculativeDecoder(engine).generate([[5, 6, 7]], max_new_tokens=6)  # one-token passes: 1 row, "CPP"
     assert len(refused) == 1
@@ -558,7 +559,7 @@ def test_buckets():
 def test_inductor_autotuned_greedy_equals_eager(target, unrelated_draft):
     """compile=autotune's kernels (inductor's autotuned GEMMs), ragged batch, k = 4, float32."""
     eager = _generate(_engine(target, unrelated_draft, "off"), 4, RAGGED_PROMPTS, max_new_tokens=12)
-    engine = Engine(target, unrelated_draft, dtype="float32", compile="autotune")
+    engine = Engine(target, unrelated_draft, dtype="float32", passes=Accelerated(compile="autotune"))
     tuned = _generate(engine, 4, RAGGED_PROMPTS, max_new_tokens=12)
     assert tuned.output_ids == eager.output_ids
     assert engine.compile_report()["target"]["graphs"] > 0
@@ -609,7 +610,7 @@ def test_inductor_frozen_concatenated_linear_layers_equal_eager(unrelated_draft)
         eager = _generate(_engine(model, unrelated_draft, "off"), k, RAGGED_PROMPTS)
         for freezing in (True, False):
             with inductor_config.patch({"cpp.enable_concat_linear": True}):
-                engine = Engine(model, unrelated_draft, dtype="float32", compile="on")
+                engine = Engine(model, unrelated_draft, dtype="float32", passes=Accelerated(compile="on"))
                 for m in (engine.target, engine.draft):
                     m.compiled = CompiledForward(m, backend="inductor", freezing=freezing)
                 compiled = _generate(engine, k, RAGGED_PROMPTS)

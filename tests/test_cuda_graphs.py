@@ -20,6 +20,7 @@ import torch
 
 from specdec.accel.compiled import CompiledForward
 from specdec.accel.cuda_graphs import CapturedCall, CudaGraph
+from specdec.accel.passes import Accelerated
 from specdec.core.decoding import SpeculativeDecoder
 from specdec.core.engine import Engine
 from specdec.models import tiny_random_model
@@ -190,14 +191,14 @@ def test_a_pool_that_grows_drops_its_graphs():
 
 def test_cuda_graph_modes_are_checked(target):
     with pytest.raises(ValueError, match="cuda_graphs='static' is not one of: trees, explicit"):
-        Engine(target, dtype="float32", cuda_graphs="static")
+        Engine(target, dtype="float32", passes=Accelerated(cuda_graphs="static"))
     with pytest.raises(ValueError, match="cuda_graphs"):
         CompiledForward(Engine(target, dtype="float32").target, cuda_graphs="static")
 
 
 def test_explicit_graphs_capture_nothing_on_a_cpu(target):
     """Without a stand-in, a CPU runs the compiled calls as they are."""
-    engine = Engine(target, dtype="float32", compile="on", cuda_graphs="explicit")
+    engine = Engine(target, dtype="float32", passes=Accelerated(compile="on", cuda_graphs="explicit"))
     assert engine.target.compiled.graph_class is None
 
 
@@ -209,7 +210,7 @@ def test_explicit_cuda_graphs_greedy_equal_eager(target, unrelated_draft, method
     draft = unrelated_draft if method == "draft" else None
     outs = []
     for compile in ("off", "on"):
-        engine = Engine(target, draft, device="cuda", dtype="float32", compile=compile, cuda_graphs="explicit")
+        engine = Engine(target, draft, device="cuda", dtype="float32", passes=Accelerated(compile=compile, cuda_graphs="explicit"))
         outs.append(_decoder(engine, method).generate(RAGGED_PROMPTS, max_new_tokens=24))
         if compile == "on":
             assert engine.compile_report()["target"]["cuda_graph_captures"] > 0

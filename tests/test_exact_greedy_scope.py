@@ -8,6 +8,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from specdec.accel.compiled import CompiledForward
+from specdec.accel.passes import Accelerated
 from specdec.core.decoding import SpeculativeDecoder
 from specdec.core.engine import Engine
 from specdec.proposers.draft_model import DraftModelProposer
@@ -78,7 +79,7 @@ def test_a_tree_proposer_says_exact_greedy_does_not_apply(target):
 
 
 def test_a_compiled_engine_says_exact_greedy_does_not_apply(target):
-    engine = Engine(target, target, dtype="float32", compile="on")
+    engine = Engine(target, target, dtype="float32", passes=Accelerated(compile="on"))
     for model in (engine.target, engine.draft):  # dynamo's quick backend: the same shapes, no code generated
         model.compiled = CompiledForward(model, backend="eager")
     dec = SpeculativeDecoder(engine, DraftModelProposer(engine), num_speculative_tokens=2)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from specdec.accel.compiled import CompiledForward
+from specdec.accel.passes import Accelerated
 from specdec.core.decoding import SpeculativeDecoder
 from specdec.core.engine import Engine
 from specdec.proposers.draft_model import DraftModelProposer
@@ -102,7 +103,7 @@ def test_continuation_after_an_overlapped_turn(engine_factory):
 def test_compiled_overlapped_equals_eager_serial(target):
     """compile=on (dynamo's quick backend: the same graphs and buckets) with the steps queued ahead."""
     eager = Engine(target, dtype="float32")
-    compiled = Engine(target, dtype="float32", compile="on")
+    compiled = Engine(target, dtype="float32", passes=Accelerated(compile="on"))
     compiled.target.compiled = CompiledForward(compiled.target, backend="eager")
     ref = _plain(eager, "off").generate(RAGGED_PROMPTS, max_new_tokens=12)
     out = _plain(compiled, "on").generate(RAGGED_PROMPTS, max_new_tokens=12)

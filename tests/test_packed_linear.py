@@ -11,6 +11,7 @@ import torch
 
 import specdec.accel.packed_linear as packed_linear
 from specdec.accel.packed_linear import PACKED_LINEAR_MODES, PackedLinears, available, resolve_packed_linear
+from specdec.accel.passes import Accelerated
 from specdec.core.decoding import SpeculativeDecoder
 from specdec.core.engine import Engine
 from specdec.models import tiny_random_model
@@ -235,16 +236,17 @@ def test_resolve_packed_linear(monkeypatch):
 @needs_kernel
 def test_resolve_on_engine_and_on_refused_before_models_move():
     model = tiny_random_model(seed=3, eos_token_id=None)
-    assert Engine(model, dtype="float32").packed_linear is True  # packed_linear=auto, compile=off
-    assert Engine(model, dtype="float32", packed_linear="on").packed_linear is True
-    assert Engine(model, dtype="float32", packed_linear="off").packed_linear is False
-    assert Engine(model, dtype="float32", compile="on").packed_linear is False
+    assert Engine(model, dtype="float32").passes is None  # the core's engine: eager, nothing packed
+    assert Engine(model, dtype="float32", passes=Accelerated()).passes.packed_linear is True  # auto, compile=off
+    assert Engine(model, dtype="float32", passes=Accelerated(packed_linear="on")).passes.packed_linear is True
+    assert Engine(model, dtype="float32", passes=Accelerated(packed_linear="off")).passes.packed_linear is False
+    assert Engine(model, dtype="float32", passes=Accelerated(compile="on")).passes.packed_linear is False
     other = tiny_random_model(seed=4, eos_token_id=None)
     with pytest.raises(ValueError, match="packed_linear=on cannot apply"):
-        Engine(other, dtype="bfloat16", packed_linear="on")
+        Engine(other, dtype="bfloat16", passes=Accelerated(packed_linear="on"))
     assert next(other.parameters()).dtype == torch.float32  # refused before converting the model
     with pytest.raises(ValueError, match="packed_linear=on cannot apply"):
-        Engine(other, dtype="float32", compile="on", packed_linear="on")
+        Engine(other, dtype="float32", passes=Accelerated(compile="on", packed_linear="on"))
 
 
 def _counting(monkeypatch) -> list[int]:
@@ -278,9 +280,9 @@ def test_greedy_tokens_equal_packed_and_unpacked(target, unrelated_draft, monkey
     prompts = RAGGED_PROMPTS[:1] if batch == "single" else RAGGED_PROMPTS
     draft = unrelated_draft if method == "draft" else None
     rows = _counting(monkeypatch)
-    unpacked = _decode(Engine(target, draft, dtype="float32", packed_linear="off"), method, k, prompts, exact_greedy)
+    unpacked = _decode(Engine(target, draft, dtype="float32", passes=Accelerated(packed_linear="off")), method, k, prompts, exact_greedy)
     assert not rows
-    engine = Engine(target, draft, dtype="float32", packed_linear="on")
+    engine = Engine(target, draft, dtype="float32", passes=Accelerated(packed_linear="on"))
     packed = _decode(engine, method, k, prompts, exact_greedy)
     assert packed.output_ids == unpacked.output_ids
     assert all(len(o) == 20 for o in packed.output_ids)

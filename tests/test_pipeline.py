@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from specdec.accel.compiled import CompiledForward
+from specdec.accel.passes import Accelerated
 from specdec.accel.pipeline import pipeline_blocked
 from specdec.core.decoding import SpeculativeDecoder
 from specdec.core.engine import Engine
@@ -27,7 +28,7 @@ DRAFTS = ("self", "unrelated", "layer_skip")  # every draft accepted, almost non
 
 
 def _engine(target, draft=None, compile="on") -> Engine:
-    engine = Engine(target, draft, dtype="float32", compile=compile)
+    engine = Engine(target, draft, dtype="float32", passes=Accelerated(compile=compile))
     for model in (engine.target, engine.draft):
         if model is not None and engine.compile:
             model.compiled = CompiledForward(model, backend="eager")
@@ -219,7 +220,7 @@ def test_inductor_pipelined_equals_eager(target, unrelated_draft):
     """What compile=on runs on a CPU (inductor's kernels), pipelined: a ragged batch at k = 4, the
     eager serial loop's tokens and acceptance."""
     eager = _decoder(_engine(target, unrelated_draft, "off"), "unrelated", "off").generate(RAGGED_PROMPTS, 24)
-    engine = Engine(target, unrelated_draft, dtype="float32", compile="on")
+    engine = Engine(target, unrelated_draft, dtype="float32", passes=Accelerated(compile="on"))
     out = _decoder(engine, "unrelated", "on").generate(RAGGED_PROMPTS, 24)
     assert out.output_ids == eager.output_ids and _rows(out) == _rows(eager)
     assert out.reports["pipeline"]["pipelined_steps"] == out.stats.steps

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from specdec.adaptive.policy import AcceptanceModel, CostModel, Plan, Planner, StepClock, Timings, drafting
+from specdec.adaptive.schedules import CostAwareSchedule
 from specdec.core.decoding import SpeculativeDecoder
 from specdec.core.engine import Engine
-from specdec.core.schedules import CostAwareSchedule, make_schedule
+from specdec.core.schedules import make_schedule
 from specdec.models import tiny_random_model
 from specdec.proposers.base import Proposal
 from specdec.proposers.draft_model import DraftModelProposer

@@ -16,8 +16,9 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
+from specdec.adaptive.schedules import CostAwareSchedule
 from specdec.core.sampling import SamplingParams
-from specdec.core.schedules import CostAwareSchedule, make_schedule
+from specdec.core.schedules import make_schedule
 from specdec.core.verify import BlockVerifier, GreedyVerifier, TypicalVerifier, make_verifier
 from specdec.study import experiment, registry
 from specdec.study.config import ConfigError, validate

@@ -69,6 +69,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 from transformers.utils import logging as hf_logging
 
 from specdec.accel.compiled import CompiledForward
+from specdec.accel.passes import Accelerated
 from specdec.core.attention import AttentionLayout
 from specdec.core.decoding import SpeculativeDecoder
 from specdec.core.engine import Engine
@@ -290,7 +291,7 @@ def _engine(model, draft, compiled: bool) -> Engine:
     """An engine in float32; `compiled`: compile=on through dynamo's `eager` backend (as
     tests/test_compile.py compiles), with dynamo's caches emptied first, so that graphs of an earlier
     type count toward no recompilation limit."""
-    engine = Engine(model, draft, dtype="float32", compile="on" if compiled else "off")
+    engine = Engine(model, draft, dtype="float32", passes=Accelerated(compile="on" if compiled else "off"))
     if compiled:
         torch._dynamo.reset()
         for m in (engine.target, engine.draft):

@@ -55,6 +55,7 @@ import torch
 
 from specdec import Engine, ModelSpec, SpeculativeDecoder, load_model
 from specdec.accel.compiled import CompiledForward
+from specdec.accel.passes import Accelerated
 from specdec.core.schedules import make_schedule
 from specdec.proposers.eagle import EagleProposer
 from specdec.proposers.layer_skip import LayerSkipProposer
@@ -135,8 +136,7 @@ def build_decoders(model, tok, args) -> dict[tuple[str, str], SpeculativeDecoder
 
     def engine(kind: str, mode: str) -> Engine:
         if (kind, mode) not in engines:
-            e = Engine(model, device="cpu", dtype=args.dtype, compile=COMPILES[mode],
-                       packed_linear="off" if mode == "unpacked" else "auto")
+            e = Engine(model, device="cpu", dtype=args.dtype, passes=Accelerated(compile=COMPILES[mode], packed_linear="off" if mode == "unpacked" else "auto"))
             if e.compile:
                 for m in (e.target, e.draft):
                     if m is not None:

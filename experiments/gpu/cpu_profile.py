@@ -20,6 +20,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from specdec import Engine, ModelSpec, SpeculativeDecoder, load_model
+from specdec.accel.passes import Accelerated
 
 MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear")
 ATTENTION = ("aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention_for_cpu",
@@ -49,7 +50,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     model, tok = load_model(ModelSpec(path="embedded"))
-    engine = Engine(model, device="cpu", dtype=args.dtype, compile="off")
+    engine = Engine(model, device="cpu", dtype=args.dtype, passes=Accelerated(compile="off"))
     plain = SpeculativeDecoder(engine, tokenizer=tok, eos_token_id=[])
     prompt = "Explain how a refrigerator keeps food cold, step by step."
     weight_bytes = sum(p.numel() * p.element_size() for p in engine.target.model.parameters())

@@ -21,6 +21,7 @@ from unittest import mock
 import torch
 
 from specdec import Engine, ModelSpec, load_model
+from specdec.accel.passes import Accelerated
 from specdec.study.data import build_turn_input, load_prompts
 
 
@@ -48,7 +49,7 @@ def main() -> None:
     widths = [int(w) for w in args.widths.split(",")]
 
     model, tok = load_model(ModelSpec(path="embedded"))
-    target = Engine(model, device="cpu", dtype=args.dtype, compile="off").target
+    target = Engine(model, device="cpu", dtype=args.dtype, passes=Accelerated(compile="off")).target
     prompts = load_prompts("spec_bench", limit=1)
     # transformers' SDPA path: the engine's swap replaced by nothing
     implementations = {"transformers_sdpa": lambda: mock.patch("specdec.core.engine.grouped_attention",

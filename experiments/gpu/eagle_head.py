@@ -18,6 +18,7 @@ import time
 import torch
 
 from specdec import Engine, ModelSpec, SpeculativeDecoder, load_model
+from specdec.accel.passes import Accelerated
 from specdec.proposers.eagle import EagleProposer
 from specdec.proposers.heads import OutputHead
 from specdec.study.data import build_turn_input, load_prompts
@@ -34,7 +35,7 @@ def main() -> None:
 
     model, tok = load_model(ModelSpec(path="embedded"))
     model.generation_config.eos_token_id = None  # every generation runs its 64 tokens
-    engine = Engine(model, device="cpu", dtype="bfloat16", compile=args.compile)
+    engine = Engine(model, device="cpu", dtype="bfloat16", passes=Accelerated(compile=args.compile))
     prompt = load_prompts("spec_bench", limit=1, categories=[args.category])[0]
     ids = build_turn_input(tok, [], prompt.turns[0])
     decoder = SpeculativeDecoder(engine, EagleProposer(engine, "embedded", budget=4, topk=4, width=4, depth=2),

@@ -21,6 +21,7 @@ import time
 import torch
 
 import specdec.accel.compiled as compiled
+from specdec.accel.passes import Accelerated
 from specdec.core.decoding import SpeculativeDecoder
 from specdec.core.engine import Engine
 from specdec.models import ModelSpec, load_model
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(1)
     model, tokenizer = load_model(ModelSpec(path=args.model))
     ids = [tokenizer.encode(load_prompts("spec_bench", limit=1, per_category=False)[0].turns[0])]
-    engine = Engine(model, None, dtype=args.dtype, compile="on")
+    engine = Engine(model, None, dtype=args.dtype, passes=Accelerated(compile="on"))
     results = {}
     for method in args.methods.split(","):
         # EAGLE as cpu_compile.py runs it: budget 4, top-4, width 4, depth 2, k = 2

@@ -28,6 +28,7 @@ import time
 import torch
 
 import specdec.core.verify as verify
+from specdec.accel.passes import Accelerated
 from specdec.core.decoding import SpeculativeDecoder
 from specdec.core.engine import Engine
 from specdec.models import tiny_random_model
@@ -40,7 +41,7 @@ METHODS = ("plain", "draft", "forced", "ngram")
 def decoder(method: str, mode: str, target, draft) -> SpeculativeDecoder:
     """`mode`: eager, compiled (the serial loop) or overlapped (compiled, `overlap=on`: plain decoding
     overlapped, a draft model's steps pipelined, `specdec.accel.pipeline`; n-gram serial still)."""
-    engine = Engine(target, draft, dtype="float32", compile="off" if mode == "eager" else "on")
+    engine = Engine(target, draft, dtype="float32", passes=Accelerated(compile="off" if mode == "eager" else "on"))
     proposer = {"plain": lambda: None, "draft": lambda: DraftModelProposer(engine),
                 "forced": lambda: DraftModelProposer(engine), "ngram": lambda: NgramProposer(engine)}[method]()
     extra = {"verifier": verify.ForcedVerifier(0.8)} if method == "forced" else {}

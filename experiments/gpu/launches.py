@@ -28,6 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode_temporaril
 import specdec.accel.compiled as compiled
 import specdec.core.verify as verify
 from specdec.accel.compiled import CompiledForward
+from specdec.accel.passes import Accelerated
 from specdec.core.decoding import SpeculativeDecoder
 from specdec.core.engine import Engine
 from specdec.models import tiny_random_model
@@ -58,7 +59,7 @@ def count(method: str, overlap: str, new_tokens: int) -> tuple[float, Counter, i
     """(launches per step, by source line, steps) of one generation after a warm-up."""
     target = tiny_random_model(seed=0, eos_token_id=None)
     draft = tiny_random_model(seed=1, num_layers=1, eos_token_id=None) if method in ("draft", "forced") else None
-    engine = Engine(target, draft, dtype="float32", compile="on")
+    engine = Engine(target, draft, dtype="float32", passes=Accelerated(compile="on"))
     for model in (engine.target, engine.draft):
         if model is not None:
             model.compiled = CompiledForward(model, backend="eager")

@@ -21,6 +21,7 @@ import time
 
 import torch
 
+from specdec.accel.passes import Accelerated
 from specdec.core.decoding import SpeculativeDecoder
 from specdec.core.engine import Engine, synchronize
 from specdec.models import ModelSpec, load_model
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> dict:
     model, tokenizer = load_model(ModelSpec(path=args.model))
     prompts = load_prompts("spec_bench", limit=1)
     ids = [tokenizer.encode(p.turns[0]) for p in prompts]
-    engine = Engine(model, None, device=args.device, dtype=args.dtype, compile=args.compile)
+    engine = Engine(model, None, device=args.device, dtype=args.dtype, passes=Accelerated(compile=args.compile))
     decoder = SpeculativeDecoder(engine, None, tokenizer=tokenizer)
     decoder.exact_greedy = False  # plain decoding one token wide, as a baseline runs it alone
     ids = [p for p in ids if decoder.fits(decoder.positions_needed(len(p), args.max_new_tokens))]

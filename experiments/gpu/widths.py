@@ -32,6 +32,7 @@ import torch
 
 from specdec.accel import compiled as compiled_module
 from specdec.accel.compiled import CompiledForward
+from specdec.accel.passes import Accelerated
 from specdec.core.engine import Engine
 from specdec.models import ModelSpec, load_model
 
@@ -73,7 +74,7 @@ def measure(args: argparse.Namespace, modes: list[str], widths: list[int]) -> di
     compiled = modes[1:]
     torch.set_num_threads(1)
     model, _ = load_model(ModelSpec(path=args.model))
-    engines = {mode: Engine(model, None, dtype=args.dtype, compile="on" if mode == "concat" else mode) for mode in modes}
+    engines = {mode: Engine(model, None, dtype=args.dtype, passes=Accelerated(compile="on" if mode == "concat" else mode)) for mode in modes}
     if "concat" in engines:
         engines["concat"].target.compiled = CompiledForward(engines["concat"].target, concat_linear=True)
     if args.narrowest is not None:

@@ -277,12 +277,12 @@ class PipelinedSteps:
         return _Step(proposal, result, lens, after, HostCopy(outcome), live)
 
     def _read(self, step: _Step) -> StepOutcome:
-        """Wait for `step`'s outcome and commit it on the host with the serial loop's `_commit_step`
+        """Wait for `step`'s outcome and commit it on the host with the serial loop's `commit_step`
         (the device's buffer holds the tokens already)."""
         state, stats = self.state, self.stats
         host = step.copy.read()
         accepted, tokens = [row[0] for row in host], [row[1:] for row in host]
-        outcome = self.decoder._commit_step(state, step.proposal, step.result, accepted, tokens, None, stats,
+        outcome = self.decoder.commit_step(state, step.proposal, step.result, accepted, tokens, None, stats,
                                             self.start, self.on_tokens, write=False)
         stats.steps += 1
         stats.draft_lengths.append(self.k)
@@ -292,7 +292,5 @@ class PipelinedSteps:
 
     def _settle(self, outcome: StepOutcome) -> None:
         """The draft cache's host length after the last step read: what the proposer's own `observe`
-        keeps after a step that fed k - 1 drafts (the target's was rolled back by `_commit_step`)."""
-        proposer = self.decoder.proposer
-        proposer.fed = self.k - 1
-        proposer.observe(self.state, outcome)
+        keeps after a step that fed k - 1 drafts (the target's was rolled back by `commit_step`)."""
+        self.decoder.proposer.observe_fed(self.state, outcome, self.k - 1)

@@ -27,6 +27,9 @@ from collections.abc import Iterator
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import specdec.core.device as _device
+from specdec.core.device import _TENSOR, HostCopy, reads_are_free, to_device
+
 __all__ = ["HostCopy", "HostSyncs", "count_host_syncs", "detect_cuda_syncs", "reads_are_free", "reads_on_host",
            "to_device"]
 
@@ -39,27 +42,6 @@ _READS = {"aten.item.default", "aten._local_scalar_dense.default", "aten.is_nonz
 _NESTED = {"aten.item.default": {"aten._local_scalar_dense.default"},
            "aten.is_nonzero.default": {"aten.item.default", "aten._local_scalar_dense.default"}}
 _METHODS = ("tolist", "cpu", "numpy")
-_COUNTING = 0  # open count_host_syncs blocks
-_TENSOR = torch.tensor  # unpatched: `to_device` makes host tensors while the counter watches torch.tensor
-
-
-def to_device(values, device: torch.device | str, dtype: torch.dtype = torch.long) -> torch.Tensor:
-    """Host values (a list, nested lists or a CPU tensor) as a tensor on `device`, without a
-    synchronisation: on a GPU through pinned memory and a non-blocking copy (PyTorch's caching host
-    allocator keeps the pinned buffer until the copy has run); elsewhere a plain tensor."""
-    host = values if isinstance(values, torch.Tensor) else _TENSOR(values, dtype=dtype)
-    device = torch.device(device)
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
-
-
-def reads_are_free(device: torch.device) -> bool:
-    """Whether reading a value back costs nothing on `device` (the CPU): loops that may stop early
-    on a device value ("has every row finished?") ask only there, and run to their static bound
-    elsewhere, where the extra work is a few small kernels and the question a synchronisation.
-    While `count_host_syncs` counts, the CPU answers like a GPU, so that the count is the GPU's."""
-    return device.type == "cpu" and not _COUNTING
 
 
 def _bool_index(args) -> bool:
@@ -151,10 +133,9 @@ def count_host_syncs(where: bool = False) -> Iterator[HostSyncs]:
             syncs._record("tensor(device=)")
         return _TENSOR(data, *args, **kwargs)
 
-    global _COUNTING
-    if _COUNTING:
+    if _device.COUNTING:
         raise RuntimeError("count_host_syncs blocks do not nest")
-    _COUNTING += 1
+    _device.COUNTING += 1
     try:
         for name in _METHODS:
             setattr(torch.Tensor, name, patched(name))
@@ -162,7 +143,7 @@ def count_host_syncs(where: bool = False) -> Iterator[HostSyncs]:
         with torch.compiler.set_stance("force_eager"), _Mode(syncs):
             yield syncs
     finally:
-        _COUNTING -= 1
+        _device.COUNTING -= 1
         torch.tensor = _TENSOR
         for name, original in originals.items():
             setattr(torch.Tensor, name, original)
@@ -196,23 +177,3 @@ def is_sync_report(message: str) -> bool:
     return "called a synchronizing" in message
 
 
-class HostCopy:
-    """A device tensor's copy to the host, queued now and read later: on CUDA a non-blocking copy
-    into pinned memory followed by an event, so that `read` waits for the work queued before the
-    copy and not for what was queued after it; elsewhere a copy made now (what is queued after may
-    overwrite the tensor: a captured step's outputs are the next replay's)."""
-
-    def __init__(self, values: torch.Tensor):
-        self.event = None
-        if values.device.type == "cuda":
-            values = values.to("cpu", non_blocking=True)
-            self.event = torch.cuda.Event()
-            self.event.record()
-        else:
-            values = values.clone()
-        self.values = values
-
-    def read(self) -> list:
-        if self.event is not None:
-            self.event.synchronize()
-        return self.values.tolist()

@@ -79,7 +79,7 @@ LEAD_EVIDENCE = 16.0  # plain steps of valued time before a strategy's standing 
 
 class HybridProposer:
     """parts: name -> a proposer, or a factory called with `engine=` (Hydra `_partial_: true`).
-    Other arguments are the policy's (see `specdec.core.schedules.CostAwareSchedule`)."""
+    Other arguments are the policy's (see `specdec.adaptive.schedules.CostAwareSchedule`)."""
 
     name = "hybrid"
 

@@ -28,7 +28,7 @@ import itertools
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from specdec.accel.syncs import to_device
+from specdec.core.device import to_device
 
 _STAMPS = itertools.count(1)  # next() is atomic under the GIL: stamps are unique across threads too
 

@@ -28,7 +28,7 @@ import numbers
 
 import torch
 
-from specdec.accel.syncs import reads_are_free
+from specdec.core.device import reads_are_free
 from specdec.core.tree import TokenTree, TreeProposal
 from specdec.core.types import DecodeState, Proposal
 

@@ -21,9 +21,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from specdec.accel.pipeline import PipelinedSteps, pipeline_blocked
-from specdec.accel.syncs import HostCopy, to_device
 from specdec.core.contract import check_proposal
+from specdec.core.device import HostCopy, to_device
 from specdec.core.engine import Engine, Timer
 from specdec.core.metrics import GenerationStats, RowStats
 from specdec.core.sampling import SamplingParams, check_number
@@ -38,10 +37,9 @@ from specdec.core.types import (
     Proposer,
     StepOutcome,
     TokenCallback,
+    common_prefix_len,
 )
 from specdec.core.verify import make_verifier
-from specdec.proposers.autoregressive import NoDraftProposer
-from specdec.study.data import common_prefix_len
 
 # Exact greedy in reduced precision (bfloat16): the logits of a token depend, in their last bits, on
 # the shapes of the pass that scored it: its width (a 1-row matrix product takes other kernels than a
@@ -50,6 +48,23 @@ from specdec.study.data import common_prefix_len
 # experiments/measurement for what was measured). EXACT_WIDTH is the default width: k <= 7.
 EXACT_WIDTH = 8
 OVERLAP_MODES = ("auto", "on", "off", True, False)
+
+
+class NoDraftProposer:
+    """No drafting at all: every step is one target pass that emits one token. The plain decoding
+    baseline runs through the same engine, caches and loop as every speculative method with it, so
+    that speedups compare like with like."""
+
+    name = "autoregressive"
+
+    def reset(self, state) -> None:
+        pass
+
+    def propose(self, state, k: int) -> Proposal:
+        return Proposal.empty(state.batch_size, state.tokens.device)
+
+    def observe(self, state, outcome) -> None:
+        pass
 
 
 def _check_proposer(engine: Engine, proposer) -> None:
@@ -276,7 +291,7 @@ class SpeculativeDecoder:
         if self.overlaps():
             self._overlapped_steps(state, verifier, stats, start, on_tokens, verify_t)
         elif pipelined:  # a draft model's steps queued ahead; the loop below finishes, if need be
-            pipeline = PipelinedSteps(self, state, verifier, stats, start, on_tokens, draft_t, verify_t)
+            pipeline = self.engine.passes.step_runner(self, state, verifier, stats, start, on_tokens, draft_t, verify_t)
             pipeline.run()
         while any(state.active):
             k = self.schedule.next_k(state) if self.speculative else 0
@@ -288,7 +303,7 @@ class SpeculativeDecoder:
                 logits = self._score(state, proposal)  # 2. score
                 result = verifier(logits, proposal, sampling, state.generator)  # 3. verify
                 accepted, tokens, path = _read_step(proposal, result)
-            outcome = self._commit_step(state, proposal, result, accepted, tokens, path, stats, start, on_tokens)
+            outcome = self.commit_step(state, proposal, result, accepted, tokens, path, stats, start, on_tokens)
             self.proposer.observe(state, outcome)  # 5. observe
             self.schedule.observe(outcome, draft_t.total - draft_before, verify_t.total - verify_before)
             stats.steps += 1
@@ -340,9 +355,12 @@ class SpeculativeDecoder:
         return self.overlap in ("on", True) or self.engine.device.type == "cuda"
 
     def pipelines(self, sampling: SamplingParams, verifier) -> bool:
-        """Whether a generation's speculative steps are queued one ahead of their reads
-        (`specdec.accel.pipeline`: a greedy draft model under compile=on, where `pipeline_blocked` allows)."""
-        return self.speculative and self._overlap_on() and pipeline_blocked(self, sampling, verifier) is None
+        """Whether a generation's speculative steps run through the engine's step runner (queued one
+        ahead of their reads: `specdec.accel.pipeline`, a greedy draft model under compile=on), where
+        the engine's passes have one and nothing blocks it."""
+        passes = self.engine.passes
+        return self.speculative and self._overlap_on() and passes is not None \
+            and passes.runner_blocked(self, sampling, verifier) is None
 
     def _overlapped_steps(self, state: DecodeState, verifier, stats, start, on_tokens, verify_t: Timer) -> None:
         """Plain decoding with the host one step behind the device, until every row is done.
@@ -432,9 +450,11 @@ class SpeculativeDecoder:
                     "not at one width over the whole cache buffer")
         return None
 
-    def _commit_step(self, state, proposal, result, accepted, tokens, path, stats, start, on_tokens,
+    def commit_step(self, state, proposal, result, accepted, tokens, path, stats, start, on_tokens,
                      write: bool = True) -> StepOutcome:
         """4. commit: append emitted tokens, roll the target's cache back to the accepted length.
+        Public: a `StepRunner` commits its steps through it, as the serial loop does. `accepted`,
+        `tokens` and `path` are the step's outcome read on the host (`_read_step`).
         `write=False`: the device's token buffer holds them already (`_commit`)."""
         prev, active = list(state.seq_lens), list(state.active)
         accepted = [a if on else 0 for a, on in zip(accepted, active)]

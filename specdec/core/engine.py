@@ -18,19 +18,11 @@ from contextlib import contextmanager
 
 import torch
 
-from specdec.accel.compiled import (
-    CompiledForward,
-    autotunes,
-    cpu_has_bfloat16_units,
-    frozen_weights,
-    resolve_compile,
-)
-from specdec.accel.cuda_graphs import check_cuda_graphs
-from specdec.accel.packed_linear import PackedLinears, resolve_packed_linear
-from specdec.accel.syncs import to_device
 from specdec.core.attention import SLIDING, AttentionLayout, grouped_attention
 from specdec.core.cache import RowCache
 from specdec.core.decoder_stack import hidden_source
+from specdec.core.device import to_device
+from specdec.core.types import CompiledPasses, Passes
 
 
 def resolve_device(device: str) -> torch.device:
@@ -62,6 +54,12 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     if dtype not in _DTYPES:
         raise ValueError(f"dtype={dtype!r} is not one of: auto, {', '.join(_DTYPES)}")
     return _DTYPES[dtype]
+
+
+def cpu_has_bfloat16_units() -> bool:
+    """Whether this CPU runs bfloat16 matrix products natively (AVX512-BF16 or AMX), as oneDNN
+    reports it; elsewhere (AVX2) bfloat16 is emulated. `dtype=auto` and the compiled passes' widths ask it."""
+    return torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def synchronize(device: torch.device) -> None:
@@ -139,7 +137,7 @@ class CachedModel:
         self.layout = AttentionLayout.of(model)
         self._hidden_source: torch.nn.Module | None = None  # set by keep_hidden_states
         self.cache: RowCache | None = None
-        self.compiled: CompiledForward | None = None  # set by Engine(compile=on)
+        self.compiled: CompiledPasses | None = None  # set by the engine's passes where they compile
         cfg = model.config.get_text_config(decoder=True)  # a multimodal wrapper's language model
         self.num_layers = cfg.num_hidden_layers
         self.vocab_size = model.get_output_embeddings().out_features
@@ -317,29 +315,23 @@ class Engine:
     (another thread, or generate() called from a streaming callback) instead of letting both write
     the same caches.
 
-    compile: `off` (eager passes), `on` (target and draft passes of up to 16 tokens through
-    `torch.compile` at bucketed static shapes, `specdec.accel.compiled`), `autotune` (on, with inductor's
-    GEMM autotuning: faster passes, several times the compile time; `specdec.accel.compiled.autotunes`),
-    `frozen` (on, with the weights frozen into the graphs on CUDA too: a few percent faster there, at
-    the cost of copies of the concatenated weights; `specdec.accel.compiled.frozen_weights`), or `auto` (on
-    for CUDA, off on a CPU, where compiling costs about 40 s a graph in every process).
-    Greedy outputs are the same either way in float32. cuda_graphs: under compile=on on CUDA, `trees` (inductor's CUDA graphs)
-    or `explicit` (captured by specdec per call shape, replayed without dynamo: `specdec.accel.cuda_graphs`).
-    packed_linear: `auto` (on where passes run eagerly in float32 on a CPU), `on` or `off`: the
-    models' linear layers through oneDNN's packed kernels for each generation, which make a pass of
-    a few tokens cost little more than one (`specdec.accel.packed_linear`; a packed copy of the weights).
+    passes: None runs every pass eagerly, the reference the rest accelerates; a `Passes` object
+    (`specdec.accel.Accelerated(compile=..., cuda_graphs=..., packed_linear=...)`) runs the same passes
+    compiled, captured or packed, and may pipeline a draft model's steps. Greedy outputs are the
+    same either way in float32.
     """
 
     def __init__(self, target: torch.nn.Module, draft: torch.nn.Module | None = None,
                  device: str | torch.device = "cpu", dtype: str | torch.dtype = "auto",
-                 compile: str | bool = "off", cuda_graphs: str = "trees", packed_linear: str | bool = "auto"):
+                 passes: Passes | None = None):
         self.device = device if isinstance(device, torch.device) else resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
-        self.compile = resolve_compile(compile, self.device)
-        self.autotune = self.compile and autotunes(compile)
-        self.freezing = frozen_weights(compile)
-        self.packed_linear = resolve_packed_linear(packed_linear, self.device, self.dtype, self.compile)
-        check_cuda_graphs(cuda_graphs)  # before any model moves, also when nothing compiles
+        if passes is not None and not all(callable(getattr(passes, f, None)) for f in Passes.METHODS):
+            raise TypeError(f"passes= takes None (eager) or a Passes object such as specdec.accel.Accelerated(), "
+                            f"got {passes!r}")
+        self.passes = passes
+        if passes is not None:
+            passes.settle(self.device, self.dtype)  # refuses what cannot apply before any model moves
         models = [(m, role) for m, role in ((target, "target"), (draft, "draft")) if m is not None]
         for model, role in models:
             self._refuse_converting(model, role)
@@ -352,11 +344,8 @@ class Engine:
             )
         for model, _ in models:
             _HOLDERS.setdefault(model, weakref.WeakSet()).add(self)
-        if self.compile:
-            for m in (self.target, self.draft):
-                if m is not None:
-                    m.compiled = CompiledForward(m, cuda_graphs=cuda_graphs, autotune=self.autotune,
-                                                 freezing=self.freezing)
+        if passes is not None:
+            passes.attach(self)
         # Other compiled passes that run in this engine's generations (a proposer's own drafter), by name.
         self.compiled_modules: dict[str, object] = {}
         # Models of a proposer's own that run in this engine's generations (`add_model`); weak, so a
@@ -369,6 +358,21 @@ class Engine:
         skipping's view of the target's first layers): held like them for each generation (its
         attention implementation swapped once, not around every pass)."""
         self._proposer_models.add(model)
+
+    @property
+    def compile(self) -> bool:
+        """Whether the target's passes compile (the passes object gave it compiled passes)."""
+        return self.target.compiled is not None
+
+    def compiled(self, name: str, what, kind: str):
+        """`what` compiled as the target's passes are, or None where they run eagerly (then run `what`
+        as it is): the hook through which a proposer's own modules follow the engine. kind `model` (a
+        `CachedModel`), `module` (a drafter over its own RowCache) or `call` (a cache-free module)."""
+        if self.passes is None or self.target.compiled is None:
+            return None
+        compiled = self.passes.compiled(what, kind, self.target)
+        self.compiled_modules[name] = compiled
+        return compiled
 
     def compile_report(self) -> dict | None:
         """Per model (and per proposer module compiled with them): graphs compiled so far, passes run
@@ -415,8 +419,8 @@ class Engine:
                 models = (self.target, self.draft, *self._proposer_models)
                 for model in {id(m.model): m.model for m in models if m is not None}.values():
                     held.enter_context(grouped_attention(model))
-                    if self.packed_linear:
-                        held.enter_context(PackedLinears(model))
+                    if self.passes is not None:
+                        held.enter_context(self.passes.hold(model))
                 yield
         finally:
             self._busy.release()

@@ -29,7 +29,7 @@ from functools import cached_property, lru_cache
 
 import torch
 
-from specdec.accel.syncs import to_device
+from specdec.core.device import to_device
 from specdec.core.types import Proposal
 
 

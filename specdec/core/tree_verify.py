@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.accel.syncs import reads_are_free, to_device
+from specdec.core.device import reads_are_free, to_device
 from specdec.core.sampling import SamplingParams, greedy_tokens, one_hot, probabilities, sample
 from specdec.core.tree import TreeProposal
 from specdec.core.verify import Verification

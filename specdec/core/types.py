@@ -18,12 +18,21 @@ from typing import Any, Protocol
 
 import torch
 
-from specdec.accel.syncs import to_device
+from specdec.core.device import to_device
 from specdec.core.metrics import GenerationStats
 from specdec.core.sampling import SamplingParams
 
 # on_tokens(row, new_token_ids): called as soon as tokens are committed, for streaming.
 TokenCallback = Callable[[int, list[int]], None]
+
+
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two id lists: how much of a cached sequence can be reused."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
 
 
 # ---------------------------------------------------------------- hand-offs
@@ -283,3 +292,72 @@ class Decoder(Protocol):
 
     def fits(self, positions: int) -> bool:
         """Whether that many positions fit the models' context."""
+
+
+# ---------------------------------------------------------------- the seams the accelerated engine plugs into
+
+
+class CompiledPasses(Protocol):
+    """A model's passes run another way than eagerly (`CachedModel.compiled`; `specdec.accel.compiled`).
+    Each call returns None where that pass must run eagerly after all: the caller then runs it itself."""
+
+    def forward(self, tokens: torch.Tensor, advance: list[int] | None, keep: torch.Tensor | None,
+                positions: torch.Tensor | None, block_mask: torch.Tensor | None) -> torch.Tensor | None:
+        """`CachedModel.forward`'s pass: tokens `[B, T]` -> logits `[B, T, V]`."""
+
+    def catch_up_chain(self, chunk: torch.Tensor, counts: list[int], n: int) -> torch.Tensor | None:
+        """Feed each row's unseen tokens `chunk: [B, T]` then n greedy passes -> tokens `[B, n + 1]`."""
+
+    def chain(self, first: torch.Tensor, n: int) -> torch.Tensor | None:
+        """n greedy single-token passes after `first: [B]` -> drafts `[B, n]`."""
+
+    def options(self) -> dict:
+        """How these passes compile, for passes added beside them."""
+
+    def report(self) -> dict:
+        """Graphs compiled and passes run compiled / eagerly, for results."""
+
+
+class Passes(Protocol):
+    """What an `Engine` is given to run its passes fast (`specdec.accel.Accelerated`); None is eager.
+
+    The engine calls `settle` before it moves any model and `attach` once its models sit on its device, in its dtype; a proposer's own
+    modules go through `Engine.compiled`, which asks `compiled`; a generation holds `hold(model)`
+    on each model for its whole run. A speculative generation asks `runner_blocked`, and where
+    nothing blocks, runs its steps with `step_runner(...)` (a `StepRunner`) before the serial loop
+    finishes what that leaves.
+    """
+
+    METHODS = ("settle", "attach", "compiled", "hold", "runner_blocked", "step_runner")
+
+    def settle(self, device: torch.device, dtype: torch.dtype) -> None:
+        """Resolve its modes for this device and dtype; raise, before any model moves, where one cannot apply."""
+
+    def attach(self, engine: Any) -> None:
+        """Settle on the engine's device and dtype; give its target and draft `compiled` passes."""
+
+    def compiled(self, what: Any, kind: str, like: Any) -> Any:
+        """`what` (kind `model`, `module` or `call`) compiled with the options of `like.compiled`."""
+
+    def hold(self, model: torch.nn.Module) -> Any:
+        """A context manager held on `model` for a generation."""
+
+    def runner_blocked(self, decoder: Any, sampling: SamplingParams, verifier: Any) -> str | None:
+        """Why the decoder's steps run serially in this generation (None: `step_runner` runs them)."""
+
+    def step_runner(self, decoder: Any, state: DecodeState, verifier: Any, stats: GenerationStats, start: float,
+                    on_tokens: TokenCallback | None, draft_t: Any, verify_t: Any) -> StepRunner:
+        """The runner of this generation's steps."""
+
+
+class StepRunner(Protocol):
+    """Runs a generation's steps another way than the serial loop (queued ahead of their reads,
+    `specdec.accel.pipeline`), committing each through `SpeculativeDecoder.commit_step` and feeding
+    the proposer's and schedule's `observe` as the loop does; it stops where it cannot go on (the
+    serial loop then finishes the rows still active)."""
+
+    def run(self) -> None:
+        """Run steps until every row is done or this runner cannot go on."""
+
+    def report(self) -> dict | None:
+        """What it did, for results."""

@@ -11,11 +11,11 @@ target's; it is carried into every result so that a lossy method can never pass 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-from specdec.accel.syncs import to_device
+from specdec.core.device import to_device
 from specdec.core.sampling import SamplingParams, greedy_tokens, one_hot, probabilities, sample
 from specdec.core.types import Proposal, Verification
 
@@ -342,6 +342,7 @@ class ByTemperature:
 
     def __init__(self, greedy=None, sampling=None):
         self.greedy, self.sampling = greedy, sampling
+        self.label: str | None = None  # how errors name it (the study sets `verifier=<name>`)
 
     def pick(self, params: SamplingParams, label: str):
         chosen = self.greedy if params.greedy else self.sampling
@@ -351,13 +352,37 @@ class ByTemperature:
         return chosen
 
 
-def make_verifier(spec, params: SamplingParams, **args):
-    """`spec`: a name (a file in conf/method/verifier/, see `specdec.study.registry`), a `_target_` node, or a
-    verifier object (anything with `name`, `lossless` and the call signature), returned as it is.
-    `args` are `verifier_args`; a `ByTemperature` rule is resolved for `params`."""
-    from specdec.study.registry import build
+def _lossless(sampling: type | None = None, **args):
+    """Greedy at temperature 0 and `sampling` above it: what a lossless rule is (`ByTemperature`)."""
+    if args:
+        raise ValueError(f"this verifier takes no verifier_args, got {sorted(args)}")
+    return ByTemperature(GreedyVerifier(), sampling() if sampling is not None else None)
 
-    verifier = build("method/verifier", spec, "verifier", args)
+
+# The verifiers a name gives (`verifier="auto"`), each called with `verifier_args`. The study layer
+# builds named verifiers from conf/method/verifier/ (which may name others) and hands the objects over.
+VERIFIERS: dict[str, Callable] = {
+    "auto": lambda **a: _lossless(SpeculativeSamplingVerifier, **a),
+    "speculative_sampling": lambda **a: _lossless(SpeculativeSamplingVerifier, **a),
+    "greedy": lambda **a: _lossless(None, **a),
+    "block": lambda **a: _lossless(BlockVerifier, **a),
+    "typical": TypicalVerifier,
+    "forced": ForcedVerifier,
+}
+
+
+def make_verifier(spec, params: SamplingParams, **args):
+    """`spec`: a name of `VERIFIERS`, called with `args` (`verifier_args`), or a verifier object
+    (anything with `name`, `lossless` and the call signature), returned as it is; a `ByTemperature`
+    rule is resolved for `params`."""
+    if isinstance(spec, str):
+        if spec not in VERIFIERS:
+            raise ValueError(f"verifier={spec!r} is not one of: {', '.join(VERIFIERS)}")
+        verifier = VERIFIERS[spec](**args)
+    elif args:
+        raise ValueError(f"verifier arguments {sorted(args)} given with a verifier object; pass them to it")
+    else:
+        verifier = spec
     if isinstance(verifier, ByTemperature):
-        verifier = verifier.pick(params, f"verifier={spec}" if isinstance(spec, str) else "verifier")
+        verifier = verifier.pick(params, verifier.label or (f"verifier={spec}" if isinstance(spec, str) else "verifier"))
     return verifier

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.accel.syncs import reads_are_free
+from specdec.core.device import reads_are_free
 from specdec.core.engine import CachedModel, Engine
 from specdec.core.sampling import greedy_tokens, probabilities, sample
 from specdec.proposers.base import Proposal
@@ -99,6 +99,12 @@ class DraftModelProposer:
         if early_exit:
             return Proposal(tokens, lengths.tolist(), probs)
         return Proposal(tokens, [tokens.shape[1]] * state.batch_size, probs, device_lengths=lengths)
+
+    def observe_fed(self, state, outcome, fed: int) -> None:
+        """`observe` a step whose drafting ran outside `propose` (a step runner that chained the
+        draft's passes on the device) and fed the draft model `fed` drafts after the committed tokens."""
+        self.fed = fed
+        self.observe(state, outcome)
 
     def observe(self, state, outcome) -> None:
         # The draft was fed every committed token before `prev`, then `fed` drafts at prev, prev+1, ...

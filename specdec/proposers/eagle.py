@@ -39,11 +39,10 @@ import inspect
 
 import torch
 
-from specdec.accel.compiled import CompiledModule
-from specdec.accel.syncs import to_device
 from specdec.core.attention import AttentionLayout, grouped_attention
 from specdec.core.cache import RowCache
 from specdec.core.decoder_stack import decoder_stack
+from specdec.core.device import to_device
 from specdec.core.engine import Engine, overlay_columns
 from specdec.core.tree import TokenTree, TreeProposal
 from specdec.proposers.base import Proposal
@@ -188,10 +187,7 @@ class EagleProposer:
         self.cache: RowCache | None = None
         target.keep_hidden_states()
         # compile=on: the drafter's passes compile at the target's buckets, with its backend
-        self.compiled = None
-        if target.compiled is not None:
-            self.compiled = CompiledModule(self.drafter, target.model, **target.compiled.options())
-            engine.compiled_modules["eagle drafter"] = self.compiled
+        self.compiled = engine.compiled("eagle drafter", self.drafter, "module")
 
     def reset(self, state) -> None:
         # Room for the sequence plus the drafted levels, which are scratch beyond the valid length.

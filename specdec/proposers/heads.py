@@ -27,7 +27,7 @@ from safetensors.torch import load_file, safe_open, save_file
 
 from specdec.core.decoder_stack import final_logits, logit_transform
 from specdec.core.errors import InvalidInput, MissingInput
-from specdec.study.tracking import write_whole
+from specdec.core.files import write_whole
 
 
 class OutputHead:

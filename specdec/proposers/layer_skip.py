@@ -18,7 +18,6 @@ gives a weak draft from its early layers; how weak is measured in experiments/st
 
 from __future__ import annotations
 
-from specdec.accel.compiled import CompiledForward
 from specdec.core.decoder_stack import early_exit_view
 from specdec.core.engine import CachedModel, Engine
 from specdec.proposers.draft_model import DraftModelProposer
@@ -35,6 +34,5 @@ class LayerSkipProposer(DraftModelProposer):
         self.engine, self.exit_layer = engine, exit_layer
         self.draft = CachedModel(early_exit_view(engine.target.model, exit_layer), f"draft(layers 0..{exit_layer - 1})")
         engine.add_model(self.draft)
-        if engine.target.compiled is not None:  # compile=on: the draft's passes compile too, as the target's do
-            self.draft.compiled = CompiledForward(self.draft, **engine.target.compiled.options())
-            engine.compiled_modules[self.draft.name] = self.draft.compiled
+        # Where the engine compiles, the draft's passes compile too, as the target's do (None: eager).
+        self.draft.compiled = engine.compiled(self.draft.name, self.draft, "model")

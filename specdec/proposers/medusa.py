@@ -26,8 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specdec.accel.compiled import CompiledCall
-from specdec.accel.syncs import to_device
+from specdec.core.device import to_device
 from specdec.core.engine import Engine
 from specdec.core.tree import TreeProposal, static_tree
 from specdec.proposers.base import Proposal
@@ -107,10 +106,8 @@ class MedusaProposer:
         self.target = target
         target.keep_hidden_states()
         self.guesses = MedusaGuesses(self.heads, self.head)
-        self.compiled = None  # compile=on: the guesses compile with the target's backend
-        if target.compiled is not None:
-            self.compiled = CompiledCall(self.guesses, target.model, **target.compiled.options())
-            engine.compiled_modules["medusa heads"] = self.compiled
+        # Where the engine compiles, the guesses compile with the target's options (None: eager).
+        self.compiled = engine.compiled("medusa heads", self.guesses, "call")
 
     def reset(self, state) -> None:
         pass

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.accel.syncs import reads_are_free, to_device
+from specdec.core.device import reads_are_free, to_device
 from specdec.core.engine import Engine
 from specdec.proposers.base import Proposal
 

@@ -41,7 +41,7 @@ from collections import Counter, deque
 
 import torch
 
-from specdec.accel.syncs import reads_are_free, to_device
+from specdec.core.device import reads_are_free, to_device
 from specdec.core.tree import TokenTree, TreeProposal
 from specdec.proposers.base import Proposal
 

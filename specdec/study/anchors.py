@@ -36,7 +36,7 @@ from specdec.core.decoding import Generation, SpeculativeDecoder
 from specdec.core.engine import Engine
 from specdec.core.metrics import GenerationStats, RowStats
 from specdec.core.sampling import SamplingParams
-from specdec.study.data import common_prefix_len
+from specdec.core.types import common_prefix_len
 
 
 class _FirstTokenClock(BaseStreamer):

@@ -364,8 +364,8 @@ def _check_context(cfg: DictConfig, role: str) -> None:
     lower bound of what the decoder reserves per step (a tree's node budget or exact greedy's scoring
     width may reserve more): the exact check, with the prompts, runs once the models are loaded
     (`experiment._check_room`)."""
-    from specdec.core.schedules import make_schedule
     from specdec.models import context_length_of
+    from specdec.study.registry import build_schedule
 
     context = context_length_of(model_spec(cfg[role], role))
     if context is None:
@@ -376,7 +376,7 @@ def _check_context(cfg: DictConfig, role: str) -> None:
             continue
         k = 0
         if m.proposer is not None:
-            k = make_schedule(m.schedule, max(m.num_speculative_tokens, 1), **m.schedule_args).k_max
+            k = build_schedule(m.schedule, max(m.num_speculative_tokens, 1), m.schedule_args).k_max
         need = 1 + new + k
         if need > context:
             blame = f"{key}.num_speculative_tokens" if k and 2 + k > context else "generation.max_new_tokens"
@@ -532,11 +532,12 @@ def _check_tree_verifier(key: str, m: DictConfig, verifier: Any, params: Any) ->
     from specdec.core.sampling import SamplingParams
     from specdec.core.tree_verify import TREE_VERIFIERS
     from specdec.core.verify import make_verifier
+    from specdec.study.registry import build_verifier
 
     names = {verifier.name}
     if params.greedy:  # the rule it would be at temperature > 0, where rules differ
         try:
-            names.add(make_verifier(m.verifier, SamplingParams(1.0), **m.verifier_args).name)
+            names.add(make_verifier(build_verifier(m.verifier, m.verifier_args), SamplingParams(1.0)).name)
         except ValueError:  # a greedy-only rule
             pass
     if not names <= set(TREE_VERIFIERS):
@@ -612,16 +613,17 @@ def _validate_method(key: str, m: DictConfig, cfg: DictConfig, params: Any) -> N
     if m.proposer is not None or m.decoder is not None:
         if m.num_speculative_tokens < 1 and m.decoder is None:
             _fail(f"{key}.num_speculative_tokens", f"k must be >= 1, got {m.num_speculative_tokens}")
-        from specdec.core.schedules import make_schedule
+        from specdec.study.registry import build_schedule
 
         try:
-            make_schedule(m.schedule, max(m.num_speculative_tokens, 1), **m.schedule_args)
+            build_schedule(m.schedule, max(m.num_speculative_tokens, 1), m.schedule_args)
         except (ValueError, TypeError) as err:
             _fail(f"{key}.schedule", str(err))
     from specdec.core.verify import make_verifier
+    from specdec.study.registry import build_verifier
 
     try:
-        verifier = make_verifier(m.verifier, params, **m.verifier_args)  # raises on a name, args or temperature it cannot serve
+        verifier = make_verifier(build_verifier(m.verifier, m.verifier_args), params)  # raises on a name, args or temperature it cannot serve
         if hasattr(verifier, "check_k"):  # a verifier whose arguments depend on k (forced: one a_i per draft)
             verifier.check_k(m.num_speculative_tokens)
     except (ValueError, TypeError) as err:

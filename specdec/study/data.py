@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec.core.errors import InvalidInput, MissingInput, described
+from specdec.core.types import common_prefix_len  # noqa: F401  (handed on)
 
 # The `data.*` settings a source's reader is given when it names them (besides data.source_args).
 READER_SETTINGS = ("path", "hf_name", "split", "text_field", "category_field", "id_field")
@@ -361,12 +362,3 @@ def build_turn_input(
         text += f"User: {user_text}\nAssistant: {assistant_text}\n"
     text += f"User: {user_turn}\nAssistant:"
     return list(tokenizer.encode(text, add_special_tokens=True))
-
-
-def common_prefix_len(a: list[int], b: list[int]) -> int:
-    """Length of the longest common prefix of two id lists: how much of a cached sequence can be reused."""
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n

@@ -40,14 +40,15 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
+from specdec.accel.passes import Accelerated
 from specdec.core.decoding import Generation, SpeculativeDecoder
 from specdec.core.engine import Engine
 from specdec.core.errors import InputError, NoSpace
 from specdec.core.metrics import speedup
-from specdec.core.schedules import make_schedule
 from specdec.models import check_tokenizers_compatible, describe_model, load_model
 from specdec.study.config import ConfigError, method_configs, model_spec, resolve_path, room_message, validate
 from specdec.study.data import Prompt, build_turn_input, load_prompts, select_prompts
+from specdec.study.registry import build_schedule, build_verifier
 from specdec.study.report import BASELINE, format_comparison, format_table, make_plots, summarize
 from specdec.study.results import PromptResult
 from specdec.study.run_dirs import check_no_results, release_run_dir
@@ -133,8 +134,7 @@ def build(cfg: DictConfig) -> Setup:
             draft, draft_tokenizer = load_model(draft_spec)
             check_tokenizers_compatible(tokenizer, draft_tokenizer, target, draft)
             models["draft"] = describe_model(draft_spec, draft)
-    engine = Engine(target, draft, device=cfg.device, dtype=cfg.dtype, compile=cfg.compile, cuda_graphs=cfg.cuda_graphs,
-                    packed_linear=cfg.packed_linear)
+    engine = Engine(target, draft, device=cfg.device, dtype=cfg.dtype, passes=Accelerated(compile=cfg.compile, cuda_graphs=cfg.cuda_graphs, packed_linear=cfg.packed_linear))
     for described in models.values():
         described["dtype"] = str(engine.dtype).removeprefix("torch.")
     log.info("target %s, draft %s on %s (%s)", models["target"]["label"],
@@ -204,9 +204,10 @@ def make_decoder(m: DictConfig, engine: Engine, tokenizer, key: str = "method"):
         if m.proposer is None:
             return None
         proposer = instantiate(m.proposer, engine=engine)
-    schedule = make_schedule(m.schedule, m.num_speculative_tokens, **m.schedule_args)
-    return SpeculativeDecoder(engine, proposer, m.num_speculative_tokens, verifier=m.verifier,
-                              verifier_args=dict(m.verifier_args), tokenizer=tokenizer, schedule=schedule)
+    schedule = build_schedule(m.schedule, m.num_speculative_tokens, m.schedule_args)
+    verifier = build_verifier(m.verifier, m.verifier_args)
+    return SpeculativeDecoder(engine, proposer, m.num_speculative_tokens, verifier=verifier, tokenizer=tokenizer,
+                              schedule=schedule)
 
 
 # ---------------------------------------------------------------- 3-4. measure
@@ -361,11 +362,9 @@ def run_info(cfg: DictConfig, setup: Setup | None = None) -> dict:
         info["cache_reuse"] = "across_turns" if setup.cache_reuse else "none"
         info["exact_greedy"] = bool(cfg.exact_greedy)
         info["overlap"] = "on" if setup.baseline.overlaps() else "off"  # what plain decoding ran with
-        info["compile"] = ("autotune" if setup.engine.autotune else "frozen" if setup.engine.freezing else "on") \
-            if setup.engine.compile else "off"
+        info.update(setup.engine.passes.describe())  # what compile and packed_linear resolved to
         if setup.engine.compile and setup.engine.device.type == "cuda":
             info["cuda_graphs"] = cfg.cuda_graphs
-        info["packed_linear"] = "on" if setup.engine.packed_linear else "off"  # what `auto` resolved to
         exact = setup.baseline.exact_greedy and cfg.generation.temperature == 0
         info["score_width"] = setup.baseline.score_width if exact else 1
         if not setup.cache_reuse:

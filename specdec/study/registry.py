@@ -230,3 +230,20 @@ def instantiate(value: Any) -> Any:
     if isinstance(value, list):
         return [instantiate(v) for v in value]
     return value
+
+
+def build_schedule(spec: Any, num_speculative_tokens: int, args: Mapping | None = None) -> Any:
+    """`method.schedule` + `method.schedule_args` -> a schedule object: a name is a file of
+    conf/method/schedule/ (or of a folder on `hydra.searchpath`), called with `num_speculative_tokens`."""
+    return build("method/schedule", spec, "schedule", args, num_speculative_tokens=num_speculative_tokens)
+
+
+def build_verifier(spec: Any, args: Mapping | None = None) -> Any:
+    """`method.verifier` + `method.verifier_args` -> a verifier object, or a `ByTemperature` rule that
+    the decoder resolves for each generation's temperature: a name is a file of conf/method/verifier/."""
+    from specdec.core.verify import ByTemperature
+
+    verifier = build("method/verifier", spec, "verifier", args)
+    if isinstance(verifier, ByTemperature) and isinstance(spec, str):
+        verifier.label = f"verifier={spec}"
+    return verifier

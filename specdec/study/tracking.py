@@ -31,7 +31,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -76,18 +76,6 @@ def write_atomic(files: Mapping[Path, str]) -> None:
         raise
     for path, tmp in tmps.items():
         os.replace(tmp, path)
-
-
-def write_whole(path: Path, write: Callable[[Path], None]) -> None:
-    """`write(tmp)` into a temporary file beside `path`, then `os.replace` it onto `path`: an interrupted
-    or failed write leaves `path` as it was (and no temporary file), never cut short."""
-    path = Path(path)
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def write_local_results(out_dir: Path, rows: list[dict] | None, summary: dict) -> None:

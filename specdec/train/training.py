@@ -44,8 +44,8 @@ from tqdm.auto import tqdm
 from specdec.core.attention import grouped_attention
 from specdec.core.decoder_stack import early_exit_view, final_logits, hidden_source, logit_transform
 from specdec.core.errors import InvalidInput, first_line
+from specdec.core.files import write_whole
 from specdec.study.data import Prompt, build_turn_input
-from specdec.study.tracking import write_whole
 
 
 def load_cache(path: Path, log):
