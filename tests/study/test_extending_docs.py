@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -50,24 +49,41 @@ def _key(arg: str) -> str:
     return arg.lstrip("+~").split("=", 1)[0]
 
 
+# One process runs every command: the app's own `main`, as `python -m specdec` calls it, with the
+# command's arguments as bash splits them (quotes, $MY), and Hydra's global state cleared in between.
+DRIVER = """
+import json, sys
+from hydra.core.global_hydra import GlobalHydra
+from specdec.__main__ import main
+
+for name, argv in json.load(open(sys.argv[1])):
+    print("running", name, argv, file=sys.stderr, flush=True)
+    GlobalHydra.instance().clear()
+    sys.argv = ["specdec", *argv]
+    main()
+"""
+
+
 @pytest.fixture(scope="module")
 def runs(folder) -> dict[str, Path]:
     """Every command of the page, run from the folder with `$MY` and PYTHONPATH set as the page says;
     name -> its run folder."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env |= {"MY": str(folder), "PYTHONPATH": str(folder), "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
-    out = {}
+    jobs, out = [], {}
     for name, text in blocks("run").items():
         (line,) = [x for x in text.splitlines() if x.strip()]
         assert line.startswith("python -m specdec "), line
-        given = {_key(a) for a in shlex.split(line)[3:]}
-        run_dir = folder / "runs" / name
-        extra = [f for f in FAST if _key(f) not in given] + [f"hydra.run.dir={run_dir}"]
-        command = line.replace("python", shlex.quote(sys.executable), 1) + " " + shlex.join(extra)
-        done = subprocess.run(["bash", "-c", command], cwd=folder, env=env, capture_output=True, text=True,
-                              timeout=300)
-        assert done.returncode == 0, f"{name}: {command}\n{done.stderr[-3000:]}"
-        out[name] = run_dir
+        split = subprocess.run(["bash", "-c", 'printf "%s\\0" ' + line.removeprefix("python -m specdec ")],
+                               env=env, capture_output=True, text=True, check=True)
+        argv = split.stdout.split("\0")[:-1]
+        given = {_key(a) for a in argv}
+        out[name] = folder / "runs" / name
+        jobs.append((name, argv + [f for f in FAST if _key(f) not in given] + [f"hydra.run.dir={out[name]}"]))
+    (folder / "jobs.json").write_text(json.dumps(jobs))
+    done = subprocess.run([sys.executable, "-c", DRIVER, str(folder / "jobs.json")], cwd=folder, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
     return out
 
 
