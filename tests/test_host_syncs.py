@@ -144,7 +144,7 @@ def test_one_read_per_step(target, unrelated_draft, method, temperature, batch):
     # n-gram's match lengths come back with the step's read (`Proposal.device_lengths`). The hybrid
     # values the lookup drafts it did not use, in hindsight, from the host's copy of them; a draft
     # model tried beside the lookups and not used has its drafts on the device, read once that step.
-    unused = sum(n for w, n in syncs.where.items() if w.startswith("types.py")) if method == "hybrid" else 0
+    unused = sum(n for w, n in syncs.where.items() if w.startswith("core/types.py")) if method == "hybrid" else 0
     assert unused <= steps
     assert syncs.total == 1 + steps + unused, syncs.where
     if method != "plain":

@@ -109,7 +109,7 @@ def test_names_nodes_and_objects_build_the_same_parts():
     assert type(make_verifier("auto", greedy)) is GreedyVerifier
     assert type(make_verifier("block", sampling)) is BlockVerifier
     node = {"_target_": "specdec.core.verify.TypicalVerifier", "epsilon": 0.2}
-    typical = make_verifier(OmegaConf.create(node), sampling, delta=0.4)  # a node, with verifier_args on top
+    typical = make_verifier(registry.build_verifier(OmegaConf.create(node), {"delta": 0.4}), sampling)  # a node + args
     assert isinstance(typical, TypicalVerifier) and (typical.epsilon, typical.delta) == (0.2, 0.4)
     same = GreedyVerifier()
     assert make_verifier(same, greedy) is same
@@ -136,9 +136,9 @@ def test_a_new_verifier_and_schedule_from_a_folder_of_ones_own(own_folder, in_jo
                   "+method.schedule_args.divisor=4", "+method.verifier_args.margin=0.25"])
     assert "strict" in registry.options("method/verifier") and "halving" in registry.options("method/schedule")
     validate(cfg)
-    verifier = make_verifier(cfg.method.verifier, SamplingParams(), **cfg.method.verifier_args)
+    verifier = make_verifier(registry.build_verifier(cfg.method.verifier, cfg.method.verifier_args), SamplingParams())
     assert (verifier.name, verifier.margin) == ("strict_greedy", 0.25)
-    assert make_schedule(cfg.method.schedule, 8, **cfg.method.schedule_args).next_k(None) == 2
+    assert registry.build_schedule(cfg.method.schedule, 8, cfg.method.schedule_args).next_k(None) == 2
     cfg.method.schedule_args = {"divide": 4}
     with pytest.raises(ConfigError, match=r"method.schedule: schedule=halving takes no schedule_args \['divide'\]; "
                                           "it takes: divisor"):

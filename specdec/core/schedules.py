@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from specdec.core.arguments import build_named
 from specdec.core.tree import TreeProposal
 from specdec.core.types import Proposal
 
@@ -148,6 +149,4 @@ def make_schedule(spec, num_speculative_tokens: int, **args):
         if args:
             raise ValueError(f"schedule arguments {sorted(args)} given with a schedule object; pass them to it")
         return spec
-    if spec not in SCHEDULES:
-        raise ValueError(f"schedule={spec!r} is not one of: {', '.join(SCHEDULES)}")
-    return SCHEDULES[spec](num_speculative_tokens=num_speculative_tokens, **args)
+    return build_named("schedule", SCHEDULES, spec, args, num_speculative_tokens=num_speculative_tokens)

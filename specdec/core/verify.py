@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from specdec.core.arguments import build_named
 from specdec.core.device import to_device
 from specdec.core.sampling import SamplingParams, greedy_tokens, one_hot, probabilities, sample
 from specdec.core.types import Proposal, Verification
@@ -352,23 +353,26 @@ class ByTemperature:
         return chosen
 
 
-def _lossless(sampling: type | None = None, **args):
-    """Greedy at temperature 0 and `sampling` above it: what a lossless rule is (`ByTemperature`)."""
-    if args:
-        raise ValueError(f"this verifier takes no verifier_args, got {sorted(args)}")
-    return ByTemperature(GreedyVerifier(), sampling() if sampling is not None else None)
+def _speculative_sampling() -> ByTemperature:
+    """Greedy at temperature 0, speculative sampling above it (`auto`)."""
+    return ByTemperature(GreedyVerifier(), SpeculativeSamplingVerifier())
+
+
+def _greedy_only() -> ByTemperature:
+    """Greedy at temperature 0 and nothing above it."""
+    return ByTemperature(GreedyVerifier())
+
+
+def _block() -> ByTemperature:
+    """Greedy at temperature 0, block verification above it."""
+    return ByTemperature(GreedyVerifier(), BlockVerifier())
 
 
 # The verifiers a name gives (`verifier="auto"`), each called with `verifier_args`. The study layer
 # builds named verifiers from conf/method/verifier/ (which may name others) and hands the objects over.
-VERIFIERS: dict[str, Callable] = {
-    "auto": lambda **a: _lossless(SpeculativeSamplingVerifier, **a),
-    "speculative_sampling": lambda **a: _lossless(SpeculativeSamplingVerifier, **a),
-    "greedy": lambda **a: _lossless(None, **a),
-    "block": lambda **a: _lossless(BlockVerifier, **a),
-    "typical": TypicalVerifier,
-    "forced": ForcedVerifier,
-}
+VERIFIERS: dict[str, Callable] = {"auto": _speculative_sampling, "speculative_sampling": _speculative_sampling,
+                                  "greedy": _greedy_only, "block": _block, "typical": TypicalVerifier,
+                                  "forced": ForcedVerifier}
 
 
 def make_verifier(spec, params: SamplingParams, **args):
@@ -376,9 +380,7 @@ def make_verifier(spec, params: SamplingParams, **args):
     (anything with `name`, `lossless` and the call signature), returned as it is; a `ByTemperature`
     rule is resolved for `params`."""
     if isinstance(spec, str):
-        if spec not in VERIFIERS:
-            raise ValueError(f"verifier={spec!r} is not one of: {', '.join(VERIFIERS)}")
-        verifier = VERIFIERS[spec](**args)
+        verifier = build_named("verifier", VERIFIERS, spec, args)
     elif args:
         raise ValueError(f"verifier arguments {sorted(args)} given with a verifier object; pass them to it")
     else:
