@@ -68,18 +68,15 @@ from specdec.core.cache import row_index
 from specdec.core.sampling import greedy_tokens
 
 COMPILE_MODES = ("off", "on", "autotune", "frozen", "auto")
-# The widths a pass is padded to. Powers of two, and 6, 10 and 12 between: on this CPU (SmolLM2,
-# bfloat16, compiled) a pass of 5 or 6 tokens padded to 8 cost 1.17x a one-token pass, at 6 1.07x (4:
-# 0.92x); n-gram's k = 4 and EAGLE's default 4-node tree score 5 tokens, Medusa's default tree 4,
-# suffix decoding's k = 8 and 8-node trees 9 or 10 (experiments/gpu/README.md).
+# The widths a pass is padded to. Powers of two, and 6, 10 and 12 between, so that the defaults'
+# passes (n-gram's k = 4 and EAGLE's 4-node tree: 5 tokens; suffix decoding's k = 8 and 8-node trees:
+# 9 or 10) do not pay for the next power of two (experiments/gpu/LOG.md, "Widths").
 WIDTHS = (1, 2, 4, 6, 8, 10, 12, 16)
 # The narrowest width a pass runs at, by (device type, dtype), where the CPU has bfloat16 units
-# (`narrowest_width`): passes of fewer tokens are padded to it. On an AVX-512-BF16 CPU, compiled
-# (inductor's frozen weights, oneDNN), a bfloat16 pass of 1 token costs more than one of 4 (SmolLM2,
-# 100-700 cached tokens: 1 token 26-33 ms, 2: 30-35 ms, 4: 24-30 ms), so passes of 1 to 3 tokens run
-# 4 wide; in float32 one token is the cheapest (45 ms, 4 tokens 72 ms). On an AVX2 CPU, where
-# bfloat16 is emulated, one token is the cheapest in bfloat16 too (39 ms, 4 tokens 131 ms: padded to
-# 4, plain decoding ran 3.5x slower). (experiments/gpu/README.md, "Widths".) Anything else: 1.
+# (`narrowest_width`): passes of fewer tokens are padded to it. Compiled on a CPU with bfloat16 units,
+# oneDNN's bfloat16 kernels serve one or two rows worse than four, so a pass of 1 token costs more
+# than one of 4; in float32, and where bfloat16 is emulated (AVX2), one token is the cheapest
+# (experiments/gpu/LOG.md, "Widths"). Anything else: 1.
 NARROWEST = {("cpu", torch.bfloat16): 4}
 MAX_WIDTH = WIDTHS[-1]  # passes wider than this run eagerly (prefill): compiling every prompt length never pays
 MIN_KV = 64  # the smallest key bucket
@@ -89,31 +86,25 @@ MIN_BUFFER = 1024
 RECOMPILE_LIMIT = 64  # torch's default (8) is below widths x key buckets x batch sizes x models
 # Under compile=autotune, bfloat16 on a CPU with bfloat16 units (`gemm_backends`): graphs whose matrix
 # products take at most this many rows (batch x width) autotune among inductor's C++ GEMM templates
-# alone. With oneDNN's kernels among the choices, autotuning (which times each product on its own)
-# kept some that cost more inside the graph: SmolLM2, 100 cached tokens, a 4-wide pass cost
-# 0.27-0.32x eager with the C++ templates alone, 0.41x with both; 1 wide 0.27-0.29x against 0.31x,
-# 2 wide 0.29x either way. Wider, the C++ templates alone are far slower (6 wide 0.73-0.85x eager
-# against 0.51x, 8 wide 1.31x against 0.52x), so wider graphs keep both (experiments/gpu/README.md).
-# In float32 the C++ templates alone cost what the default choices cost (1-4 wide), so it keeps those.
+# alone: with oneDNN's kernels among the choices, autotuning (which times each product on its own)
+# keeps some that cost more inside the graph. Wider, the C++ templates alone are far slower, so wider
+# graphs keep both; in float32 both choices cost the same, so it keeps the default
+# (experiments/gpu/LOG.md, "Autotuning among the C++ GEMMs alone for narrow graphs (run 33)").
 CPP_GEMM_ROWS = 4
-# Calls whose graph a caller has already run skip dynamo's guard evaluation (`_unguarded`): about
-# 1 ms of host time a call for SmolLM2 on this CPU (experiments/gpu). False: every call evaluates them.
+# Calls whose graph a caller has already run skip dynamo's guard evaluation (`_unguarded`), host time
+# paid on every call (experiments/gpu/LOG.md, "Guard evaluation"). False: every call evaluates them.
 SKIP_KNOWN_GUARDS = True
 
 
 def resolve_compile(compile: str | bool, device: torch.device) -> bool:
     """Whether passes compile: `on`, `autotune` (on, with inductor's GEMM autotuning: `autotunes`)
     and `frozen` (on, with the weights frozen into the graphs on every device: `frozen_weights`)
-    do, `off` does not, `auto` compiles on CUDA only. On a 2-core CPU (SmolLM2, bfloat16, one
-    thread, Spec-Bench prompts) compiled plain decoding measured 1.80-1.84x eager by process CPU
-    time, and the speculative methods kept their speedups within a few percent (Medusa's earlier
-    10-token tree lost 4%; its 4-token default gains, 1.05x -> 1.10x), but every process first spends about
-    40 s per graph compiling (10-15 minutes for a Spec-Bench run's graphs; inductor's on-disk graph
-    cache skips graphs whose frozen weights are packed for oneDNN, 'mkldnn tensors unpickleable'),
-    so a run gains only past about 30 minutes of eager decoding (experiments/gpu/README.md): `auto`
-    keeps the CPU eager.
-    On CUDA, eager decoding is launch-bound (15% GPU busy on an H200), which is what compiling
-    removes."""
+    do, `off` does not, `auto` compiles on CUDA only. On a CPU compiled decoding is faster, but
+    every process first compiles its graphs again (inductor's on-disk cache skips graphs whose
+    frozen weights are packed for oneDNN), so a typical run does not win that time back: `auto`
+    keeps the CPU eager (experiments/gpu/LOG.md, "Runs 11-14").
+    On CUDA, eager decoding is launch-bound, which is what compiling removes (experiments/gpu/LOG.md,
+    "NVIDIA H200: first measurements")."""
     if compile is True or compile in ("on", "autotune", "frozen"):
         return True
     if compile is False or compile == "off":
@@ -126,20 +117,19 @@ def resolve_compile(compile: str | bool, device: torch.device) -> bool:
 def autotunes(compile: str | bool) -> bool:
     """`compile=autotune`: inductor's `max_autotune`, which benchmarks each matrix product's kernels
     (its C++ GEMM templates against oneDNN's on a CPU, Triton's against cuBLAS on CUDA) while
-    compiling and keeps the fastest. On the AVX-512-BF16 CPU, SmolLM2 in bfloat16, a compiled
-    one-token pass then cost about half of what it costs under `on` (its C++ micro-GEMMs against
-    oneDNN's packed linear layers), and one token became the narrowest width again; compiling took
-    several times as long (experiments/gpu/README.md, "Autotuning")."""
+    compiling and keeps the fastest. On a CPU with bfloat16 units its C++ micro-GEMMs beat oneDNN's
+    packed linear layers for a few rows, at the price of a much longer compile
+    (experiments/gpu/LOG.md, "Autotuning")."""
     return compile == "autotune"
 
 
 def frozen_weights(compile: str | bool) -> bool | None:
     """`compile=frozen`: inductor's weight freezing on every device (True), where `on` freezes on a
     CPU only (None: `freezes` decides). On CUDA the freezing passes also concatenate the linear
-    layers that read one input, q/k/v and gate/up, into one product each: on an H200 (1B-shaped
-    target, bfloat16) plain decoding ran 1.04x `on` and forced-acceptance speculative decoding 1.05x.
-    The concatenated weights are copies beside the model's own (the eager prefill reads those):
-    about half the weights' memory more for a Llama-shaped model (experiments/gpu/README.md, run 3)."""
+    layers that read one input, q/k/v and gate/up, into one product each: fewer, larger products,
+    a small gain on a GPU. It is not the default there because the concatenated weights are copies
+    beside the model's own (the eager prefill reads those): about half the weights' memory more for a
+    Llama-shaped model (experiments/gpu/LOG.md, "NVIDIA H200: run 3")."""
     return True if compile == "frozen" else None
 
 
@@ -321,15 +311,15 @@ def _capture(decoder: torch.nn.Module) -> _Capture:
 def freezes(device: torch.device, backend: str) -> bool:
     """Whether passes compile with inductor's weight freezing: on a CPU, yes. The weights become
     constants of the graph, which lets inductor fold them and pack each linear layer's weight once
-    for oneDNN's bfloat16 kernels instead of at every call: plain decoding of the embedded SmolLM2
-    measured 1.55x eager with it against 1.13-1.15x without (experiments/gpu/README.md). Dynamo then
+    for oneDNN's bfloat16 kernels instead of at every call, which is most of what compiling gains on
+    a CPU (experiments/gpu/LOG.md, "Runs 6-10"). Dynamo then
     guards on each weight's identity, so another model of the same shape compiles its own graphs;
     a weight changed *in place* after compiling is not seen (specdec never trains a model it
     decodes with). CUDA keeps CUDA graphs without freezing by default: a caller's `freezing=True`
     (the device benchmark's `frozen` stage) freezes there too, where inductor's freezing passes also
     concatenate the linear layers that read one input (q/k/v, gate/up) into one matrix product each:
     fewer, larger products for a one-token pass whose per-layer products run below the bandwidth
-    limit (experiments/gpu/README.md, the H200's profile)."""
+    limit (experiments/gpu/LOG.md, "NVIDIA H200: first measurements", the profiles)."""
     return backend == "inductor" and device.type == "cpu"
 
 
@@ -953,8 +943,8 @@ class CompiledCall(_ModulePasses):
     """A module without a cache, compiled whole at the shapes it is called with: `module(*inputs)`,
     one graph per distinct set of input shapes and plain values (a proposer calls it with a few).
     Its weights are frozen on a CPU like a model's: Medusa's heads end in the target's full output
-    head (49,152 x 576 for SmolLM2), whose eager bfloat16 matmul for 1-4 rows took 6.5-7.1 ms on
-    this CPU against 3.5-4.7 ms compiled with the weight packed (experiments/gpu/README.md). Under
+    head (49,152 x 576 for SmolLM2), whose matmul for a few rows costs far less with the weight
+    packed once (experiments/gpu/LOG.md, "Output heads"). Under
     `cuda_graphs="explicit"` its kernels run compiled but uncaptured (no cache view to capture
     over); under `trees`, inductor captures them as any compiled call."""
 

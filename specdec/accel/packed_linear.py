@@ -2,11 +2,11 @@
 
 Eagerly, `nn.Linear` on a CPU calls MKL: one row is a matrix-vector product that streams the weight
 at the memory's pace, but two or more rows take a matrix-matrix path that streams it far slower.
-oneDNN's kernels on a weight packed once serve a few rows at little more than one
-(`experiments/gpu/packed_linear.py` times every linear layer of the embedded SmolLM2 both ways for
-T = 1, 2, 4, 8 rows; experiments/gpu/README.md, "Packed linear layers"). A speculative step scores
-T = k + 1 tokens, so its verification costs what the second path costs: packing makes width cheap,
-which is what speculation needs of the target pass.
+oneDNN's kernels on a weight packed once serve a few rows faster (`experiments/gpu/packed_linear.py`
+times every linear layer of the embedded SmolLM2 both ways; experiments/gpu/LOG.md, "This CPU in
+float32: packed linear layers"). A speculative step scores T = k + 1 tokens, so its verification
+costs what the second path costs: packing makes width cheaper, which is what speculation needs of
+the target pass.
 
 `PackedLinears(model)` is a context in which every float32 `nn.Linear` of `model` on the CPU calls
 `torch.ops.mkldnn._linear_pointwise` on a packed copy of its weight instead (another copy of the
@@ -52,8 +52,8 @@ def available() -> bool:
 
 def resolve_packed_linear(mode: str | bool, device: torch.device, dtype: torch.dtype, compiled: bool) -> bool:
     """Whether an engine's models run their linear layers packed. `auto`: on a CPU in float32 when
-    passes run eagerly (compiled graphs pack their weights themselves, at freezing), where it measured
-    faster for two or more rows (module docstring); `on` insists, and says why where it cannot
+    passes run eagerly (compiled graphs pack their weights themselves, at freezing), where it serves
+    two or more rows faster (module docstring); `on` insists, and says why where it cannot
     apply; `off` keeps `nn.Linear` as it is."""
     if mode is True:
         mode = "on"
