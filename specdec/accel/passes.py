@@ -31,6 +31,7 @@ from specdec.accel.compiled import (
     resolve_compile,
 )
 from specdec.accel.cuda_graphs import check_cuda_graphs
+from specdec.accel.overlap import OverlappedSteps
 from specdec.accel.packed_linear import PACKED_LINEAR_MODES, PackedLinears, resolve_packed_linear
 from specdec.accel.pipeline import PipelinedSteps, pipeline_blocked
 
@@ -89,14 +90,17 @@ class Accelerated:
         return PackedLinears(model) if self.packed_linear else contextlib.nullcontext()
 
     def runner_blocked(self, decoder, sampling, verifier) -> str | None:
-        """Why `decoder`'s speculative steps cannot run pipelined at `sampling` with `verifier` (None:
-        they can; `specdec.accel.pipeline.pipeline_blocked`)."""
-        return pipeline_blocked(decoder, sampling, verifier)
+        """Why `decoder`'s steps cannot run ahead of their reads at `sampling` with `verifier` (None:
+        they can). Plain decoding always can (`OverlappedSteps`); speculative steps where
+        `specdec.accel.pipeline.pipeline_blocked` allows (`PipelinedSteps`)."""
+        return pipeline_blocked(decoder, sampling, verifier) if decoder.speculative else None
 
     def step_runner(self, decoder, state, verifier, stats, start: float, on_tokens, draft_t, verify_t):
-        """The step runner of one generation (`PipelinedSteps`): it runs steps queued one ahead of their
-        reads and commits each through `decoder.commit_step`; the serial loop finishes what it leaves."""
-        return PipelinedSteps(decoder, state, verifier, stats, start, on_tokens, draft_t, verify_t)
+        """The step runner of one generation: `OverlappedSteps` for plain decoding, `PipelinedSteps`
+        for a draft model's; each commits through the decoder's public commit and the serial loop
+        finishes what it leaves."""
+        runner = PipelinedSteps if decoder.speculative else OverlappedSteps
+        return runner(decoder, state, verifier, stats, start, on_tokens, draft_t, verify_t)
 
     def describe(self) -> dict:
         """What the modes resolved to, for a run's records."""

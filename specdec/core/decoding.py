@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from specdec.core.contract import check_proposal
-from specdec.core.device import HostCopy, to_device
+from specdec.core.device import to_device
 from specdec.core.engine import Engine, Timer
 from specdec.core.metrics import GenerationStats, RowStats
 from specdec.core.sampling import SamplingParams, check_number
@@ -111,9 +111,10 @@ class SpeculativeDecoder:
     eos_token_id:           id or ids that end a row; default from the tokenizer / model config;
                             an empty list never stops early.
     max_len:                minimum cache length to allocate in every generation (see `reserve` for one).
-    overlap:                queue step n+1 before reading step n's outcome, so that the device never
-                            waits for the host's bookkeeping: plain decoding (`_overlapped_steps`) and
-                            a greedy draft model under compile=on (`specdec.accel.pipeline`).
+    overlap:                let the engine's step runner queue step n+1 before reading step n's
+                            outcome, so that the device never waits for the host's bookkeeping: plain
+                            decoding (`specdec.accel.overlap`) and a greedy draft model under compile=on
+                            (`specdec.accel.pipeline`); only an engine with passes has one.
                             "auto" (the default): on CUDA, where the device runs ahead of the host;
                             "on" / "off" (also True / False). Tokens are the same either way.
 
@@ -151,7 +152,7 @@ class SpeculativeDecoder:
         self.max_len = max_len
         # Exact greedy: at temperature 0 every scoring pass has `score_width` positions (padding
         # included) and attends over the whole cache buffer, so a token's logits do not depend on
-        # which pass scored it (see `_score`). Decoders that must agree bit for bit (a method and its
+        # which pass scored it (see `score`). Decoders that must agree bit for bit (a method and its
         # baseline) need the same score_width and the same cache length.
         self.exact_greedy = exact_greedy
         self.score_width = max(EXACT_WIDTH, self.k + 1)
@@ -259,18 +260,18 @@ class SpeculativeDecoder:
                             f"got {on_tokens!r}")
         # Pipelined steps write a step ahead of what the host has read: room for one more keeps them
         # pipelined to the end (`specdec.accel.pipeline`; where the context has it).
-        pipelined = self.pipelines(sampling, verifier)
-        max_len = self.check_request(ids, max_new_tokens, reserve, self.k + 1 if pipelined else 0)
+        runs_ahead = self._runs_ahead(sampling, verifier)
+        max_len = self.check_request(ids, max_new_tokens, reserve, self.k + 1 if runs_ahead and self.speculative else 0)
         if past is not None and not isinstance(past, Generation):
             raise TypeError(f"past= takes the Generation returned by the previous turn's generate(), "
                             f"got {type(past).__name__}")
         with self.engine.exclusive():
             state = self._new_state(ids, max_new_tokens, max_len, sampling, seed, past)
-            return self._decode(state, ids, verifier, on_tokens, pipelined)
+            return self._decode(state, ids, verifier, on_tokens, runs_ahead)
 
-    def _decode(self, state: DecodeState, ids: list[list[int]], verifier, on_tokens, pipelined: bool) -> Generation:
+    def _decode(self, state: DecodeState, ids: list[list[int]], verifier, on_tokens, runs_ahead: bool) -> Generation:
         """Prefill, then the speculative steps until every row is done; the engine is held.
-        `pipelined`: the steps run queued ahead of their reads first (`pipelines`)."""
+        `runs_ahead`: the engine's step runner runs the steps first (`_runs_ahead`)."""
         sampling, device, target = state.sampling, self.engine.device, self.engine.target
         state.attach(target)
         target.cache.fixed_kv_len = self._exact(state)
@@ -283,16 +284,14 @@ class SpeculativeDecoder:
         # prefill: the first token of each row comes from the prompt's last logits (TTFT ends here)
         logits = target.catch_up(state.tokens, state.seq_lens)
         first = verifier(logits[:, None], Proposal.empty(state.batch_size, device), sampling, state.generator)
-        self._commit(state, first.tokens[:, :1].tolist(), [1] * state.batch_size, stats, start, on_tokens)
+        self.commit_tokens(state, first.tokens[:, :1].tolist(), [1] * state.batch_size, stats, start, on_tokens)
         target.rollback([n - 1 for n in state.seq_lens])
         stats.ttft_s = time.perf_counter() - start
 
-        pipeline = None
-        if self.overlaps():
-            self._overlapped_steps(state, verifier, stats, start, on_tokens, verify_t)
-        elif pipelined:  # a draft model's steps queued ahead; the loop below finishes, if need be
-            pipeline = self.engine.passes.step_runner(self, state, verifier, stats, start, on_tokens, draft_t, verify_t)
-            pipeline.run()
+        runner = None
+        if runs_ahead:  # the engine's step runner (`StepRunner`); the loop below finishes what it leaves
+            runner = self.engine.passes.step_runner(self, state, verifier, stats, start, on_tokens, draft_t, verify_t)
+            runner.run()
         while any(state.active):
             k = self.schedule.next_k(state) if self.speculative else 0
             draft_before, verify_before = draft_t.total, verify_t.total
@@ -300,7 +299,7 @@ class SpeculativeDecoder:
                 proposal = check_proposal(self.proposer, self.proposer.propose(state, k), state, k, target.vocab_size)
                 proposal = self.schedule.trim(state, proposal)
             with verify_t:
-                logits = self._score(state, proposal)  # 2. score
+                logits = self.score(state, proposal)  # 2. score
                 result = verifier(logits, proposal, sampling, state.generator)  # 3. verify
                 accepted, tokens, path = _read_step(proposal, result)
             outcome = self.commit_step(state, proposal, result, accepted, tokens, path, stats, start, on_tokens)
@@ -318,7 +317,7 @@ class SpeculativeDecoder:
             texts = [self.tokenizer.decode(o, skip_special_tokens=True) for o in out]
         reports = {name: r for name, r in (("proposer", _report(self.proposer)), ("schedule", self.schedule.report()),
                                            ("compile", self.engine.compile_report()),
-                                           ("pipeline", pipeline and pipeline.report())) if r is not None}
+                                           ("pipeline", runner and runner.report())) if r is not None}
         # A lossy rule that coincides with greedy at temperature 0 (typical acceptance) is lossless there.
         lossless = verifier.lossless or (state.sampling.greedy and getattr(verifier, "lossless_when_greedy", False))
         return Generation(out, ids, stats, state, texts, lossless=lossless, verifier=verifier.name,
@@ -345,9 +344,9 @@ class SpeculativeDecoder:
                            committed=[list(p) for p in ids])
 
     def overlaps(self) -> bool:
-        """Whether this generation's steps overlap (`_overlapped_steps`): plain decoding only, where
-        the next step needs nothing the host has to read first."""
-        return not self.speculative and self._overlap_on()
+        """Whether plain decoding's steps run overlapped, the host one step behind the device (the
+        engine's step runner: `specdec.accel.overlap`): asked for (`overlap`) and the engine has one."""
+        return not self.speculative and self._runs_ahead(SamplingParams(), None)
 
     def _overlap_on(self) -> bool:
         if self.overlap in ("off", False):
@@ -358,58 +357,14 @@ class SpeculativeDecoder:
         """Whether a generation's speculative steps run through the engine's step runner (queued one
         ahead of their reads: `specdec.accel.pipeline`, a greedy draft model under compile=on), where
         the engine's passes have one and nothing blocks it."""
+        return self.speculative and self._runs_ahead(sampling, verifier)
+
+    def _runs_ahead(self, sampling: SamplingParams, verifier) -> bool:
+        """Whether a generation's steps go to the engine's step runner rather than the serial loop."""
         passes = self.engine.passes
-        return self.speculative and self._overlap_on() and passes is not None \
-            and passes.runner_blocked(self, sampling, verifier) is None
+        return self._overlap_on() and passes is not None and passes.runner_blocked(self, sampling, verifier) is None
 
-    def _overlapped_steps(self, state: DecodeState, verifier, stats, start, on_tokens, verify_t: Timer) -> None:
-        """Plain decoding with the host one step behind the device, until every row is done.
-
-        Each step emits exactly one token per row that has room left, so the host knows every row's
-        length one step ahead without reading anything: it queues step n+1 (whose input token is step
-        n's output, written to the token buffer on the device) before it reads step n's tokens, and
-        does step n's bookkeeping (EOS, streaming, statistics) while the device runs step n+1. The
-        read waits for step n alone: its copy to the host is queued right behind it, with an event.
-        The cost: a row that ends on EOS at step n has already been given step n+1, whose token is
-        dropped (its cache entry too), one extra pass at the end of a generation that stops on EOS.
-        The passes are the serial loop's, so the tokens are the same, bit for bit."""
-        target, sampling, b = self.engine.target, state.sampling, state.batch_size
-        proposal = Proposal.empty(b, state.tokens.device)
-        ahead = [0] * b  # per row, tokens queued whose step has not been read yet (0 or 1)
-        pending = None  # (step's tokens on their way to the host, which rows it gave a token)
-        while True:
-            lens = [n + a for n, a in zip(state.seq_lens, ahead)]
-            live = [on and n - p < state.max_new_tokens
-                    for on, n, p in zip(state.active, lens, state.prompt_lens)]
-            queued = None
-            if any(live):
-                target.rollback([n - 1 for n in lens])
-                with verify_t:
-                    logits = self._score(state, proposal, lens)
-                    result = verifier(logits, proposal, sampling, state.generator)
-                    rows = [r for r in range(b) if live[r]]
-                    where = to_device([rows, [lens[r] for r in rows]], state.tokens.device)
-                    state.tokens[where[0], where[1]] = result.tokens[where[0], 0]
-                    queued = (HostCopy(result.tokens[:, 0]), live)
-                ahead = [a + on for a, on in zip(ahead, live)]
-                stats.steps += 1
-                stats.draft_lengths.append(0)
-            if pending is not None:
-                copy, given = pending
-                tokens = copy.read()
-                counts = [int(g and on) for g, on in zip(given, state.active)]
-                emitted = self._commit(state, [[t] for t in tokens], counts, stats, start, on_tokens, write=False)
-                for r, n in enumerate(counts):
-                    if n:
-                        stats.rows[r].record(0, 0, emitted[r])
-                # A row that ended drops what was queued after its end.
-                ahead = [a - g if on else 0 for a, g, on in zip(ahead, given, state.active)]
-            if queued is None:
-                break
-            pending = queued
-        target.rollback([n - 1 for n in state.seq_lens])
-
-    def _score(self, state: DecodeState, proposal: Proposal, lens: list[int] | None = None) -> torch.Tensor:
+    def score(self, state: DecodeState, proposal: Proposal, lens: list[int] | None = None) -> torch.Tensor:
         """One target pass over each row's last token and its drafts: logits [B, T, V], T = 1 + max drafts
         (1 + the node budget for a tree). `lens`: the rows' lengths when they are not `state.seq_lens`
         (steps queued ahead of the host's commit)."""
@@ -455,11 +410,11 @@ class SpeculativeDecoder:
         """4. commit: append emitted tokens, roll the target's cache back to the accepted length.
         Public: a `StepRunner` commits its steps through it, as the serial loop does. `accepted`,
         `tokens` and `path` are the step's outcome read on the host (`_read_step`).
-        `write=False`: the device's token buffer holds them already (`_commit`)."""
+        `write=False`: the device's token buffer holds them already (`commit_tokens`)."""
         prev, active = list(state.seq_lens), list(state.active)
         accepted = [a if on else 0 for a, on in zip(accepted, active)]
         counts = [a + 1 if on else 0 for a, on in zip(accepted, active)]
-        emitted = self._commit(state, tokens, counts, stats, start, on_tokens, write)
+        emitted = self.commit_tokens(state, tokens, counts, stats, start, on_tokens, write)
         # A tree counts its depth as drafted, so alpha and per-position acceptance are per depth.
         drafted = proposal.drafted
         for b, on in enumerate(active):
@@ -470,7 +425,7 @@ class SpeculativeDecoder:
         self.engine.target.rollback([n - 1 for n in state.seq_lens])
         return StepOutcome(proposal, result, prev, accepted, emitted, active)
 
-    def _commit(self, state, tokens: list[list[int]], counts: list[int], stats, start, on_tokens,
+    def commit_tokens(self, state, tokens: list[list[int]], counts: list[int], stats, start, on_tokens,
                 write: bool = True) -> list[int]:
         """Append `tokens[b][:counts[b]]` to each active row, cut at EOS and at max_new_tokens.
         `write=False`: the device's token buffer holds them already (written when they were queued)."""

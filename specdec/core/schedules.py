@@ -33,7 +33,7 @@ class ConstantSchedule:
 
     name = "constant"
     uses_confidence = False  # True: proposers report each draft's top probability to keep_drafting
-    # True: `trim` reads what each row offered (`proposal.lengths`) before the step's read, so a
+    # Sync-free hints (`specdec.core.types.SyncFreeHints`). True: `trim` reads what each row offered (`proposal.lengths`) before the step's read, so a
     # proposer must give exact lengths on the host (n-gram lookup then reads them on a GPU).
     reads_offers = False
     # True: k is the same from step to step, so a greedy draft under compile=on runs its passes as one

@@ -249,8 +249,6 @@ class Schedule(Protocol):
     name: str
     k_max: int
     uses_confidence: bool
-    reads_offers: bool  # whether `trim` reads `proposal.lengths` before the step's read (exact lengths needed)
-    fixed_k: bool  # whether `next_k` is always `k_max` (a greedy draft may then chain its passes)
 
     def reset(self) -> None:
         """A new generation starts."""
@@ -271,9 +269,24 @@ class Schedule(Protocol):
         """What the schedule learned, for results (None: nothing to report)."""
 
 
-# The members of a `Schedule` read without a default (`reads_offers` and `fixed_k` are taken as False
-# where a schedule lacks them): what `SpeculativeDecoder` checks a schedule object for.
+# The members of a `Schedule`: what `SpeculativeDecoder` checks a schedule object for.
 SCHEDULE_REQUIRED = ("k_max", "uses_confidence", "reset", "next_k", "keep_drafting", "trim", "observe", "report")
+
+
+class SyncFreeHints(Protocol):
+    """Optional members a schedule may declare for the engine's sync-free paths (absent: False, the
+    safe choice). They are not part of the `Schedule` contract: they only let a step skip a host read
+    on a GPU, and change no token.
+
+    fixed_k:      `next_k` always returns `k_max`, so a greedy draft model may chain its k passes in
+                  one compiled call (`DraftModelProposer`, under compile=on).
+    reads_offers: `trim` reads `proposal.lengths` before the step's own read, so a lookup must bring
+                  its match lengths to the host (`NgramProposer` on a GPU leaves them on the device
+                  otherwise).
+    """
+
+    fixed_k: bool
+    reads_offers: bool
 
 
 class Decoder(Protocol):
