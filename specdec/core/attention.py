@@ -225,9 +225,8 @@ def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
     Why: transformers' SDPA path repeats the keys and values to H heads first (`repeat_kv`, a copy of
     the whole cache per layer and pass) for several queries with a mask, and under dynamo always;
     without a mask it asks SDPA for grouped-query attention, whose CPU kernel for one query in bfloat16 is
-    slow. On the embedded SmolLM2 (9 query heads over 3 key heads, bfloat16, one CPU thread) an
-    eager one-token pass after 660-769 tokens costs 0.82x what transformers' path costs
-    (experiments/gpu/eager_attention.py), and compiled, a 512-key pass cost what a 64-key one did.
+    slow. Without the copy a pass over a long cache is cheaper eagerly, and compiled a large key
+    bucket costs about what a small one does (experiments/gpu/LOG.md, "Runs 11-14" and "Runs 6-10").
 
     Passes this form does not cover go to transformers' SDPA unchanged: no grouping, a causal pass
     without a mask (a prefill: its causality is SDPA's `is_causal`, which the regrouped queries

@@ -43,8 +43,10 @@ DTYPE_NAMES = tuple(_DTYPES)  # what `dtype=` takes besides auto
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
     """`auto` is bfloat16 on a GPU, and on a CPU with native bfloat16 matrix units (AVX512-BF16 or
-    AMX); float32 otherwise. Measured on a 2-core AVX512-BF16 CPU with SmolLM2-135M: bfloat16 costs
-    27 ms for 1 token and 35 ms for 17, float32 41 ms and 97 ms (experiments/benchmarks)."""
+    AMX); float32 otherwise. With those units bfloat16 is faster and scoring several tokens costs
+    little more than one, which is what speculation needs (experiments/benchmarks/LOG.md, "Where the
+    time of a step goes"); without them bfloat16 is emulated and its cost grows with the tokens
+    scored (experiments/gpu/LOG.md, "Widths")."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":

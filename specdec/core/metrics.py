@@ -4,7 +4,7 @@
 prompt); `GenerationStats` holds the rows of one `generate` call. The module-level functions are the
 definitions of the derived metrics, on plain counts, so that the decoder's statistics, the
 experiment's per-prompt results and the report's per-category summaries all compute them the same
-way. Where vLLM publishes a metric, it has vLLM's name (README, "Metrics"):
+way. Where vLLM publishes a metric, it has vLLM's name (docs/metrics.md):
 
 - `acceptance_rate` alpha = accepted / proposed drafts (vLLM: `draft_acceptance_rate`);
 - `mean_accepted_length` tau = emitted tokens / target passes, bonus and recovered included, steps
