@@ -25,8 +25,8 @@ The drafted levels are scratch in the drafter's cache: it rolls back to the caug
 the next step re-feeds the accepted tokens with the target's true features.
 
 Under `compile=on` the drafter's passes run compiled at the target's width and key buckets over
-pooled buffers (`specdec.accel.compiled.CompiledModule`); the output head stays eager (compiled, it
-measured the same).
+pooled buffers (`specdec.accel.compiled.CompiledModule`); the output head stays eager: compiling it
+did not make a step faster (experiments/gpu/LOG.md, "Output heads").
 
 Nodes are deterministic choices (a one-hot q), so greedy verification gives the target's greedy
 output and recursive rejection sampling keeps its distribution at any temperature.

@@ -2,10 +2,11 @@
 one checkpoint format.
 
 Medusa heads and the EAGLE-style drafter both end in the target's own frozen output head. On a CPU
-that head dominates their cost (SmolLM2: a 49,152 x 576 matrix, ~6.7 ms a token in bfloat16 against
-~0.9 ms for a decoder layer), so a checkpoint may carry `vocab_ids`, the most frequent tokens of its
-training text (FR-Spec, Zhao et al. 2025): the head then computes only those rows and can propose
-only those tokens. Verification is unchanged, so this costs acceptance, never correctness.
+that head dominates their cost (SmolLM2: a 49,152 x 576 matrix, several times a decoder layer's
+weights; experiments/gpu/LOG.md, "Output heads"), so a checkpoint may carry `vocab_ids`, the most
+frequent tokens of its training text (FR-Spec, Zhao et al. 2025): the head then computes only those
+rows and can propose only those tokens. Verification is unchanged, so this costs acceptance, never
+correctness.
 
 A checkpoint is one safetensors file (`embedded`: the one shipped for the embedded target): the trained tensors, `vocab_ids` when reduced, and metadata
 (`kind`, shapes, and the name and size of the target it was trained for), checked against the target
@@ -64,7 +65,8 @@ class OutputHead:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [..., H] -> logits over the head's vocabulary [..., V'] (the kernel, linear or
-        `hidden @ weight.T`, made no difference beyond noise to an EAGLE step: experiments/gpu)."""
+        `hidden @ weight.T`, makes no difference to an EAGLE step: experiments/gpu/LOG.md,
+        "Runs 11-14")."""
         return final_logits(torch.nn.functional.linear(hidden, self.weight, self.bias), self.scale, self.cap)
 
     def token_ids(self, index: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,8 @@ tree step, so h is simply the last valid entry.
 
 Under `compile=on` the heads, the output head and the top-k run as one compiled call
 (`specdec.accel.compiled.CompiledCall`): the output head is the target's whole vocabulary, and its
-matmul for a few rows cost 1.4-2x as much eagerly as compiled on a CPU.
+matmul for a few rows costs far less compiled, with its weight packed once (experiments/gpu/LOG.md,
+"Output heads").
 
 Greedy verification makes the output the target's greedy output; at temperature > 0 the nodes are
 deterministic, a one-hot q, and recursive rejection sampling keeps the target's distribution.
@@ -34,11 +35,10 @@ from specdec.proposers.heads import OutputHead, load_checkpoint
 
 # A CPU-sized tree: the heads' top two guesses for the next token and the top guess after the first.
 # Medusa's GPU trees have 60+ nodes; on a CPU each node costs a scored token, and the shipped heads'
-# deeper guesses are rarely accepted (depth 3: 0.11, depth 4: 0.00). Against the earlier 9-node
-# default this tree gave 0.74x vs 0.62x plain decoding (float32), 0.68x vs 0.40x (bfloat16 on a CPU
-# without bfloat16 units), 0.98x vs 0.92x (bfloat16 with them), and under compile=on 1.10x vs 0.91x
-# (experiments/trees, "Medusa's tree"; experiments/gpu, runs 23-24). A GPU, where scoring a few dozen
-# tokens costs about as much as one, wants a wider tree: method.tree=.
+# deeper guesses are rarely accepted, so this tree is faster than the earlier 9-node default in both
+# dtypes and compiled (experiments/trees/LOG.md, "10. Medusa's tree"; experiments/gpu/LOG.md,
+# "Output heads", runs 21-24). A GPU, where scoring a few dozen tokens costs about as much as one,
+# wants a wider tree: method.tree=.
 DEFAULT_TREE = [[0], [1], [0, 0]]
 
 
