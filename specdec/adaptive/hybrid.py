@@ -32,9 +32,10 @@ one part alone (taking plain steps where it cannot pay). Every step values each 
 hindsight comparison below does, over decayed sums, and follows another strategy once it leads the
 one followed by `margin` (`_stand`): by its own estimates, never lastingly slower than its best
 part. The sums start afresh with each request (`standing="request"`, the default) or are kept
-across requests per batch size (`"batch_size"`). Per request measured faster on Spec-Bench at batch
-1 (experiments/policy): kept across requests, the leader of the first prompts (a lookup alone) was
-followed on later prompts of another kind, where the trained drafter does better.
+across requests per batch size (`"batch_size"`). Per request is the default because, kept across
+requests, the leader of the first prompts (a lookup alone) was followed on later prompts of another
+kind, where the trained drafter does better (experiments/policy/LOG.md, "The hybrid's leader chosen
+per request").
 
 `report()` gives, per generation, the part chosen at each step ("plain" for none), how often each
 won, each fixed option's speed and that of the choices made (relative to plain decoding), and the
@@ -166,8 +167,8 @@ class HybridProposer:
         # A chain never timed is tried first, one token: a draft model's first steps cost little. A
         # tree is not: its first try scores its whole width, so it is valued as any plan (drafting
         # free until measured) and taken where that width pays or when exploring is due. Tried
-        # blind, EAGLE scored its 4 nodes in the first two steps of a batch of 16, which cost 2.3
-        # plain steps each (the first step of a shape is not measured), and was never chosen after.
+        # blind, a tree paid its whole width where it could not pay, and was never chosen after
+        # (experiments/policy/LOG.md, "A tree part's first try").
         untimed = [n for n in self.parts if planner.costs.blind(n, b) and n not in planner.nodes]
         if untimed:
             return self._use(untimed[0], self._timed(untimed[0], state, 1), 1)

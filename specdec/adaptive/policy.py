@@ -10,23 +10,22 @@ tokens per row costs, in units of a plain step (T = 1, no drafting) at this batc
     c(source, B, k) + rho(B, T)
 
 c: drafting (the proposer, and the policy's own bookkeeping); rho: the rest of the step (the target
-pass over B x T tokens, verification, commit, the loop). Both are learned from the run's own
-clocks, per batch size (`CostModel`), as ratios taken seconds apart, so that a machine whose speed
-changes under other load still compares like with like. Scoring width is almost free at batch 1
-and expensive at batch 16 (SmolLM2 bfloat16 on this CPU, 150-token context: T = 9 cost 1.25x
-T = 1 at batch 1, 2.8x at batch 16). Row b emits E_b(l) = 1 + sum_{i<=l} prod_{j<=i} a_{b,j}
-tokens when it offers l drafts, with a_{b,j} the acceptance of draft j given the ones before it
-were accepted (`AcceptanceModel`). The plan with the most tokens per unit of cost wins, its tokens
-valued as the decoder's static batches pay for them (`objective="makespan"`, `Planner.worth`): a
-batch ends with its last row, so a step counts what it takes off the most tokens any row still has
-to emit (with rows alike, min_b E_b per row); `throughput` counts sum_b E_b, for a server that
-refills finished rows. Plain decoding (k = 0, T = 1, cost 1) is always a candidate, and a
-speculative plan must beat it by `margin`, so when drafting cannot pay the step is a plain one.
-Decisions price the extra cost of width, rho - 1, at 1 + `width_error` (1.5) times what was
-learned (`Planner.rest`): at batch 4 the policy learned
-that a 2-wide step costs 1.17 plain steps, an isolated pass measured 1.15, and the run's drafting
-steps cost 1.27 in process CPU time, so steps predicted to gain a few percent were taken and lost
-(experiments/policy). A flat 10% margin instead also dropped batch 1's cheap drafts.
+pass over B x T tokens, verification, commit, the loop). Both are learned from the run's own clocks,
+per batch size (`CostModel`), as ratios taken seconds apart, so that a machine whose speed changes
+under other load still compares like with like. Scoring width is almost free at batch 1 and
+expensive at batch 16 (experiments/policy/LOG.md, "Where the loss came from"). Row b emits
+E_b(l) = 1 + sum_{i<=l} prod_{j<=i} a_{b,j} tokens when it offers l drafts, with a_{b,j} the
+acceptance of draft j given the ones before it were accepted (`AcceptanceModel`). The plan with the
+most tokens per unit of cost wins, its tokens valued as the decoder's static batches pay for them
+(`objective="makespan"`, `Planner.worth`): a batch ends with its last row, so a step counts what it
+takes off the most tokens any row still has to emit (with rows alike, min_b E_b per row);
+`throughput` counts sum_b E_b, for a server that refills finished rows. Plain decoding
+(k = 0, T = 1, cost 1) is always a candidate, and a speculative plan must beat it by `margin`, so
+when drafting cannot pay the step is a plain one. Decisions price the extra cost of width, rho - 1,
+at 1 + `width_error` (1.5) times what was learned (`Planner.rest`): the clocks learn less extra cost
+than drafting steps really pay, so without it steps predicted to gain a few percent were taken and
+lost, and a larger flat margin instead also dropped batch 1's cheap drafts
+(experiments/policy/LOG.md, "Where the loss came from", item 5).
 
 Learning without losing:
 - Costs: the steps at a new batch size are plain (no loss) until one is measured, and so is one in
@@ -35,25 +34,24 @@ Learning without losing:
   are read off the measured ones (interpolated, extrapolated with a non-negative slope, flat where
   nothing else is known), and a step scores at most one token per row more than the widest width
   measured at its batch size (`Planner.widest`): widths are learned upwards one at a time, so
-  finding out costs at most one step one token wider than known (at batch 16 on this CPU a first
-  step 7 wide, taken when only T = 1 was known, cost 3.4 plain steps). A token tree, never cut, may
-  also take a width measured at a smaller batch size, priced no lower than it cost there: width
-  costs more the larger the batch (`CostModel.floor`). Every estimate is a median
-  over the last `window` observations.
+  finding out costs at most one step one token wider than known (a step far wider than any known
+  width can cost several plain steps: experiments/policy/LOG.md, "Where the loss came from",
+  item 2). A token tree, never cut, may also take a width measured at a smaller batch size, priced
+  no lower than it cost there: width costs more the larger the batch (`CostModel.floor`). Every
+  estimate is a median over the last `window` observations.
 - Confirming: a cost measured fewer than `confirm` (3) times does not rule drafting out on its own
   word. A plan that loses to plain decoding only through such a cost (it would win were that cost
-  zero) is taken anyway until the cost has its `confirm` measurements; the median then rejects a single outlier. A width is measured again in a
-  step that pairs with the one before (a step of another width), if it measured above what scoring
-  each token in a plain step of its own would cost (within that, it is taken at its word: at batch
-  16 a width confirmed that way cost two steps each predicted to lose 38%); drafting k, in any step drafting k
-  (after a pause that step also catches up, so it counts only when cheaper: an upper bound); the
-  switch cost, in the next step that drafts after a step without. A cost borrowed from another
-  batch size is confirmed at that batch size, not by drafting at this one.
+  zero) is taken anyway until the cost has its `confirm` measurements; the median then rejects a
+  single outlier. A width is measured again in a step that pairs with the one before (a step of
+  another width), if it measured above what scoring each token in a plain step of its own would
+  cost (within that, it is taken at its word: confirming a width that was merely expensive spends
+  steps that lose; experiments/policy/LOG.md, "Three defects the rerun found"); drafting k, in any
+  step drafting k (after a pause that step also catches up, so it counts only when cheaper: an
+  upper bound); the switch cost, in the next step that drafts after a step without. A cost
+  borrowed from another batch size is confirmed at that batch size, not by drafting at this one.
   Otherwise one stalled step on a shared machine stopped drafting for good, since what is never
-  taken is never measured again (0.5 s in a 30 ms step of the embedded target: its first 2-wide
-  step measured at 17 plain steps; in EAGLE's drafting, depth 1 at 8.8; in suffix decoding's first
-  proposal after a plain step at batch 4, a switch cost of 15). Finding out costs at most
-  `confirm` - 1 steps per width, k or switch cost that really loses.
+  taken is never measured again (experiments/policy/LOG.md, "One stalled step (`confirm`)").
+  Finding out costs at most `confirm` - 1 steps per width, k or switch cost that really loses.
 - Acceptance: decayed counts per draft position, each shrunk to the position before it (the
   first to a prior); a per-row factor for the rows of the current batch (a summarization row and
   a QA row differ). When the policy stops drafting
@@ -162,8 +160,8 @@ def model_cost_hint(proposer, engine) -> float | None:
 class CostModel:
     """Step costs in units of a plain step at the same batch size, at the same moment.
 
-    The machine's speed changes under other load (a shared CPU: a plain SmolLM2 step took 66 ms in
-    one minute and 420 ms in another), so absolute timings taken minutes apart cannot be compared.
+    The machine's speed changes under other load (a shared CPU), so absolute timings taken minutes
+    apart cannot be compared.
     Ratios taken seconds apart can:
     - rho(B, T) = R(B, T) / R(B, 1), the rest of a step that scores T tokens per row: from pairs of
       consecutive steps of different widths (log ratio, median per pair of widths), solved by
@@ -264,10 +262,9 @@ class CostModel:
         steps, and a step of that width now would measure it again: the last step at b (this
         generation) had another width, and the two form a pair. Consecutive steps of one width form
         no pair. A pass scoring t tokens per row costs at most t passes scoring one, so only a
-        width measured above that is suspect (a 0.5 s stall in the embedded target's first 2-wide
-        step: 17 plain steps). One measured within it is taken at its word: at batch 16, where 5
-        tokens a row cost 2.1 plain steps, confirming that width took two more 5-wide steps that
-        were predicted to lose 38% against plain decoding."""
+        width measured above that is suspect (a stall). One measured within it is taken at its
+        word: confirming a width that is merely expensive spends steps predicted to lose
+        (experiments/policy/LOG.md, "Three defects the rerun found")."""
         n = self.measured.get(b, {}).get(t, 0)
         return t > 1 and 0 < n < self.confirm and b in self.last and self.last[b][0] != t and self.rest(b, t) > t
 
@@ -275,10 +272,9 @@ class CostModel:
         """Drafting k at batch size b was measured fewer than `confirm` times: a step drafting k now
         measures it again (steadily, or, after a pause, as an upper bound: see `add_step`). At most
         `confirm` such steps may tell nothing (a bound above the estimate), so confirming ends.
-        A cost borrowed from another batch size (`nearest`) is confirmed there, not here: the target
-        drafting for itself, measured fewer than `confirm` times in a batch-1 warm-up of 8 tokens,
-        was otherwise tried for four steps at each new batch size, the first of them a prefill of
-        the whole batch for the draft (0.91x plain decoding at batch 4)."""
+        A cost borrowed from another batch size (`nearest`) is confirmed there, not here: otherwise
+        an unconfirmed cost was tried again at each new batch size, the first try a prefill of the
+        whole batch for the draft (experiments/policy/LOG.md, "Three defects the rerun found")."""
         timings = self.draft.get((source, b))
         n = len(timings.obs.get(k, ())) if timings is not None else 0
         return 0 < n < self.confirm and self.futile.get((source, b, k), 0) < self.confirm
@@ -296,7 +292,7 @@ class CostModel:
         """rho(B, T): the rest of a step scoring t tokens per row, in plain steps (1.0 for t = 1).
         Between measured widths: interpolated in log space. Beyond the widest: extrapolated linearly
         in rho along the measured widths' least-squares slope (never negative): a step's cost grows
-        about linearly with the tokens it scores once the pass is compute-bound (batch 16 on this
+        about linearly with the tokens it scores once the pass is compute-bound (a large batch on a
         CPU), and an exponential would price wide steps out at batch 1; never below what a smaller
         batch size measured at that width (`floor`). With nothing known, 1.0."""
         if (b, t) in self._rests:
@@ -313,8 +309,7 @@ class CostModel:
     def floor(self, b: int, t: int) -> float | None:
         """rho(b', t) at the largest batch size b' < b whose measured widths reach t: a lower bound
         on rho(b, t), since the extra cost of width grows with the batch size (the pass moves from
-        reading weights towards computing: T = 9 cost 1.25x T = 1 at batch 1 on this CPU, 2.8x at
-        batch 16). None when no smaller batch size measured that wide."""
+        reading weights towards computing). None when no smaller batch size measured that wide."""
         smaller = [s for s in self.pairs if s < b and self.widest(s) >= t]
         return self.rest(max(smaller), t) if smaller else None
 
@@ -342,9 +337,8 @@ class CostModel:
         `hints` entry (a prior per drafted token, e.g. a draft model's share of the target's
         parameters, which small models rarely beat), else 0 (optimistic). A cost borrowed from
         another batch size is never below that prior: a draft model's catch-up pass scores the
-        tokens it missed, and that width, nearly free at batch 1, is not at 16 (the target
-        drafting for itself: 0.78 plain steps a token at batch 1, 1.15 at batch 16, where the
-        borrowed 0.78 had it draft, and lose, for four steps)."""
+        tokens it missed, and that width, nearly free at batch 1, is not at 16 (experiments/policy/LOG.md,
+        "A draft model's prior")."""
         if k == 0:
             return 0.0
         timings = self.nearest(self.draft, source, b)
@@ -400,11 +394,10 @@ class AcceptanceModel:
     def rates(self, row: int | None = None, optimistic: bool = False) -> list[float]:
         """a_i for i = 1..k_max (for `row` of the current batch when given). Position 1 is shrunk
         to `prior`, position i > 1 to the estimate of position i - 1: deep positions are reached
-        rarely, and with a flat prior they stayed at it (n-gram lookup at batch 4 on short
-        Spec-Bench prompts learned [0.41, 0.50, 0.50, ...] while 17-31% of its drafts were
-        accepted), so long drafts looked worth scoring. `optimistic`: a_1 plus `optimism` standard
-        deviations of its estimate (sqrt(a (1 - a) / n), n its decayed verdicts and the prior's
-        weight), the deeper positions shrunk to that: high while few verdicts are in."""
+        rarely, and with a flat prior they stayed at it, so long drafts looked worth scoring
+        (experiments/policy/LOG.md, "Where the loss came from", item 4). `optimistic`: a_1 plus
+        `optimism` standard deviations of its estimate (sqrt(a (1 - a) / n), n its decayed verdicts
+        and the prior's weight), the deeper positions shrunk to that: high while few verdicts are in."""
         w, p = self.prior_weight, self.prior
         pooled, shrink_to = [], p
         for i, (a, r) in enumerate(zip(self.accepted, self.reached)):
@@ -562,9 +555,9 @@ class Planner:
         `throughput`: their sum, right when a finished row's slot goes to a waiting request.
         `makespan`: a static batch (the decoder's) ends with its last row, so a step is worth what
         it takes off the most any row still has to emit, D = max(rooms) - max(room - tokens), per
-        row (plain: D = 1; rows alike: the fewest tokens of any row). Counted as throughput, the
-        hybrid's batch of 4 drafted in 31-35 of its 56-58 steps for 5-7 steps fewer than plain
-        decoding's 63: the tokens won went to rows that ended first (experiments/policy)."""
+        row (plain: D = 1; rows alike: the fewest tokens of any row). Counted as throughput, a
+        static batch drafted for rows that ended first, whose tokens buy nothing (experiments/policy/LOG.md,
+        "What a step of a static batch is worth (`objective`)")."""
         if self.objective == "throughput" or len(tokens) <= 1:
             return float(sum(tokens))
         if rooms is None:
@@ -579,10 +572,10 @@ class Planner:
 
     def rest(self, b: int, t: int) -> float:
         """rho(B, T) as decisions price it: what scoring T > 1 tokens per row costs beyond a plain
-        step, times 1 + `width_error` (the error seen in that extra: at batch 4 the policy learned
-        1.17 plain steps for a 2-wide step, and the run's drafting steps cost 1.27 in process CPU
-        time, 60% more extra). The base step is known well (it is the unit); only the extra is
-        uncertain, so batch 1's nearly free widths stay nearly free."""
+        step, times 1 + `width_error`: drafting steps pay more extra than the clocks learn
+        (experiments/policy/LOG.md, "Where the loss came from", item 5). The base step is known
+        well (it is the unit); only the extra is uncertain, so batch 1's nearly free widths stay
+        nearly free."""
         rho = self.costs.rest(b, t)
         return 1.0 + (rho - 1.0) * (1.0 + self.width_error) if rho > 1.0 else rho
 
@@ -601,8 +594,8 @@ class Planner:
         learned upwards, see `widest`), or was measured at a smaller batch size, which prices it
         from below (`CostModel.floor`); a chain's always is (its k is capped instead). A tree is
         never cut, so its width cannot be learned a token at a time: without the smaller batch
-        size, a tree method drafted at no batch size but its first (EAGLE + policy at batch 4 and
-        16: no step drafted, with width 5 measured at batch 1)."""
+        size, a tree method drafted at no batch size but its first (experiments/policy/LOG.md, "Trees at a new
+        batch size")."""
         if source not in self.nodes:
             return True
         t = 1 + self.nodes[source]
@@ -647,8 +640,8 @@ class Planner:
         costly as the target): such a source is neither chosen nor explored."""
         plans = []
         # A tree is never cut: it is worth its whole width only. Valued at its best cut, a losing
-        # tree was priced at no width at all (plain scoring plus its drafting), and the hybrid
-        # explored EAGLE at batch 16 every 30 steps, each step costing 2.1 plain steps of scoring.
+        # tree was priced at no width at all (plain scoring plus its drafting), so the hybrid kept
+        # exploring costly trees (experiments/policy/LOG.md, "What a plan is worth").
         trimmable = trimmable and source not in self.nodes
         top = self.k_max if cap is None else min(cap, self.k_max)
         if source not in self.nodes:
@@ -657,8 +650,8 @@ class Planner:
             return None  # its trees are wider than anything measured here yet
         extra = sunk + (self.costs.switch_cost(source, b) if switching else 0.0)
         # Its plans carry their optimistic value for exploring (`choose`); a lookup's offers, valued
-        # after proposing (`best_keep`), do not: there it measured no gain and a loss of 4-6% at
-        # batch 4 and 16 (wider exploring steps), within the noise but in 5 of 6 cells.
+        # after proposing (`best_keep`), do not: there its wider exploring steps lost time at the
+        # larger batch sizes (experiments/policy/LOG.md, "Exploring at an optimistic acceptance").
         model = self.model(source)
         curves = [model.curve(r, asked=True) for r in rows]
         hopes = [model.curve(r, asked=True, optimistic=True) for r in rows] \
@@ -779,11 +772,9 @@ class StepClock:
     """Times the rest of each step (from its start to the next step's start, less drafting) and
     hands it to the cost model. The last step of a generation is not measured (what follows it is
     not a step), nor is the first step of each shape (B, T): it pays one-time costs, the CPU's
-    kernels built for new matrix shapes among them (the embedded target's first plain step at
-    batch 2 took 39 ms, the next ones 26-30). As the first step at a batch size it was the
-    reference of every cost after it: the target drafting for itself at batch 2 then priced a
-    2-wide step at 0.85 plain steps and drafted in all 31 steps. The cost model pairs the next
-    step with the one before the unmeasured one."""
+    kernels built for new matrix shapes among them. As the first step at a batch size it was the
+    reference of every cost after it, so drafting looked cheap (experiments/policy/LOG.md, "Three defects the
+    rerun found"). The cost model pairs the next step with the one before the unmeasured one."""
 
     def __init__(self):
         self.start: float | None = None
