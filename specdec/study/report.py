@@ -31,8 +31,8 @@ Definitions (DESIGN.md's vocabulary), for a group of prompts (a category, or all
   bookkeeping, so measured below predicted means time goes outside drafting and scoring.
   predicted_speedup_with_prefill adds the method's measured prefill (which gives each generation its
   first token) and compares with the baseline's measured tokens/s: the end-to-end prediction
-  (checked with forced acceptance in experiments/measurement). At batch size 1: with batches a
-  row's ttft_s is its batch's.
+  (experiments/measurement/LOG.md, "2. The cost model, checked with forced acceptance"). At batch
+  size 1: with batches a row's ttft_s is its batch's.
 - matches_baseline (greedy only): the fraction of prompts whose output tokens equal the baseline's.
 
 - ttft_s = the mean over prompts of each prompt's time to first token (its mean over turns for a
@@ -44,7 +44,8 @@ Timings are per prompt at batch_size 1; with larger batches each row carries an 
 batch's wall, draft and verify times (see `experiment.py`), so per-category figures are approximate
 there, totals exact.
 - exact_greedy (per method): `on`, `off`, or `not applied: <why>` where a greedy run asked for it and
-  the method cannot have it (README, numerics); the table says so under its last line.
+  the method cannot have it (docs/engine.md#numerics-and-exact-greedy); the table says so under its
+  last line.
 """
 
 from __future__ import annotations

@@ -136,7 +136,8 @@ class PromptResult:
     lossless: bool = True
     verifier: str | None = None
     acceptance_measured: bool = True  # False when drafts happen out of sight (the transformers anchors)
-    exact_greedy: bool = False  # whether every greedy scoring pass ran at the fixed width (README, numerics)
+    # every greedy scoring pass ran at the fixed width (docs/engine.md#numerics-and-exact-greedy)
+    exact_greedy: bool = False
     reports: list[dict] = field(default_factory=list)  # per turn: what the proposer / schedule chose
 
     # ---------------------------------------------------------------- building
@@ -269,8 +270,8 @@ class Totals:
 @dataclass(frozen=True)
 class MethodSummary:
     """One method over one group of prompts, against the baseline on the same prompts: a block of
-    summary.json (`methods.<name>.overall`, `methods.<name>.categories.<category>`). README,
-    "Metrics", defines every number; `measure` computes them with specdec.core.metrics."""
+    summary.json (`methods.<name>.overall`, `methods.<name>.categories.<category>`). docs/metrics.md
+    defines every number; `measure` computes them with specdec.core.metrics."""
 
     num_prompts: int = 0
     new_tokens: int = 0
@@ -381,7 +382,8 @@ class MethodResults:
     categories: dict[str, MethodSummary] = field(default_factory=dict)
     lossless: bool = True
     verifier: str | None = None
-    # "on", "off", or "not applied: <why>" (README, numerics); None in files written before it existed
+    # "on", "off", or "not applied: <why>" (docs/engine.md#numerics-and-exact-greedy); None in files
+    # written before it existed
     exact_greedy: str | None = None
 
     @classmethod
