@@ -9,7 +9,7 @@ protocol (`specdec.core.types`), so the core never imports from here.
 compile:       `off`, `on` (passes of up to 16 tokens through `torch.compile` at bucketed static shapes),
                `autotune` (on, with inductor's GEMM autotuning), `frozen` (on, weights frozen into
                the graphs on CUDA too) or `auto` (on for CUDA, off on a CPU). Why `auto` keeps a CPU
-               eager: experiments/gpu.
+               eager: experiments/gpu/LOG.md, "Runs 11-14".
 cuda_graphs:   under compile on CUDA: `trees` (inductor's CUDA graphs), `explicit` (captured per call
                shape by specdec) or `static`.
 packed_linear: `auto` (on where passes run eagerly in float32 on a CPU), `on` or `off`.

@@ -3,8 +3,8 @@
 A serial speculative step ends with a read: the host learns how many drafts each row accepted, and
 only then builds the next step's inputs (which tokens the draft catches up on, where the target's
 pass writes) and launches it. On a GPU running compiled graphs that read, the host's bookkeeping
-and the next launches are time the device sits idle: on the H200 a compiled step of forced
-acceptance took 4.46 ms with the device busy at most 2.85 of them (experiments/gpu/README.md).
+and the next launches are time the device sits idle, waiting for the host (experiments/gpu/LOG.md,
+"NVIDIA H200: first measurements").
 
 Here nothing the next step needs goes through the host. Per row the device holds L, the tokens
 committed (`seq_lens`), and a step works from it alone:
@@ -36,7 +36,7 @@ the drafts accepted) to this one's, as one graph per key (`CompiledForward.at_ke
 passes: the key buckets and clamps the host decides from its bounds), its compiled calls run inline
 (`specdec.accel.compiled.inline_calls`). A step is then one replay, its inputs copied in and its outcome
 copied out, instead of two graph calls and some forty small operators: the host's work of a step,
-which the device waited for (experiments/gpu/README.md, run 3). A verifier that draws gets its
+which the device waited for (experiments/gpu/LOG.md, "NVIDIA H200: run 3"). A verifier that draws gets its
 uniforms as an input, drawn before the step as the serial loop draws them (`ForcedVerifier.draw`);
 other verifiers than greedy and forced acceptance are not captured, and a capture the device refuses
 leaves the steps uncaptured (a warning; `reports.pipeline.step_graph_error`). Captured steps time

@@ -44,8 +44,8 @@ from specdec.core.verify import make_verifier
 # Exact greedy in reduced precision (bfloat16): the logits of a token depend, in their last bits, on
 # the shapes of the pass that scored it: its width (a 1-row matrix product takes other kernels than a
 # 5-row one) and the key length attention runs over (SDPA's CPU kernel blocks the keys by length).
-# So under exact greedy every pass has the same width and attends over the whole cache buffer (see
-# experiments/measurement for what was measured). EXACT_WIDTH is the default width: k <= 7.
+# So under exact greedy every pass has the same width and attends over the whole cache buffer
+# (experiments/measurement/LOG.md, "1. Exact greedy in bfloat16"). EXACT_WIDTH is the default width: k <= 7.
 EXACT_WIDTH = 8
 OVERLAP_MODES = ("auto", "on", "off", True, False)
 
@@ -395,7 +395,7 @@ class SpeculativeDecoder:
     def exact_greedy_blocked(self) -> str | None:
         """Why exact greedy cannot apply to this decoder (None: it can). A greedy run where it cannot
         is still the target's greedy decoding in float32, but in bfloat16 may drift from plain decoding
-        at near-ties (README, numerics); results say so (`exact_greedy` in results and summary)."""
+        at near-ties (docs/engine.md#numerics-and-exact-greedy); results say so (`exact_greedy` in results and summary)."""
         if getattr(self.proposer, "num_nodes", 0):
             return ("a token tree is scored with its own positions and an ancestors-only mask, and its "
                     "nodes' keys sit apart in the cache, so a node's logits are summed in another order "
