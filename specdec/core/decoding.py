@@ -294,10 +294,11 @@ class SpeculativeDecoder:
             runner.run()
         while any(state.active):
             k = self.schedule.next_k(state) if self.speculative else 0
+            k = min(k, max(state.open_rows().values()) - 1)  # never draft past what can still be emitted
             draft_before, verify_before = draft_t.total, verify_t.total
             with draft_t:  # 1. propose, checked and cut to its longest row (`specdec.core.contract`)
                 proposal = check_proposal(self.proposer, self.proposer.propose(state, k), state, k, target.vocab_size)
-                proposal = self.schedule.trim(state, proposal)
+                proposal = _capped(state, self.schedule.trim(state, proposal))
             with verify_t:
                 logits = self.score(state, proposal)  # 2. score
                 result = verifier(logits, proposal, sampling, state.generator)  # 3. verify
@@ -456,6 +457,26 @@ class SpeculativeDecoder:
             rows, columns, values = to_device(written, state.tokens.device).T
             state.tokens[rows, columns] = values
         return emitted
+
+
+def _capped(state: DecodeState, proposal: Proposal) -> Proposal:
+    """Each row's drafts cut to what it can still emit less one (`room - 1`: the step's recovered or
+    bonus token is the last), so that no step drafts past `max_new_tokens` and a drafter that is always
+    right reports acceptance 1.0 (transformers' assisted generation caps its drafts alike). A tree is
+    capped by the step's k, its depth, which the loop sets from the row with the most room."""
+    if isinstance(proposal, TreeProposal) or proposal.max_length == 0:
+        return proposal
+    caps = [max(state.room(b) - 1, 0) if on else 0 for b, on in enumerate(state.active)]
+    if all(n <= c for n, c in zip(proposal.lengths, caps)):
+        return proposal
+    lengths = [min(n, c) for n, c in zip(proposal.lengths, caps)]
+    device_lengths = None
+    if proposal.device_lengths is not None:  # a bound on the host, the lengths on the device: no read
+        device_lengths = torch.minimum(proposal.device_lengths, to_device(caps, proposal.device_lengths.device))
+    width = max(lengths)
+    probs = proposal.probs[:, :width] if proposal.probs is not None else None
+    host = [row[:n] for row, n in zip(proposal.host_tokens, lengths)] if proposal.host_tokens is not None else None
+    return Proposal(proposal.tokens[:, :width], lengths, probs, device_lengths, host)
 
 
 def _read_step(proposal: Proposal, result) -> tuple[list[int], list[list[int]], list[list[int]] | None]:
