@@ -13,6 +13,8 @@ returning prompts and one such file):
 - `hf`: anything `datasets.load_dataset` can open: local json/jsonl/csv/parquet files, a local
   dataset folder, or a hub name when a network exists (kept offline unless the caller says
   otherwise); and a plain .txt file, one prompt per non-blank line.
+- `speed_bench`: SPEED-Bench (https://huggingface.co/datasets/nvidia/SPEED-Bench), read from local
+  files; see below.
 
 Prompt files must be UTF-8: a byte that is not, or a lone surrogate from a JSON escape, fails naming
 the file and the line here, rather than deep inside a tokenizer later.
@@ -23,13 +25,30 @@ start with turn 1's input + answer ids only when the answer ids are the tokenize
 answer text and the template re-renders earlier turns unchanged (true for SmolLM2-135M-Instruct); a
 model may generate another tokenization of the same text, and some templates strip or rewrite earlier
 turns. So a caller reuses the KV cache up to `common_prefix_len` and feeds only the rest.
+
+SPEED-Bench's published format (its dataset card, https://huggingface.co/datasets/nvidia/SPEED-Bench,
+and the readers of NeMo-Skills' nemo_skills/dataset/speed-bench/prepare.py, vLLM's `--dataset-name
+speed_bench`, SGLang's bench_serving and AIPerf's docs/tutorials/speed-bench.md). Six subsets (the hub's
+configs, one split `test` each): `qualitative`, 880 prompts in 11 categories, and `throughput_1k`,
+`_2k`, `_8k`, `_16k`, `_32k`, 1,536 prompts of about that many input tokens each, whose `category` is
+an entropy tier (`low_entropy`, `mixed`, `high_entropy`, 512 each). A row holds `question_id` (32 hex
+characters), `category`, `sub_category`, `turns` (the user turns), `source`, `src_id`, `difficulty` and
+`multiturn`. The hub's parquet files hold a placeholder instead of the prompts whose sources forbid
+redistribution, so they are prepared first: NeMo-Skills' prepare.py writes `<subset>.jsonl`, with
+`turns` turned into `messages` ([{role: user, content}], the JSONL that vLLM, SGLang and AIPerf read),
+and NVIDIA Model-Optimizer's examples/specdec_bench writes `test.parquet` with `turns`. `data.path` is
+such a file, or a folder holding `<subset>.jsonl`, `<subset>.parquet` or a folder `<subset>/` of them.
+A qualitative prompt's category is its own; a throughput prompt's is `<bucket>-<tier>` (`8k-low_entropy`),
+so results of several buckets stay apart. The field names are configurable (`data.id_field`,
+`data.category_field`, `data.source_args.turns_field`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -45,6 +64,12 @@ SPEC_BENCH_RESOURCE = "data/spec_bench/question.jsonl"  # inside the package, wi
 # Local files `datasets` reads with a packaged builder, by extension; .txt is read here, a line a prompt.
 HF_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 HF_FILE_TYPES = (*HF_BUILDERS, ".txt")
+# SPEED-Bench: its subsets (a throughput subset is `throughput_<bucket>`), the entropy tiers that are the
+# throughput rows' categories, the text the hub ships where a prompt may not be redistributed, its files.
+SPEED_BENCH_SUBSET = re.compile(r"qualitative|throughput_(\d+k)")
+SPEED_BENCH_TIERS = ("low_entropy", "mixed", "high_entropy")
+SPEED_BENCH_PLACEHOLDER = "FULL BENCHMARK DATA SHOULD BE FETCHED FROM THE SOURCE USING SPECDEC_BENCH"
+SPEED_BENCH_FILE_TYPES = (".jsonl", ".json", ".parquet")
 
 
 @dataclass(frozen=True)
@@ -261,6 +286,147 @@ def load_hf(
         prompt_id = str(row[id_field]) if id_field else str(index)
         category = str(row[category_field]) if category_field else "hf"
         prompts.append(_make_prompt(prompt_id, category, row[text_field], f"{name}, row {index}"))
+    return prompts
+
+
+def _speed_bench_files(path: Path, subset: str | None) -> tuple[list[Path], str | None]:
+    """The files `path` names for `subset`, and the subset they hold (None: a file not named for one)."""
+    if not path.exists():
+        raise MissingInput(f"SPEED-Bench data not found: {path} (set data.path to a prepared file such as "
+                           "qualitative.jsonl, or to the folder holding them)")
+    if path.is_file():
+        if path.suffix.lower() not in SPEED_BENCH_FILE_TYPES:
+            raise InvalidInput(f"{path}: data=speed_bench reads .jsonl or .parquet files (SPEED-Bench's published "
+                               f"formats); {path.suffix or 'a file without a suffix'} is neither")
+        named = path.stem if SPEED_BENCH_SUBSET.fullmatch(path.stem) else None
+        if subset and named and subset != named:
+            raise InvalidInput(f"{path} holds the subset {named}, but data.source_args.subset={subset}: set "
+                               f"data.source_args.subset={named}, or point data.path at the {subset} file")
+        return [path], subset or named
+    subset = subset or "qualitative"
+    for suffix in SPEED_BENCH_FILE_TYPES:
+        if (path / f"{subset}{suffix}").is_file():
+            return [path / f"{subset}{suffix}"], subset
+    folder = path / subset
+    files = sorted(f for f in folder.rglob("*") if f.is_file() and f.suffix.lower() in SPEED_BENCH_FILE_TYPES) \
+        if folder.is_dir() else []
+    if not files:
+        present = sorted(f.name for f in path.iterdir())[:12]
+        raise MissingInput(f"{path}: no SPEED-Bench {subset} data in this folder (looked for {subset}.jsonl, "
+                           f"{subset}.parquet and a folder {subset}/ of .jsonl or .parquet files; it holds "
+                           f"{present or 'nothing'}); prepare that subset, or set data.source_args.subset")
+    return files, subset
+
+
+def _speed_bench_rows(file: Path) -> Iterator[tuple[str, dict]]:
+    """(where, row) for each row of a SPEED-Bench .parquet file or JSON-lines file."""
+    if file.suffix.lower() == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:  # pyarrow's ArrowInvalid is a ValueError
+            rows = pq.read_table(file).to_pylist()
+        except (OSError, ValueError) as err:
+            raise InvalidInput(f"{file}: not a readable parquet file ({described(err)}); fix or replace the "
+                               "file") from None
+        yield from ((f"{file}, row {i}", row) for i, row in enumerate(rows))
+        return
+    for lineno, line in enumerate(_decode_lines(file.read_bytes(), str(file)), start=1):
+        if not line.strip():
+            continue
+        where = f"{file}, line {lineno}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise InvalidInput(f"{where}: not JSON ({err.msg} at column {err.colno}); a SPEED-Bench JSON-lines "
+                               "file holds one JSON object a line") from None
+        if not isinstance(row, dict):
+            raise InvalidInput(f"{where}: a JSON {type(row).__name__}, not an object with SPEED-Bench's fields")
+        yield where, row
+
+
+def _speed_bench_turns(row: dict, turns_field: str | None, where: str) -> Any:
+    """The user turns of a row: `turns` (strings) or `messages` ({role, content}), or `turns_field`."""
+    field = turns_field or next((f for f in ("turns", "messages") if f in row), None)
+    if field is None or field not in row:
+        wanted = f"`{turns_field}` (data.source_args.turns_field)" if turns_field else \
+            "`turns` (a list of strings) or `messages` (a list of {role, content})"
+        raise InvalidInput(f"{where}: no field {wanted}; the row has {sorted(row)} (data.source_args.turns_field "
+                           "names the field that holds the turns)")
+    turns = row[field]
+    if isinstance(turns, list) and turns and all(isinstance(m, dict) for m in turns):
+        others = sorted({str(m.get("role")) for m in turns} - {"user"})
+        if others:
+            raise InvalidInput(f"{where}: `{field}` holds {others} messages; only user turns are read (the "
+                               "decoder writes the answers)")
+        turns = [m.get("content") for m in turns]
+    if isinstance(turns, list) and any(isinstance(t, str) and t.startswith(SPEED_BENCH_PLACEHOLDER) for t in turns):
+        raise InvalidInput(
+            f"{where}: the prompt is SPEED-Bench's placeholder, not its text (the hub's files leave out what their "
+            "sources may not redistribute). Prepare the subset first: NeMo-Skills' "
+            "nemo_skills/dataset/speed-bench/prepare.py --config <subset> writes <subset>.jsonl, NVIDIA "
+            "Model-Optimizer's examples/specdec_bench writes test.parquet; point data.path at the result")
+    return turns
+
+
+def load_speed_bench(
+    path: str | Path | None = None,
+    subset: str | None = None,
+    tier: str | list[str] | None = None,
+    id_field: str | None = None,
+    category_field: str | None = None,
+    turns_field: str | None = None,
+) -> list[Prompt]:
+    """SPEED-Bench prompts from local files (see the module's docstring for the format). `subset`:
+    qualitative or throughput_<bucket> (None: the file's name, else qualitative); `tier`: the entropy
+    tiers of a throughput subset to keep (None: all three)."""
+    if path is None:
+        raise MissingInput("data=speed_bench needs data.path: a prepared SPEED-Bench file (qualitative.jsonl, "
+                           "throughput_8k.jsonl, test.parquet) or the folder holding them")
+    if subset is not None and not SPEED_BENCH_SUBSET.fullmatch(subset):
+        raise InvalidInput(f"data.source_args.subset={subset!r}: SPEED-Bench's subsets are qualitative and "
+                           "throughput_1k, throughput_2k, throughput_8k, throughput_16k, throughput_32k")
+    tiers = [tier] if isinstance(tier, str) else tier
+    unknown = [t for t in tiers or () if t not in SPEED_BENCH_TIERS]
+    if unknown:
+        raise InvalidInput(f"data.source_args.tier: unknown tier(s) {unknown}; the tiers are {list(SPEED_BENCH_TIERS)}")
+    ids, categories = id_field or "question_id", category_field or "category"
+    files, subset = _speed_bench_files(Path(path).expanduser(), subset)
+    rows = []
+    for file in files:
+        for where, row in _speed_bench_rows(file):
+            missing = [f"`{name}` (data.{key})" for name, key in ((ids, "id_field"), (categories, "category_field"))
+                       if name not in row]
+            if missing:
+                raise InvalidInput(f"{where}: no field {' or '.join(missing)}; a SPEED-Bench row has question_id, "
+                                   f"category and turns (or messages); this one has {sorted(row)}")
+            rows.append((where, row))
+    if not rows:
+        raise InvalidInput(f"{', '.join(map(str, files))}: empty, it holds no prompts")
+    if subset is None:  # a file not named for its subset: qualitative, unless its rows are tiers
+        if all(str(row[categories]) in SPEED_BENCH_TIERS for _, row in rows):
+            raise InvalidInput(f"{files[0]}: its rows are entropy tiers of a throughput subset; say which "
+                               "input-length bucket it holds: data.source_args.subset=throughput_<1k|2k|8k|16k|32k>")
+        subset = "qualitative"
+    bucket = SPEED_BENCH_SUBSET.fullmatch(subset).group(1)  # None for qualitative
+    if tiers and bucket is None:
+        raise InvalidInput("data.source_args.tier selects the entropy tiers of a throughput subset; the qualitative "
+                           "subset has categories: select them with data.categories=[coding,math]")
+    prompts = []
+    for where, row in rows:
+        category = str(row[categories])
+        if (category in SPEED_BENCH_TIERS) != (bucket is not None):
+            raise InvalidInput(
+                f"{where}: category {category!r} is not one of a {subset} file's; the throughput subsets' rows are "
+                f"tiers {list(SPEED_BENCH_TIERS)}, the qualitative subset's are domains (coding, math, ...): give "
+                "the file of the subset named in data.source_args.subset, or name the subset this file holds")
+        if tiers and category not in tiers:
+            continue
+        label = f"{bucket}-{category}" if bucket else category
+        prompts.append(_make_prompt(str(row[ids]), label, _speed_bench_turns(row, turns_field, where), where))
+    if not prompts:
+        present = sorted({str(row[categories]) for _, row in rows})
+        raise InvalidInput(f"{', '.join(map(str, files))}: no rows of tier {tiers} (data.source_args.tier); "
+                           f"the tiers present: {present}")
     return prompts
 
 
