@@ -12,12 +12,18 @@ De-quantizing a GGUF is slow, so a GGUF file on disk is converted once to a floa
 directory under `cache_dir()`, and later loads read that, which is far faster. The cache may be
 shared by a team, and runs get killed, so:
 - a conversion is written to a temporary directory and renamed into place, with a manifest of every
-  file's size written last; an entry whose files do not match it (a copy cut short, a full disk) is
-  converted again, or, where it cannot be replaced, named in an error that says to delete it;
+  file's size and SHA-256 written last; an entry whose files do not match it (a copy cut short, a full
+  disk, bytes overwritten in place) is converted again, or, where it cannot be replaced, named in an
+  error that says to delete it. Every load hashes the entry (one more read of files the load reads
+  anyway, far cheaper than a conversion): bytes damaged in place keep the size and header, load as
+  NaN weights, and a run on them looks like a result (every output token 0, acceptance 1.00);
 - a lock file per entry keeps parallel jobs of a sweep from converting the same file twice; the
   conversion that holds it removes it when done, and clears what killed conversions left behind
   (their temporary directories and locks), so nothing piles up;
 - files are written readable by group and others as the umask allows (safetensors alone writes 0600).
+
+Whatever the source, a loaded model runs one short forward pass (`check_finite_logits`): a model whose
+logits are NaN or infinite is refused by name instead of decoding garbage.
 
 transformers is imported inside the functions that need it (its import is slow), so importing this
 module stays cheap. The offline variables are set before any transformers import: without them even local
@@ -103,7 +109,40 @@ def load_model(
         tokenizer = tiny_random_tokenizer(spec.vocab_size)
     else:
         model, tokenizer = _from_pretrained(_checkpoint_dir(spec))
-    return _prepare(model, tokenizer, device, dtype)
+    model, tokenizer = _prepare(model, tokenizer, device, dtype)
+    check_finite_logits(model, f"{spec.name} {spec.path or spec.gguf_file!r}")
+    return model, tokenizer
+
+
+PROBE_TOKENS = 8  # tokens of `check_finite_logits`'s forward pass
+
+
+def check_finite_logits(model: PreTrainedModel, name: str) -> None:
+    """One forward pass of `PROBE_TOKENS` tokens (ids 0..7, no cache) in the model's own device and
+    dtype; InvalidInput naming `name` if any logit is NaN or infinite. Damaged weights (NaN, inf) make
+    every logit NaN, and greedy decoding then emits token 0 forever while every draft is "accepted";
+    in float16 a model whose activations overflow shows it here too. One host sync, once per model."""
+    vocab = _logits_width(model)
+    device = next(model.parameters()).device
+    tokens = torch.arange(min(PROBE_TOKENS, vocab), device=device)[None]  # [1, T]
+    with torch.inference_mode():
+        logits = model(input_ids=tokens, use_cache=False).logits  # [1, T, V]
+    finite = torch.isfinite(logits)
+    if bool(finite.all()):
+        return
+    dtype = str(logits.dtype).removeprefix("torch.")
+    bad_weights = [n for n, p in model.named_parameters() if p.is_floating_point() and not bool(torch.isfinite(p).all())]
+    if bad_weights:
+        more = f" and {len(bad_weights) - 3} more" if len(bad_weights) > 3 else ""
+        cause = (f"its weights hold NaN or infinite values ({', '.join(bad_weights[:3])}{more}): the files are damaged. "
+                 "Re-create or copy the model again; for a GGUF file, delete its converted copy under "
+                 f"{cache_dir()} and run again")
+    else:
+        cause = (f"its weights are finite, so its activations overflow in {dtype}: run it in float32 "
+                 "(dtype=float32)" if dtype in ("float16", "bfloat16") else
+                 "its weights are finite; check the model's files and config")
+    raise InvalidInput(f"model {name}: {int((~finite).sum())} of {finite.numel()} logits of a {tokens.shape[1]}-token "
+                       f"probe are NaN or infinite in {dtype}; {cause}.")
 
 
 def locate(spec: ModelSpec) -> Path | str:
@@ -168,7 +207,7 @@ def context_length_of(spec: ModelSpec) -> int | None:
     source = locate(spec)
     if isinstance(source, Path) and source.is_file():
         source = _gguf_entry(spec, source)
-        if _entry_problem(source) is not None:
+        if _entry_problem(source, weights=False) is not None:
             return None
     from transformers import AutoConfig
 
@@ -319,7 +358,7 @@ def _embedded_gguf() -> Path:
     return files[0]
 
 
-MANIFEST = "specdec-cache.json"  # in each cache entry, written last: {"files": {name: size in bytes}}
+MANIFEST = "specdec-cache.json"  # in each cache entry, written last: {"files": {name: size}, "sha256": {name: hex}}
 
 
 def _gguf_entry(spec: ModelSpec, gguf: Path) -> Path:
@@ -354,8 +393,10 @@ def _converted_gguf(gguf: Path, target: Path) -> Path:
             model, tokenizer = _load_gguf(gguf)
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
-            files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
-            (tmp / MANIFEST).write_text(json.dumps({"source": str(gguf), "files": files}, indent=1))
+            written = [p for p in sorted(tmp.iterdir()) if p.is_file()]
+            files = {p.name: p.stat().st_size for p in written}
+            sums = {p.name: _sha256(p) for p in written}
+            (tmp / MANIFEST).write_text(json.dumps({"source": str(gguf), "files": files, "sha256": sums}, indent=1))
             _make_shareable(tmp)
             os.rename(tmp, target)  # atomic: the cache entry is either whole or absent
         finally:
@@ -363,25 +404,45 @@ def _converted_gguf(gguf: Path, target: Path) -> Path:
     return target
 
 
-def _entry_problem(entry: Path) -> str | None:
-    """What is wrong with a cache entry (None: it is whole). Sizes and the weights' headers only:
-    reading ~0.5 GB to hash it would cost more than the load it saves; truncation, the damage seen in
-    practice, changes the size, and a header overwritten in place fails to parse."""
+def _entry_problem(entry: Path, weights: bool = True) -> str | None:
+    """What is wrong with a cache entry (None: it is whole): a file missing, of another size or another
+    SHA-256 than the manifest says, or a weights header that does not parse. `weights=False` leaves out
+    hashing the weights (the config alone is read: `context_length_of`); a load hashes them all, since
+    bytes overwritten in place keep the size and the header and load as NaN weights."""
     if not entry.is_dir():
         return "absent"
     try:
-        files = json.loads((entry / MANIFEST).read_text())["files"]
+        manifest = json.loads((entry / MANIFEST).read_text())
+        files, sums = manifest["files"], manifest["sha256"]
+        if not isinstance(files, dict) or not isinstance(sums, dict) or set(files) != set(sums):
+            raise ValueError(MANIFEST)
     except (OSError, ValueError, KeyError, TypeError):
-        return f"{entry / MANIFEST} is missing or unreadable (an interrupted or older conversion)"
+        return f"{entry / MANIFEST} is missing or unreadable, or has no checksums (an interrupted or older conversion)"
     for file, size in files.items():
         path = entry / file
         if not path.is_file():
             return f"{path} is missing"
         if path.stat().st_size != size:
             return f"{path}: {path.stat().st_size} of {size} bytes"
-        if path.suffix == ".safetensors" and (problem := _safetensors_problem(path)) is not None:
-            return f"{path}: {problem}"
+        if path.suffix == ".safetensors":
+            if (problem := _safetensors_problem(path)) is not None:
+                return f"{path}: {problem}"
+            if not weights:
+                continue
+        try:
+            if _sha256(path) != sums[file]:
+                return f"{path}: its SHA-256 is not the one written at conversion (bytes changed in place)"
+        except OSError as err:
+            return f"{path}: cannot be read ({err.strerror or err})"
     return None
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _remove_entry(entry: Path, problem: str) -> None:
