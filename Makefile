@@ -18,11 +18,15 @@ install: $(STAMP)
 run: $(STAMP)
 	$(PYTHON) -m specdec $(ARGS)
 
+# pytest with the given arguments, then its wall time; the exit status stays pytest's.
+timed_pytest = start=$$(date +%s); $(PYTHON) -m pytest -q $(1); status=$$?; \
+	echo "tests took $$(( $$(date +%s) - start )) s"; exit $$status
+
 test: $(STAMP)
-	$(PYTHON) -m pytest -q
+	@$(call timed_pytest,)
 
 test-fast: $(STAMP)
-	$(PYTHON) -m pytest -q -m "not slow"
+	@$(call timed_pytest,-m "not slow")
 
 lint: $(STAMP)
 	$(PYTHON) -m ruff check specdec tests scripts

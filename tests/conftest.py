@@ -1,11 +1,15 @@
-"""Shared fixtures: tiny random Llama models built in-process (no download)."""
+"""Shared fixtures: tiny random Llama models built in-process (no download), and the one way the
+tests build an `Engine` on them (`make_engine`, `engine_factory`)."""
 
+import functools
 import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
 
+from specdec.accel.compiled import CompiledForward
+from specdec.accel.passes import Accelerated
 from specdec.core.engine import Engine
 from specdec.models import tiny_random_model
 
@@ -17,8 +21,15 @@ RAGGED_PROMPTS = [[5, 6, 7, 8, 9], [3, 4], [10, 11, 12, 13, 14, 15, 16, 17, 18]]
 
 
 @pytest.fixture(scope="session")
-def target():
+def tiny_target():
+    """The tiny random Llama (256-token vocabulary, 2 layers, no EOS) that most tests decode with."""
     return tiny_random_model(seed=0, eos_token_id=None)
+
+
+@pytest.fixture(scope="session")
+def target(tiny_target):
+    """The target of a test: `tiny_target`, unless a module overrides it (the sampling tests' 8-token one)."""
+    return tiny_target
 
 
 @pytest.fixture(scope="session")
@@ -26,14 +37,31 @@ def unrelated_draft():
     return tiny_random_model(seed=1, num_layers=1, eos_token_id=None)
 
 
+def make_engine(target: torch.nn.Module, draft: torch.nn.Module | str | None = None, *, dtype: str = "float32",
+                compile: str | None = None, backend: str = "eager", device: str = "cpu", **compiled) -> Engine:
+    """An `Engine` on `target` in `dtype` (float32: greedy outputs comparable token for token), drafting
+    with `draft`: a model, None (no draft model), or "self" (the target drafts for itself).
+
+    compile=None gives the core's eager engine (no passes object). A compile mode gives it
+    `Accelerated(compile=mode)`: "off" is then eager with the accelerated engine's other defaults
+    (packed linear layers on a CPU in float32), and "on" compiles each model's passes through dynamo's
+    `backend`. The default `eager` backend traces, guards and buckets shapes as inductor does but
+    generates no code, so a compiled test takes seconds rather than minutes. `compiled` goes to
+    `CompiledForward`, e.g. cuda_graphs="explicit" with a stand-in graph_class (tests/taped_graph.py)."""
+    passes = None if compile is None else Accelerated(compile=compile)
+    engine = Engine(target, target if draft == "self" else draft, device=device, dtype=dtype, passes=passes)
+    if engine.compile:
+        for model in (engine.target, engine.draft):
+            if model is not None:
+                model.compiled = CompiledForward(model, backend=backend, **compiled)
+    return engine
+
+
 @pytest.fixture
-def engine_factory(target):
-    """Engine(target, draft): draft "self" is the target itself."""
-
-    def make(draft=None):
-        return Engine(target, target if draft == "self" else draft, dtype="float32")
-
-    return make
+def engine_factory(tiny_target):
+    """`engine_factory(draft, **options)`: `make_engine` on `tiny_target`, also in a module whose own
+    `target` is another model."""
+    return functools.partial(make_engine, tiny_target)
 
 
 class TargetTime:

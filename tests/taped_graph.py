@@ -30,10 +30,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from specdec.accel.compiled import CompiledForward
-from specdec.accel.passes import Accelerated
 from specdec.accel.syncs import reads_on_host
 from specdec.core.engine import Engine
+from tests.conftest import make_engine
 
 CAPTURE_ERROR = "operation not permitted when stream is capturing"
 
@@ -123,9 +122,4 @@ def taped_engine(target, draft=None, compile: str = "on") -> Engine:
     """A float32 engine whose compiled passes (dynamo's quick `eager` backend) run under explicit CUDA
     graphs captured by `TapedGraph`, as `cuda_graphs="explicit"` runs them on a GPU (a pipelined step
     is then captured whole); compile="off" leaves it eager."""
-    engine = Engine(target, draft, dtype="float32", passes=Accelerated(compile=compile))
-    if engine.compile:
-        for model in (engine.target, engine.draft):
-            if model is not None:
-                model.compiled = CompiledForward(model, backend="eager", cuda_graphs="explicit", graph_class=TapedGraph)
-    return engine
+    return make_engine(target, draft, compile=compile, cuda_graphs="explicit", graph_class=TapedGraph)

@@ -15,7 +15,7 @@ skeleton). Types run in a worker subprocess, replaced after a hard crash, each s
 
 `--paths` runs each type through other decoding paths too (default `eager`, the four runs above):
 `compiled`, the same four runs under `compile=on` through dynamo's `eager` backend (graph capture,
-guards and static shapes without kernels, as tests/test_compile.py compiles), each also required to
+guards and static shapes without kernels, as tests/accel/test_compile.py compiles), each also required to
 have run its passes compiled (else UNCOMPILED); `medusa`, two untrained Medusa heads; `eagle`, an
 EAGLE drafter copied from the target (budget 4, top-2, width 2, depth 2); both ragged, k = 2;
 `medusa_compiled`, `eagle_compiled`, the same under `compile=on` (the target's tree passes, Medusa's
@@ -289,7 +289,7 @@ def probe(model_type: str) -> str:
 
 def _engine(model, draft, compiled: bool) -> Engine:
     """An engine in float32; `compiled`: compile=on through dynamo's `eager` backend (as
-    tests/test_compile.py compiles), with dynamo's caches emptied first, so that graphs of an earlier
+    tests/accel/test_compile.py compiles), with dynamo's caches emptied first, so that graphs of an earlier
     type count toward no recompilation limit."""
     engine = Engine(model, draft, dtype="float32", passes=Accelerated(compile="on" if compiled else "off"))
     if compiled:

@@ -1,0 +1,1 @@
+"""Tests of the core: types, engine, cache, decoding loop, verifiers, trees, schedules, metrics, model loading."""

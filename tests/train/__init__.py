@@ -1,0 +1,1 @@
+"""Tests of the training scripts: draft models distilled from a target."""
