@@ -18,6 +18,7 @@ import difflib
 import logging
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,9 @@ log = logging.getLogger(__name__)
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-COMPILE_MODES = ("off", "on", "autotune", "frozen", "auto")  # specdec.accel.compiled.COMPILE_MODES, without importing torch here
+COMPILE_MODES = ("off", "on", "auto")  # the rest of specdec.accel.compiled.COMPILE_MODES are engine.compile_options
+# Old spellings of compile= and the settings that took their place (validate names them).
+COMPILE_MOVED = {"autotune": "engine.compile_options.autotune=true", "frozen": "engine.compile_options.freeze_weights=true"}
 OVERLAP_MODES = ("auto", "on", "off")  # specdec.core.decoding.OVERLAP_MODES' names
 CUDA_GRAPH_MODES = ("trees", "explicit")  # specdec.accel.cuda_graphs.CUDA_GRAPH_MODES
 PACKED_LINEAR_MODES = ("auto", "on", "off")  # specdec.accel.packed_linear.PACKED_LINEAR_MODES
@@ -39,6 +42,19 @@ PACKED_LINEAR_MODES = ("auto", "on", "off")  # specdec.accel.packed_linear.PACKE
 
 class ConfigError(InvalidInput):
     """A configuration value that cannot work; the message starts with the key."""
+
+
+def free_form(element_type: Any = Any) -> Callable[[], DictConfig]:
+    """The default factory of a node of free form (a part's arguments, a category map): an empty
+    mapping of str to `element_type` that takes new keys from the command line without `+`
+    (`method.verifier_args.acceptance=[0.8,0.6]`). Hydra closes every other node, so that a misspelt
+    setting fails; what a free-form node holds is checked against the part that takes it (`validate`)."""
+
+    def empty() -> DictConfig:
+        return DictConfig({}, key_type=str, element_type=element_type, ref_type=dict[str, element_type],
+                          is_optional=False, flags={"struct": False})
+
+    return empty
 
 
 @dataclass
@@ -79,9 +95,9 @@ class MethodConfig:
     decoder: Any = None
     num_speculative_tokens: int = 4
     schedule: Any = "constant"  # a name (conf/method/schedule/<name>.yaml) or a `_target_` node
-    schedule_args: dict[str, Any] = field(default_factory=dict)
+    schedule_args: dict[str, Any] = field(default_factory=free_form())
     verifier: Any = "auto"  # a name (conf/method/verifier/<name>.yaml) or a `_target_` node
-    verifier_args: dict[str, Any] = field(default_factory=dict)
+    verifier_args: dict[str, Any] = field(default_factory=free_form())
     needs_draft: bool = False
     heads_path: str | None = None  # trained heads (medusa, eagle): a checkpoint of scripts/train_heads.py, or `embedded`
     tree: Any = None  # a static tree as rank paths, [[0], [1], [0, 0], ...] (null: the method's default)
@@ -97,12 +113,12 @@ class DataConfig:
     its eight MT-bench categories as one, `multi_turn`)."""
 
     source: Any = "builtin"
-    source_args: dict[str, Any] = field(default_factory=dict)
+    source_args: dict[str, Any] = field(default_factory=free_form())
     path: str | None = None
     limit: int | None = None
     categories: list[str] | None = None
     per_category: bool = True
-    category_map: dict[str, str] = field(default_factory=dict)
+    category_map: dict[str, str] = field(default_factory=free_form(str))
     system_prompt: str | None = None
     hf_name: str | None = None  # source=hf: a dataset name (needs a network unless cached)
     split: str = "train"
@@ -138,6 +154,42 @@ class LoggerConfig:
 
 
 @dataclass
+class CompileOptions:
+    """How passes compile where `compile` turns compiling on (ignored under compile=off). Each option
+    paid on some machine in experiments/gpu/LOG.md; conf/engine/default.yaml says where.
+
+    autotune:       inductor's GEMM autotuning (about twice the compile time).
+    freeze_weights: the weights frozen into the graphs on a GPU too (a CPU's graphs freeze them
+                    anyway); q/k/v and gate/up concatenated, copies of those weights in memory.
+    cuda_graphs:    on CUDA, `trees` (inductor's CUDA graphs) or `explicit` (specdec's own, a whole
+                    pipelined step captured as one graph).
+    """
+
+    autotune: bool = False
+    freeze_weights: bool = False
+    cuda_graphs: str = "trees"
+
+
+@dataclass
+class EngineConfig:
+    """The engine's switches besides `compile` (`conf/engine/default.yaml`). None changes the tokens
+    but `exact_greedy`, which keeps bfloat16 greedy output equal to plain decoding's.
+
+    overlap:       auto | on | off: queue step n+1 before reading step n (plain decoding, and a
+                   greedy draft model under compile); auto is on for CUDA.
+    packed_linear: auto | on | off: eager float32 passes on a CPU run linear layers of two or more
+                   rows through oneDNN's packed weights; auto is on where that applies.
+    exact_greedy:  greedy runs score every target pass at one width (the run's largest k + 1) over
+                   the whole cache buffer, so speculative output equals plain decoding bit for bit.
+    """
+
+    overlap: str = "auto"
+    packed_linear: str = "auto"
+    exact_greedy: bool = True
+    compile_options: CompileOptions = field(default_factory=CompileOptions)
+
+
+@dataclass
 class Config:
     target: ModelConfig = field(default_factory=ModelConfig)
     draft: ModelConfig = field(default_factory=ModelConfig)
@@ -148,19 +200,13 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto (bfloat16 on a GPU or a CPU with bfloat16 units) | float32 | bfloat16 | float16
-    compile: str = "auto"  # off | on | autotune | auto (on for CUDA, off on a CPU): torch.compile at static shapes
-    # auto | on | off: eager float32 passes on a CPU run linear layers through oneDNN's packed weights
-    packed_linear: str = "auto"
-    overlap: str = "auto"  # off | on | auto (on for CUDA): queue a step before reading the last (plain, draft model)
-    cuda_graphs: str = "trees"  # compile=on on CUDA: trees (inductor's CUDA graphs) | explicit (specdec's own)
+    compile: str = "auto"  # off | on | auto (on for CUDA, off on a CPU): torch.compile at static shapes
     seed: int = 0
     threads: int | None = 1  # torch CPU threads per job; null keeps torch's default (all cores)
     warmup: bool = True  # one short untimed generation per method before measuring
-    # Greedy runs score every target pass at one width (the run's largest k + 1, padded) over the whole
-    # cache buffer, so that speculative output equals plain decoding bit for bit in bfloat16 too.
-    exact_greedy: bool = True
     plots: bool = True
     progress: bool | None = None  # progress bars: null shows them only on a terminal
 
@@ -199,6 +245,13 @@ def _unknown_part(parts: list[str]) -> int | None:
     return None
 
 
+def _with_rest(key: str, rest: list[str]) -> str:
+    """`key` followed by `rest` where that names a setting (`compile_options.autotune` found as
+    `engine.compile_options`: `engine.compile_options.autotune`), else `key`."""
+    whole = ".".join([key, *rest])
+    return whole if rest and _unknown_part(whole.split(".")) is None else key
+
+
 def override_hints(overrides: list[str]) -> list[str]:
     """For command-line overrides that Hydra refused, the settings that were probably meant: `method.k=8`
     -> `method.num_speculative_tokens`, `temperature=0.7` -> `generation.temperature`. Only keys that
@@ -220,14 +273,19 @@ def override_hints(overrides: list[str]) -> list[str]:
         if bad is None:
             continue
         wanted = ALIASES.get(parts[bad], parts[bad])
-        # Where the key was going first (the setting under the same node), then anywhere by that name,
-        # then a near spelling.
+        # Where the key was going first (the setting under the same node), then anywhere by that name
+        # (a setting that moved: `packed_linear` -> `engine.packed_linear`, the rest of the key kept where
+        # it names a setting there), then a near spelling, under the same node or, for a top-level key,
+        # of any setting's own name.
         beside = ".".join([*parts[:bad], wanted])
         near = ([beside] if bad and _unknown_part(beside.split(".")) is None else
-                [k for k in every if k.rsplit(".", 1)[-1] == wanted])
+                [_with_rest(k, parts[bad + 1:]) for k in every if k.rsplit(".", 1)[-1] == wanted])
         scope = ".".join(parts[:bad])
         under = [k[len(scope) + 1:] for k in every if k.startswith(scope + ".")] if bad else every
         near = near or [f"{scope}.{c}" if bad else c for c in difflib.get_close_matches(parts[bad], under, n=1, cutoff=0.75)]
+        if not near and not bad:
+            names = difflib.get_close_matches(parts[0], {k.rsplit(".", 1)[-1] for k in every}, n=1, cutoff=0.75)
+            near = [k for k in every if k.rsplit(".", 1)[-1] in names]
         if near:
             hints.append(f"`{key}` is not a setting; did you mean {' or '.join(f'`{k}`' for k in near)}?")
         else:
@@ -460,14 +518,7 @@ def validate(cfg: DictConfig) -> None:
             _fail("device", f"{device} requested but CUDA is not available here; use device=auto or cpu")
     if cfg.dtype not in DTYPES:
         _fail("dtype", f"must be one of {', '.join(DTYPES)}, got {cfg.dtype!r}")
-    if cfg.compile not in COMPILE_MODES:
-        _fail("compile", f"must be one of {', '.join(COMPILE_MODES)}, got {cfg.compile!r}")
-    if cfg.packed_linear not in PACKED_LINEAR_MODES:
-        _fail("packed_linear", f"must be one of {', '.join(PACKED_LINEAR_MODES)}, got {cfg.packed_linear!r}")
-    if cfg.overlap not in OVERLAP_MODES:
-        _fail("overlap", f"must be one of {', '.join(OVERLAP_MODES)}, got {cfg.overlap!r}")
-    if cfg.cuda_graphs not in CUDA_GRAPH_MODES:
-        _fail("cuda_graphs", f"must be one of {', '.join(CUDA_GRAPH_MODES)}, got {cfg.cuda_graphs!r}")
+    _check_engine(cfg)
     if cfg.threads is not None and not 1 <= cfg.threads <= _cores():
         _fail("threads", f"must be between 1 and this machine's {_cores()} cores, or null (torch's default), "
                          f"got {cfg.threads}")
@@ -479,6 +530,30 @@ def validate(cfg: DictConfig) -> None:
     tracker = _check_part("logger.kind", "logger/kind", cfg.logger.kind,
                           offered={k: cfg.logger[k] for k in TRACKER_SETTINGS})
     _check_tracker_mode(tracker, cfg.logger.mode)
+
+
+def _check_engine(cfg: DictConfig) -> None:
+    """`compile` and the `engine` switches take one of their values; the old spellings of compile=
+    name the settings that replaced them; autotuning and frozen weights are one or the other."""
+    if cfg.compile in COMPILE_MOVED:
+        _fail("compile", f"compile={cfg.compile} is now `compile=on {COMPILE_MOVED[cfg.compile]}` "
+                         "(compile is off, on or auto)")
+    if cfg.compile not in COMPILE_MODES:
+        _fail("compile", f"must be one of {', '.join(COMPILE_MODES)}, got {cfg.compile!r}")
+    e, options = cfg.engine, cfg.engine.compile_options
+    for key, value, modes in (("engine.packed_linear", e.packed_linear, PACKED_LINEAR_MODES),
+                              ("engine.overlap", e.overlap, OVERLAP_MODES),
+                              ("engine.compile_options.cuda_graphs", options.cuda_graphs, CUDA_GRAPH_MODES)):
+        if value not in modes:
+            _fail(key, f"must be one of {', '.join(modes)}, got {value!r}")
+    if options.autotune and options.freeze_weights:
+        _fail("engine.compile_options.freeze_weights", "and engine.compile_options.autotune are both true; "
+                                                       "compiled passes take one of them: set the other false")
+    changed = [f"engine.compile_options.{f.name}={options[f.name]}" for f in dataclasses.fields(CompileOptions)
+               if options[f.name] != f.default]
+    if cfg.compile == "off" and changed:  # a warning, not an error: a sweep over compile= includes off
+        log.warning("compile=off runs every pass eagerly and ignores %s; set compile=on or auto to use them",
+                    " and ".join(changed))
 
 
 def _check_part(key: str, folder: str, spec: Any, args: Any = None, offered: Any = None) -> Any:

@@ -40,9 +40,10 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
+from specdec.accel.compiled import resolve_compile
 from specdec.accel.passes import Accelerated
 from specdec.core.decoding import Generation, SpeculativeDecoder
-from specdec.core.engine import Engine
+from specdec.core.engine import Engine, resolve_device
 from specdec.core.errors import InputError, NoSpace
 from specdec.core.metrics import speedup
 from specdec.models import check_tokenizers_compatible, describe_model, load_model
@@ -134,7 +135,7 @@ def build(cfg: DictConfig) -> Setup:
             draft, draft_tokenizer = load_model(draft_spec)
             check_tokenizers_compatible(tokenizer, draft_tokenizer, target, draft)
             models["draft"] = describe_model(draft_spec, draft)
-    engine = Engine(target, draft, device=cfg.device, dtype=cfg.dtype, passes=Accelerated(compile=cfg.compile, cuda_graphs=cfg.cuda_graphs, packed_linear=cfg.packed_linear))
+    engine = Engine(target, draft, device=cfg.device, dtype=cfg.dtype, passes=accelerated(cfg))
     for described in models.values():
         described["dtype"] = str(engine.dtype).removeprefix("torch.")
     log.info("target %s, draft %s on %s (%s)", models["target"]["label"],
@@ -146,11 +147,24 @@ def build(cfg: DictConfig) -> Setup:
         decoder = make_decoder(m, engine, tokenizer, key)
         if decoder is not None:
             methods[m.name] = decoder
-    set_exact_greedy([*methods.values(), baseline], cfg.exact_greedy)
+    set_exact_greedy([*methods.values(), baseline], cfg.engine.exact_greedy)
     for decoder in (*methods.values(), baseline):  # plain decoding, and a draft model's steps (`specdec.accel.pipeline`)
         if isinstance(decoder, SpeculativeDecoder):
-            decoder.overlap = cfg.overlap
+            decoder.overlap = cfg.engine.overlap
     return Setup(engine, tokenizer, methods, baseline, models)
+
+
+def accelerated(cfg: DictConfig) -> Accelerated:
+    """The engine's passes: the one place where `compile` and `engine` become `Accelerated`'s
+    arguments. Its `compile` string folds in `engine.compile_options`: autotune as `autotune`,
+    freeze_weights as `frozen` (validate refuses both at once), where passes compile at all
+    (`compile=auto` compiles on CUDA only, and leaves a CPU eager with either option)."""
+    options = cfg.engine.compile_options
+    mode = cfg.compile
+    if mode != "off" and (options.autotune or options.freeze_weights):
+        compiles = resolve_compile(mode, resolve_device(cfg.device))
+        mode = ("autotune" if options.autotune else "frozen") if compiles else "off"
+    return Accelerated(compile=mode, cuda_graphs=options.cuda_graphs, packed_linear=cfg.engine.packed_linear)
 
 
 def set_exact_greedy(decoders: list, on: bool) -> None:
@@ -168,7 +182,7 @@ def set_exact_greedy(decoders: list, on: bool) -> None:
 def exact_greedy_state(decoder, cfg: DictConfig) -> str:
     """For summary.json: `on`, `off`, or `not applied: <why>` where a greedy run asked for exact
     greedy and this decoder cannot have it (README, numerics)."""
-    if not cfg.exact_greedy or cfg.generation.temperature != 0:
+    if not cfg.engine.exact_greedy or cfg.generation.temperature != 0:
         return "off"
     if not isinstance(decoder, SpeculativeDecoder):
         return "not applied: transformers' own decoding loop"
@@ -360,11 +374,11 @@ def run_info(cfg: DictConfig, setup: Setup | None = None) -> dict:
         info["device"] = str(setup.engine.device)
         info["dtype"] = str(setup.engine.dtype).removeprefix("torch.")
         info["cache_reuse"] = "across_turns" if setup.cache_reuse else "none"
-        info["exact_greedy"] = bool(cfg.exact_greedy)
+        info["exact_greedy"] = bool(cfg.engine.exact_greedy)
         info["overlap"] = "on" if setup.baseline.overlaps() else "off"  # what plain decoding ran with
         info.update(setup.engine.passes.describe())  # what compile and packed_linear resolved to
         if setup.engine.compile and setup.engine.device.type == "cuda":
-            info["cuda_graphs"] = cfg.cuda_graphs
+            info["cuda_graphs"] = cfg.engine.compile_options.cuda_graphs
         exact = setup.baseline.exact_greedy and cfg.generation.temperature == 0
         info["score_width"] = setup.baseline.score_width if exact else 1
         if not setup.cache_reuse:

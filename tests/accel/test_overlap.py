@@ -131,7 +131,7 @@ def test_overlapped_reads_once_a_step(engine_factory):
 
 
 def test_an_experiment_sets_overlap_and_records_it(tmp_path):
-    """`overlap=` reaches every specdec decoder of a run; summary.json says what plain decoding ran
+    """`engine.overlap=` reaches every specdec decoder of a run; summary.json says what plain decoding ran
     with, and the baseline's tokens do not depend on it."""
     from hydra import compose, initialize_config_dir
 
@@ -141,7 +141,7 @@ def test_an_experiment_sets_overlap_and_records_it(tmp_path):
     outputs = {}
     for mode in ("on", "off"):
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            cfg = compose("config", overrides=[*FAST, "method=ngram", f"overlap={mode}"])
+            cfg = compose("config", overrides=[*FAST, "method=ngram", f"engine.overlap={mode}"])
         result = experiment.run(cfg, tmp_path / mode)
         assert result.summary["overlap"] == mode
         assert result.summary["compile"] == "off" and "cuda_graphs" not in result.summary  # CUDA, compile=on only

@@ -69,7 +69,7 @@ def test_a_tree_proposer_says_exact_greedy_does_not_apply(target):
     out = dec.generate(RAGGED_PROMPTS, max_new_tokens=6)
     assert out.exact_greedy is False
     assert experiment.exact_greedy_state(dec, _cfg()) == f"not applied: {dec.exact_greedy_blocked}"
-    assert experiment.exact_greedy_state(dec, _cfg("exact_greedy=false")) == "off"
+    assert experiment.exact_greedy_state(dec, _cfg("engine.exact_greedy=false")) == "off"
     # the baseline beside a tree method keeps exact greedy, at the width of the chains (none here: 1)
     base = SpeculativeDecoder(engine)
     experiment.set_exact_greedy([dec, base], True)

@@ -18,7 +18,7 @@ from specdec.study.config import ConfigError, model_spec, validate
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf"
-GROUPS = ["target", "draft", "method", "data", "generation", "logger", "experiment"]
+GROUPS = ["target", "draft", "method", "data", "generation", "logger", "engine", "experiment"]
 PLUGIN_LAUNCHERS = ["submitit_local", "submitit_slurm", "joblib"]
 
 
@@ -169,9 +169,18 @@ TINY = ["~experiment", "target=tiny_random", "draft=tiny_random", "logger=none"]
     pytest.param("device=cuda", "device", marks=pytest.mark.skipif(
         __import__("torch").cuda.is_available(), reason="CUDA is available here")),
     ("dtype=float8", "dtype"),
-    ("overlap=sometimes", "overlap"),
-    ("cuda_graphs=static", "cuda_graphs"),
-    ("packed_linear=always", "packed_linear"),
+    ("engine.overlap=sometimes", "engine.overlap"),
+    ("engine.compile_options.cuda_graphs=static", "engine.compile_options.cuda_graphs"),
+    ("engine.packed_linear=always", "engine.packed_linear"),
+    ("compile=sometimes", "compile: must be one of off, on, auto"),
+    # the old spellings of compile= name what replaced them
+    ("compile=autotune", "compile=autotune is now `compile=on engine.compile_options.autotune=true`"),
+    ("compile=frozen", "compile=frozen is now `compile=on engine.compile_options.freeze_weights=true`"),
+    ("engine.compile_options.autotune=true engine.compile_options.freeze_weights=true",
+     "engine.compile_options.freeze_weights: and engine.compile_options.autotune are both true"),
+    # an argument added without `+` to a free-form node is checked against the part that takes it
+    ("method=draft_forced method.verifier_args.acceptanse=0.5", "verifier=forced takes no verifier_args ['acceptanse']"),
+    ("method.schedule=heuristic method.schedule_args.grow=x", "schedule_args.grow"),
     ("data=spec_bench data.path=/no/such/question.jsonl", "data.path"),
     ("data=hf", "data.path"),
     ("data.categories=[poetry]", "data.categories"),
@@ -458,7 +467,17 @@ def test_the_command_line_reports_a_bad_config_in_one_line_without_a_traceback(t
     (["generation.temprature=0.5"], "did you mean `generation.temperature`?"),
     (["target.model=x"], "`target.model` is not a setting; did you mean `target.path`?"),
     (["compare.ngram.k=2"], "did you mean `compare.ngram.num_speculative_tokens`?"),
-    (["exact_gredy=false"], "did you mean `exact_greedy`?"),
+    (["exact_gredy=false"], "did you mean `engine.exact_greedy`?"),
+    # the engine's switches that were top-level keys, and a compile option without its group
+    (["packed_linear=on"], "`packed_linear` is not a setting; did you mean `engine.packed_linear`?"),
+    (["overlap=off"], "did you mean `engine.overlap`?"),
+    (["exact_greedy=false"], "did you mean `engine.exact_greedy`?"),
+    (["cuda_graphs=explicit"], "did you mean `engine.compile_options.cuda_graphs`?"),
+    (["compile_options.autotune=true"], "did you mean `engine.compile_options.autotune`?"),
+    (["engine.autotune=true"], "did you mean `engine.compile_options.autotune`?"),
+    # a misspelt node of free form is a schema key: it still fails, with a hint
+    (["method.verifer_args.acceptance=0.5"], "did you mean `method.verifier_args`?"),
+    (["data.source_arg.n=3"], "did you mean `data.source_args`?"),
     (["zzz=1"], "`zzz` is not a setting; `python -m specdec --cfg job` prints them all"),
 ])
 def test_a_key_hydra_refuses_gets_the_setting_probably_meant(overrides, hint):
@@ -475,7 +494,9 @@ def test_keys_hydra_accepts_get_no_hint():
 
     fine = ["method=eagle", "experiment=quick", "method.num_speculative_tokens=3", "+extra=1", "~experiment",
             "hydra.run.dir=x", "method.proposer.n=3", "method.schedule_args.margin=0.1", "method/schedule=constant",
-            "compare.ngram.num_speculative_tokens=2", "generation.temperature=0.7", "threads=2", "-m"]
+            "compare.ngram.num_speculative_tokens=2", "generation.temperature=0.7", "threads=2", "-m",
+            "engine=default", "compile=on", "engine.overlap=off", "engine.compile_options.autotune=true",
+            "method.verifier_args.acceptance=[0.8,0.6]", "data.source_args.n=3", "compare.ngram.verifier_args.x=1"]
     assert override_hints(fine) == []
 
 
@@ -500,3 +521,113 @@ def test_config_names_the_packed_linear_modes_of_the_engine():
     from specdec.study import config
 
     assert config.PACKED_LINEAR_MODES == PACKED_LINEAR_MODES
+
+
+FREE_FORM = [  # every node of free form: a new key without `+`, as the docs write it
+    ("method.verifier=forced", "method.verifier_args.acceptance=[0.8,0.6]", "method.verifier_args.acceptance", [0.8, 0.6]),
+    ("method.schedule=heuristic", "method.schedule_args.grow=2", "method.schedule_args.grow", 2),
+    ("data=builtin", "data.source_args.subset=qa", "data.source_args.subset", "qa"),
+    ("data=spec_bench", "data.category_map.qa=questions", "data.category_map.qa", "questions"),
+    ("+method@compare.forced=draft", "compare.forced.verifier_args.acceptance=0.5",
+     "compare.forced.verifier_args.acceptance", 0.5),
+    ("+method@compare.h=ngram", "compare.h.schedule_args.grow=3", "compare.h.schedule_args.grow", 3),
+]
+
+
+@pytest.mark.parametrize("choice, override, key, value", FREE_FORM)
+def test_free_form_nodes_take_new_keys_without_plus(choice, override, key, value):
+    from omegaconf import OmegaConf
+
+    cfg = _compose([*TINY, choice, override])
+    assert OmegaConf.select(cfg, key) == value
+    assert OmegaConf.select(_compose([*TINY, choice, f"+{override}"]), key) == value  # `+` still works
+    with pytest.raises(ConfigCompositionException, match="Could not override"):  # the schema's own nodes stay closed
+        _compose([*TINY, choice, override.replace("_args.", "_arg.").replace("category_map.", "category_mop.")])
+
+
+def test_the_command_line_takes_free_form_keys_without_plus(tmp_path):
+    """Through the app itself (`python -m specdec --cfg job`): Hydra's parsing of the command line."""
+    from omegaconf import OmegaConf
+
+    overrides = [o for choice, override, _, _ in FREE_FORM for o in (choice, override) if choice != "data=builtin"]
+    proc = _command_line(tmp_path, "--cfg", "job", *TINY, *overrides, "data.source_args.n=3")
+    assert proc.returncode == 0, proc.stderr
+    cfg = OmegaConf.create(proc.stdout)
+    for _, _, key, value in FREE_FORM:
+        if key != "data.source_args.subset":
+            assert OmegaConf.select(cfg, key) == value, key
+    assert cfg.data.source_args.n == 3 and cfg.data.category_map.writing == "multi_turn"
+
+
+def test_an_argument_added_without_plus_is_checked_against_its_part():
+    validate(_compose([*TINY, "method.verifier=forced", "method.verifier_args.acceptance=[0.8,0.6,0.5,0.4]"]))
+    with pytest.raises(ConfigError, match="^data.source: .*n"):
+        validate(_compose([*TINY, "data.source_args.n=3"]))  # the built-in prompts take no arguments
+
+
+def test_the_engine_file_holds_the_schemas_defaults():
+    """conf/engine/default.yaml documents every engine switch with the study behind it; its values
+    are the schema's, so a config built without it (or with an engine file of one's own) agrees."""
+    import dataclasses
+
+    import yaml
+
+    from specdec.study.config import CompileOptions, EngineConfig
+
+    written = yaml.safe_load((CONF / "engine" / "default.yaml").read_text())
+    options = {f.name: f.default for f in dataclasses.fields(CompileOptions)}
+    defaults = {f.name: f.default for f in dataclasses.fields(EngineConfig) if f.name != "compile_options"}
+    assert written == {**defaults, "compile_options": options}
+    cfg = _compose([])
+    assert cfg.compile == "auto" and cfg.engine.overlap == "auto" and cfg.engine.exact_greedy is True
+    for option in ("autotune", "freeze_weights", "cuda_graphs"):  # each option names its study
+        line = next(x for x in (CONF / "engine" / "default.yaml").read_text().splitlines() if x.strip().startswith(option))
+        assert option in line
+    assert (CONF / "engine" / "default.yaml").read_text().count("LOG.md#") >= 4
+
+
+def test_method_files_list_only_what_differs_from_the_defaults():
+    import dataclasses
+
+    import yaml
+
+    from specdec.study.config import MethodConfig
+
+    defaults = {f.name: f.default if f.default is not dataclasses.MISSING else {} for f in dataclasses.fields(MethodConfig)}
+    for path in sorted((CONF / "method").glob("*.yaml")):
+        written = yaml.safe_load(path.read_text())
+        same = [key for key, value in written.items() if key != "name" and value == defaults[key]]
+        assert not same, f"{path.name} repeats the defaults of {same}"
+
+
+@pytest.mark.parametrize("overrides, device, resolved", [
+    (["compile=off"], "cpu", "off"),
+    (["compile=on"], "cpu", "on"),
+    (["compile=on", "engine.compile_options.autotune=true"], "cpu", "autotune"),
+    (["compile=on", "engine.compile_options.freeze_weights=true"], "cpu", "frozen"),
+    (["compile=auto", "engine.compile_options.autotune=true"], "cpu", "off"),  # auto keeps a CPU eager
+    (["compile=off", "engine.compile_options.autotune=true"], "cpu", "off"),
+])
+def test_compile_and_its_options_become_the_engines_passes(overrides, device, resolved):
+    import torch
+
+    cfg = _compose([*TINY, f"device={device}", "engine.packed_linear=off", *overrides])
+    passes = experiment.accelerated(cfg)
+    passes.settle(torch.device(device), torch.float32)
+    assert passes.describe() == {"compile": resolved, "packed_linear": "off"}
+
+
+def test_the_engines_switches_reach_the_run(tmp_path):
+    cfg = _compose([*TINY, "dtype=float32", "data.limit=1", "generation.max_new_tokens=4", "warmup=false", "plots=false",
+                    "engine.exact_greedy=false", "engine.overlap=on", "engine.packed_linear=on", "compile=off"])
+    summary = experiment.run(cfg, tmp_path).summary
+    assert summary["exact_greedy"] is False and summary["overlap"] == "on"
+    assert summary["compile"] == "off" and summary["packed_linear"] == "on"
+
+
+def test_compile_options_under_compile_off_are_said_to_be_ignored(caplog):
+    validate(_compose([*TINY, "compile=off", "engine.compile_options.cuda_graphs=explicit"]))
+    assert "compile=off runs every pass eagerly and ignores engine.compile_options.cuda_graphs=explicit" in caplog.text
+    caplog.clear()
+    validate(_compose([*TINY, "compile=on", "engine.compile_options.autotune=true"]))
+    assert "ignores" not in caplog.text
