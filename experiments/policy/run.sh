@@ -3,14 +3,14 @@
 # trained EAGLE-style drafter, each with a fixed k and with the cost-aware policy, and the hybrid of all four, against plain
 # decoding at batch sizes 1, 4 and 16, interleaved batch by batch in one run per batch size.
 # Embedded SmolLM2-135M-Instruct, default dtype, Spec-Bench prompts, greedy, 32 new tokens per turn (MAX_NEW=64: 64); plain
-# decoding one token wide (exact_greedy=false: the fastest plain decoding, not the padded exact one).
+# decoding one token wide (engine.exact_greedy=false: the fastest plain decoding, not the padded exact one).
 # Run from the repository root; results in $RUNS/b{1,4,16}; then `python experiments/policy/collect.py`.
 set -euo pipefail
 # ~experiment: no preset (the default one adds methods of its own)
 RUNS=${RUNS:-experiments/policy/runs}
 MAX_NEW=${MAX_NEW:-32}   # new tokens per turn
 EXTRA=${EXTRA:-}         # more overrides for every run, e.g. EXTRA=generation.temperature=0.7
-COMMON="~experiment data=spec_bench generation.max_new_tokens=$MAX_NEW exact_greedy=false logger=none plots=false progress=false draft=self $EXTRA"
+COMMON="~experiment data=spec_bench generation.max_new_tokens=$MAX_NEW engine.exact_greedy=false logger=none plots=false progress=false draft=self $EXTRA"
 METHODS=${METHODS:-"method=ngram method.num_speculative_tokens=8
   +method@compare.ngram_ca=ngram compare.ngram_ca.name=ngram_ca compare.ngram_ca.num_speculative_tokens=8 compare.ngram_ca.schedule=cost_aware
   +method@compare.suffix=suffix
