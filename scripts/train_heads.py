@@ -32,8 +32,14 @@ from specdec.core.engine import Engine
 from specdec.core.errors import InvalidInput, reported
 from specdec.models import ModelSpec, cache_dir, load_model
 from specdec.proposers.eagle import EagleDrafter, EagleProposer
-from specdec.proposers.heads import OutputHead, frequent_tokens, save_checkpoint, target_signature
-from specdec.proposers.medusa import MedusaHeads, MedusaProposer
+from specdec.proposers.heads import (
+    OutputHead,
+    frequent_tokens,
+    is_checkpoint,
+    save_checkpoint,
+    target_signature,
+)
+from specdec.proposers.medusa import DEFAULT_TREE, MedusaHeads, MedusaProposer
 from specdec.study.config import resolve_path
 from specdec.study.data import build_turn_input, load_builtin, load_spec_bench
 from specdec.study.tracking import TRACKER_SETTINGS, make_tracker
@@ -56,6 +62,7 @@ from specdec.train.script_checks import (
     check_choice,
     check_dtype,
     check_out_file,
+    check_out_spares_target,
     checked,
 )
 from specdec.train.training import (
@@ -70,6 +77,7 @@ from specdec.train.training import (
 
 log = logging.getLogger("train_heads")
 METHODS = ("medusa", "eagle")
+DEFAULT_RANKS = 1 + max(rank for path in DEFAULT_TREE for rank in path)  # what the decoding check's tree reads of a head
 FAMILIES = ("written", "math", "qa", "follow_ups", "passages", "code", "derived")
 
 
@@ -95,6 +103,16 @@ def check_config(cfg: DictConfig) -> None:
     check_at_least("generation.batch_size", cfg.generation.batch_size, 1)
     check_at_least("heads.num_heads", cfg.heads.num_heads, 1)
     check_at_least("heads.vocab", cfg.heads.vocab, 1, optional=True)
+    # The decoding check after training drafts with these: refused now, not after the training they end.
+    if cfg.kind == "eagle":
+        for key in ("budget", "topk", "width", "depth"):
+            check_at_least(f"eagle.{key}", cfg.eagle[key], 1)
+        if cfg.heads.vocab is not None and cfg.eagle.topk > cfg.heads.vocab:
+            raise InvalidInput(f"eagle.topk={cfg.eagle.topk}: the drafter proposes from its heads.vocab={cfg.heads.vocab} "
+                               "tokens; at most that many")
+    elif cfg.heads.vocab is not None and cfg.heads.vocab < DEFAULT_RANKS:
+        raise InvalidInput(f"heads.vocab={cfg.heads.vocab}: Medusa's default tree takes each head's {DEFAULT_RANKS} "
+                           f"likeliest tokens; at least {DEFAULT_RANKS}")
     t = cfg.train
     shortest = cfg.heads.num_heads + 2 if cfg.kind == "medusa" else 3
     check_at_least("train.max_seq_len", t.max_seq_len, shortest)
@@ -112,7 +130,11 @@ def check_config(cfg: DictConfig) -> None:
     check_at_least("eval.max_new_tokens", cfg.eval.max_new_tokens, 1)
     check_dtype("dtype", cfg.dtype)
     check_at_least("threads", cfg.threads, 1, optional=True)
-    check_out_file(resolve_path(cfg.out), ".safetensors", cfg.overwrite, companion="report .json")
+    out = resolve_path(cfg.out)
+    check_out_file(out, ".safetensors", cfg.overwrite, companion="report .json")
+    target = cfg.target.path
+    keep = resolve_path(target) if target and target not in ("embedded", "tiny_random") else None
+    check_out_spares_target(out, keep, (".json",), is_checkpoint)
     if cfg.generation.cache:
         check_cache_folder(cache_dir() / "train_heads")
 

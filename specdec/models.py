@@ -50,6 +50,7 @@ import torch
 
 from specdec.core.attention import AttentionLayout, eager_attention_needed
 from specdec.core.errors import InvalidInput, MissingInput, MissingPackage, first_line
+from specdec.core.files import umask_modes
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -397,7 +398,7 @@ def _converted_gguf(gguf: Path, target: Path) -> Path:
             files = {p.name: p.stat().st_size for p in written}
             sums = {p.name: _sha256(p) for p in written}
             (tmp / MANIFEST).write_text(json.dumps({"source": str(gguf), "files": files, "sha256": sums}, indent=1))
-            _make_shareable(tmp)
+            umask_modes(tmp)  # the cache may be shared: safetensors alone writes 0600
             os.rename(tmp, target)  # atomic: the cache entry is either whole or absent
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -503,19 +504,6 @@ def _clear_leftovers(held: Path) -> None:
 def _remove_temporaries(entry: Path) -> None:
     for tmp in entry.parent.glob(f".{entry.name}.tmp-*"):
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _make_shareable(directory: Path) -> None:
-    """Give what is in `directory` the modes the umask allows (0644/0755 under umask 022): the cache may
-    be shared, and safetensors writes its file 0600 whatever the umask says."""
-    umask = os.umask(0)
-    os.umask(umask)
-    for root, dirs, files in os.walk(directory):
-        os.chmod(root, 0o777 & ~umask)
-        for d in dirs:
-            os.chmod(os.path.join(root, d), 0o777 & ~umask)
-        for f in files:
-            os.chmod(os.path.join(root, f), 0o666 & ~umask)
 
 
 def _load_gguf(gguf: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:

@@ -143,6 +143,15 @@ def checkpoint_info(path: str | Path, kind: str) -> dict:
     return info
 
 
+def is_checkpoint(path: str | Path) -> bool:
+    """Whether `path` is a file `save_checkpoint` wrote, of any kind (its header alone is read)."""
+    try:
+        with safe_open(str(path), "pt") as f:
+            return "kind" in (f.metadata() or {}) and "meta" in (f.metadata() or {})
+    except (SafetensorError, OSError):
+        return False
+
+
 def load_checkpoint(path: str | Path, kind: str, target_model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict]:
     """Read a checkpoint written by `save_checkpoint`, refusing the wrong kind or another target."""
     path = resolve_heads_path(path, kind)

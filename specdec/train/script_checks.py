@@ -2,7 +2,7 @@
 
 `scripts/train_heads.py` and `scripts/train_draft.py` spend minutes loading a target and generating
 training text before they train; a value they cannot work with (a count of 0, a negative learning
-rate, an `out` that exists or is the target's own folder) is refused first, as an `InvalidInput`
+rate, an `out` that exists, or is the target's own folder or one of its files) is refused first, as an `InvalidInput`
 naming the config key (one `Error:` line on the command line), so that nothing is lost or overwritten.
 A refused run takes back the run folder Hydra made for it (`checked`), as the experiment command does.
 """
@@ -62,14 +62,33 @@ def check_out_file(out: Path, suffix: str, overwrite: bool, companion: str | Non
                            f"{f' (and its {companion})' if companion else ''}, or choose another out")
 
 
+def check_out_spares_target(out: Path, target: Path | None, companions: Iterable[str] = (),
+                            ours: Callable[[Path], bool] = lambda path: False) -> None:
+    """A file the run writes, `out` and `out` with each suffix in `companions` (its report), must not
+    replace a file of the target's own folder `target` (its weights, config, tokenizer), even under
+    overwrite=true; unless `ours(out)` says that `out` is an earlier output of the same script, whose
+    companions are then its own too."""
+    if target is None or not target.is_dir() or out.parent.resolve() != target.resolve():
+        return
+    if out.is_file() and ours(out):
+        return
+    for path in (out, *(out.with_suffix(suffix) for suffix in companions)):
+        if path.exists():
+            raise InvalidInput(f"out={out}: {path.name} is a file of the target's own folder {target}; writing "
+                               f"there would replace it: choose another out, e.g. out={out.parent / 'heads' / out.name}")
+
+
 def check_out_dir(out: Path, overwrite: bool, keep: Path | None = None) -> None:
-    """A model folder the run will write: not a file, never the folder `keep` (the target), in a
-    writable folder, and not a non-empty folder already unless `overwrite`."""
+    """A model folder the run will write: not a file, never the folder `keep` (the target) or a folder
+    that holds it, in a writable folder, and not a non-empty folder already unless `overwrite`."""
     if out.exists() and not out.is_dir():
         raise InvalidInput(f"out={out} is a file; the draft is a folder: choose another out")
     if keep is not None and keep.exists() and out.exists() and out.resolve() == keep.resolve():
         raise InvalidInput(f"out={out} is the target's own folder; saving the draft there would replace "
                            "the target: choose another out")
+    if keep is not None and keep.exists() and out.exists() and out.resolve() in keep.resolve().parents:
+        raise InvalidInput(f"out={out} holds the target ({keep}); saving the draft there would delete the "
+                           "target with everything else in it: choose another out")
     _writable_folder("out", out.parent)
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise InvalidInput(f"out={out} exists and is not empty; pass overwrite=true to replace it, "

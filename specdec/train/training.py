@@ -44,7 +44,7 @@ from tqdm.auto import tqdm
 from specdec.core.attention import grouped_attention
 from specdec.core.decoder_stack import early_exit_view, final_logits, hidden_source, logit_transform
 from specdec.core.errors import InvalidInput, first_line
-from specdec.core.files import write_whole
+from specdec.core.files import umask_modes, write_whole
 from specdec.study.data import Prompt, build_turn_input
 
 
@@ -353,6 +353,7 @@ def save_draft(draft, tokenizer, path) -> None:
     try:
         draft.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        umask_modes(tmp)  # safetensors writes the weights 0600; a shared folder needs them readable
         if path.exists():
             os.replace(path, old)
         os.replace(tmp, path)
