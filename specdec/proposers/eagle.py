@@ -44,6 +44,7 @@ from specdec.core.cache import RowCache
 from specdec.core.decoder_stack import decoder_stack
 from specdec.core.device import to_device
 from specdec.core.engine import Engine, overlay_columns
+from specdec.core.errors import InvalidInput
 from specdec.core.tree import TokenTree, TreeProposal
 from specdec.proposers.base import Proposal
 from specdec.proposers.heads import OutputHead, load_checkpoint
@@ -180,6 +181,11 @@ class EagleProposer:
         self.drafter.load_state_dict({k: v for k, v in tensors.items() if k != "vocab_ids"})
         self.drafter.to(engine.device, engine.dtype).eval()
         self.head = OutputHead.of(target.model, tensors.get("vocab_ids"))
+        vocab = self.head.weight.shape[0]
+        if topk > vocab:  # topk would fail at the first step
+            raise InvalidInput(f"method.proposer.topk={topk}: the drafter proposes from {vocab} tokens"
+                               f"{' (the checkpoint reduced the vocabulary)' if self.head.vocab_ids is not None else ''}; "
+                               f"use a topk of at most {vocab}")
         self.embed = target.model.get_input_embeddings()
         self.budget, self.topk, self.width, self.depth = budget, topk, width, depth
         self.num_nodes = budget

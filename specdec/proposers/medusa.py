@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from specdec.core.device import to_device
 from specdec.core.engine import Engine
+from specdec.core.errors import InvalidInput
 from specdec.core.tree import TreeProposal, static_tree
 from specdec.proposers.base import Proposal
 from specdec.proposers.heads import OutputHead, load_checkpoint
@@ -102,6 +103,12 @@ class MedusaProposer:
         if self.shape.max_depth > self.heads.num_heads:
             raise ValueError(f"method.tree is {self.shape.max_depth} deep but the checkpoint has "
                              f"{self.heads.num_heads} heads; use a tree at most {self.heads.num_heads} deep")
+        vocab = self.head.weight.shape[0]
+        if max(self.shape.ranks) >= vocab:  # topk would fail at the first step
+            raise InvalidInput(f"method.tree: rank {max(self.shape.ranks)} asks each head for more guesses than "
+                               f"the {vocab} tokens it proposes from"
+                               f"{' (the checkpoint reduced the vocabulary)' if self.head.vocab_ids is not None else ''}; "
+                               f"use ranks below {vocab}")
         self.num_nodes = self.shape.num_nodes
         self.target = target
         target.keep_hidden_states()
