@@ -63,6 +63,7 @@ from dataclasses import replace
 import torch
 
 from specdec.adaptive.policy import Plan, Planner, StepClock, drafting, model_cost_hint, verified
+from specdec.core.errors import InvalidInput
 from specdec.core.schedules import cut
 from specdec.core.tree import TreeProposal
 from specdec.proposers.base import Proposal
@@ -91,6 +92,14 @@ class HybridProposer:
         if not parts:
             raise ValueError("method.proposer.parts: the hybrid needs at least one proposer, e.g. "
                              "{suffix: {_target_: specdec.proposers.suffix.SuffixProposer, _partial_: true}}")
+        if not isinstance(parts, Mapping):
+            raise InvalidInput(f"method.proposer.parts: a mapping of names to proposers, got {type(parts).__name__} "
+                               f"{parts!r}")
+        for n, p in parts.items():
+            if not (hasattr(p, "propose") or callable(p)):
+                raise InvalidInput(f"method.proposer.parts.{n}: {p!r} ({type(p).__name__}) is not a proposer or a "
+                                   "factory of one; give one with _target_ and _partial_: true, e.g. "
+                                   "{_target_: specdec.proposers.suffix.SuffixProposer, _partial_: true}")
         self.parts = {str(n): (p(engine=engine) if isinstance(p, type) or not hasattr(p, "propose") else p)
                       for n, p in parts.items() if not _without_heads(p)}
         if not self.parts:
