@@ -345,6 +345,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", action="store_true", help="also a row for each run's autoregressive baseline")
     args = parser.parse_args(argv)
     columns = args.columns.split(",") if args.columns else None
+    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
+        print(f"specdec.study.compare: --out {args.out} is a file; --out takes a folder (compare.csv and "
+              "compare.png are written into it)", file=sys.stderr)
+        return 2
     try:
         if columns:
             format_table([], columns, [])  # an unknown column fails before any file is read
@@ -357,8 +361,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     first = Path(args.paths[0])
     out = Path(args.out) if args.out else (first if first.is_dir() else first.parent)
-    out.mkdir(parents=True, exist_ok=True)
-    csv_path = write_csv(result.rows, out / CSV_NAME)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        csv_path = write_csv(result.rows, out / CSV_NAME)
+    except OSError as err:  # a file on the way, no permission, a full disk
+        print(f"specdec.study.compare: cannot write {out / CSV_NAME} ({err.strerror or err}); choose another "
+              "--out", file=sys.stderr)
+        return 2
     try:
         png_path: Path | None = plot(result.rows, result.categories, out / PLOT_NAME)
     except Exception as exc:  # the CSV is the result; a plot failure must not hide it

@@ -41,6 +41,8 @@ import wandb_workspaces.workspaces as ws
 from pydantic import TypeAdapter
 from wandb_workspaces import expr
 
+from specdec.core.errors import MissingInput, first_line
+
 # The categories of the prompt sets specdec ships: the built-in set and Spec-Bench (its eight MT-bench
 # categories reported as `multi_turn`, conf/data/spec_bench.yaml). tests/test_dashboard.py checks
 # this list against the data; `--categories` sets others (a data=hf set with its own categories).
@@ -262,11 +264,18 @@ def logged_keys(run: str | Path) -> dict[str, set[str]]:
 
 
 def _wandb_run(path: Path) -> Path:
+    """The W&B run `path` names (see `logged_keys`); MissingInput saying why there is none."""
+    if not path.exists():
+        raise MissingInput(f"{path}: no such file or folder; give a W&B run folder (wandb/offline-run-*), its "
+                           ".wandb file, or a specdec run folder logged with logger=wandb")
     if path.suffix == ".wandb" or list(path.glob("*.wandb")):
         return path
     found = sorted(path.glob("wandb/*run-*"), key=lambda p: p.stat().st_mtime)
     if not found:
-        raise FileNotFoundError(f"{path}: no W&B run here (expected a wandb/offline-run-* folder or a .wandb file)")
+        made_without = " (a specdec run made without W&B: rerun it with logger=wandb, offline by default)" \
+            if (path / "summary.json").is_file() else ""
+        raise MissingInput(f"{path}: no W&B run here{made_without}; expected a wandb/offline-run-* folder or a "
+                           ".wandb file")
     return found[-1]
 
 
@@ -360,6 +369,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.k_max < 1:
         parser.error(f"--k-max must be >= 1, got {args.k_max}")
+    if args.check:
+        try:  # the run is found before anything is built, or W&B asked for an entity
+            _wandb_run(Path(args.check))
+        except MissingInput as err:
+            print(f"specdec.study.dashboard: --check {err}", file=sys.stderr)
+            return 2
     categories = tuple(c for c in args.categories.split(",") if c) if args.categories else DEFAULT_CATEGORIES
     reason = offline_reason(args.offline, args.out)
     entity = args.entity or ""
@@ -374,7 +389,13 @@ def main(argv: list[str] | None = None) -> int:
                        k_max=args.k_max, name=args.name)
     validate(definition)
     if args.check:
-        missing = missing_metrics(definition, logged_keys(args.check))
+        try:
+            logged = logged_keys(args.check)
+        except (RuntimeError, ValueError, OSError, subprocess.TimeoutExpired) as err:  # wandb cannot read the run
+            print(f"specdec.study.dashboard: --check {args.check}: cannot read the W&B run ({first_line(err)})",
+                  file=sys.stderr)
+            return 2
+        missing = missing_metrics(definition, logged)
         for ref in missing:
             print(f"not logged by {args.check}: {ref.kind} key {ref.name!r} ({ref.where})", file=sys.stderr)
         if missing:
