@@ -607,10 +607,16 @@ def test_method_files_list_only_what_differs_from_the_defaults():
     (["compile=on", "engine.compile_options.freeze_weights=true"], "cpu", "frozen"),
     (["compile=auto", "engine.compile_options.autotune=true"], "cpu", "off"),  # auto keeps a CPU eager
     (["compile=off", "engine.compile_options.autotune=true"], "cpu", "off"),
+    (["compile=auto", "engine.compile_options.autotune=true"], "cuda", "autotune"),  # auto compiles on CUDA
+    (["compile=auto", "engine.compile_options.freeze_weights=true"], "cuda", "frozen"),
+    (["compile=auto"], "cuda", "on"),
 ])
-def test_compile_and_its_options_become_the_engines_passes(overrides, device, resolved):
+def test_compile_and_its_options_become_the_engines_passes(overrides, device, resolved, monkeypatch):
+    """`experiment.accelerated`, the one place the config becomes `Accelerated`'s arguments, as
+    `Accelerated` settles them on `device` (nothing runs there: a CPU-only machine checks CUDA's)."""
     import torch
 
+    monkeypatch.setattr(experiment, "resolve_device", lambda name: torch.device(name))
     cfg = _compose([*TINY, f"device={device}", "engine.packed_linear=off", *overrides])
     passes = experiment.accelerated(cfg)
     passes.settle(torch.device(device), torch.float32)
