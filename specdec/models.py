@@ -135,9 +135,8 @@ def check_finite_logits(model: PreTrainedModel, name: str) -> None:
     bad_weights = [n for n, p in model.named_parameters() if p.is_floating_point() and not bool(torch.isfinite(p).all())]
     if bad_weights:
         more = f" and {len(bad_weights) - 3} more" if len(bad_weights) > 3 else ""
-        cause = (f"its weights hold NaN or infinite values ({', '.join(bad_weights[:3])}{more}): the files are damaged. "
-                 "Re-create or copy the model again; for a GGUF file, delete its converted copy under "
-                 f"{cache_dir()} and run again")
+        cause = (f"its weights hold NaN or infinite values ({', '.join(bad_weights[:3])}{more}): its files are "
+                 "damaged. Save, copy or download the model again")
     else:
         cause = (f"its weights are finite, so its activations overflow in {dtype}: run it in float32 "
                  "(dtype=float32)" if dtype in ("float16", "bfloat16") else
