@@ -75,7 +75,8 @@ def check_out_spares_target(out: Path, target: Path | None, companions: Iterable
     for path in (out, *(out.with_suffix(suffix) for suffix in companions)):
         if path.exists():
             raise InvalidInput(f"out={out}: {path.name} is a file of the target's own folder {target}; writing "
-                               f"there would replace it: choose another out, e.g. out={out.parent / 'heads' / out.name}")
+                               "there would replace it: choose another out (a file of the run's own, as the default "
+                               "outputs/heads/<kind>.safetensors)")
 
 
 def check_out_dir(out: Path, overwrite: bool, keep: Path | None = None) -> None:
