@@ -114,6 +114,9 @@ class PipelinedSteps:
         # Per row, L on the device after the last step read (host copy; rows the host finished are
         # still advanced by the steps queued before it knew).
         self.lens = list(state.seq_lens)
+        # Per row, the L at which it has emitted max_new_tokens: a step's drafts are cut on the device
+        # to the row's room less one (`_verify`), as the serial loop cuts them on the host.
+        self.full = to_device([p + state.max_new_tokens for p in state.prompt_lens], self.device)
         self.steps = 0
         self._live: dict[tuple, torch.Tensor] = {}
         # Steps captured whole (`_replay`): with explicit CUDA graphs for both models, and a verifier
@@ -194,8 +197,11 @@ class PipelinedSteps:
                 bound: int) -> tuple:
         """Score `proposal` from the lengths `lens: [B]` (device; each at most `bound`), verify, and
         commit on the device, advancing the rows of `live: [B]` (0/1). Returns the verification, L
-        after the step `[B]` and the outcome for the host `[B, 1 + k + 1]` (accepted, the tokens)."""
+        after the step `[B]` and the outcome for the host `[B, 1 + k + 1 + 1]` (accepted, the tokens,
+        the drafts each row kept: k, or its room less one where that is less, 0 for a row not advanced)."""
         state = self.state
+        kept = (self.full - lens - 1).clamp(min=0, max=self.k) * live  # [B]
+        proposal = Proposal(proposal.tokens, [self.k] * state.batch_size, device_lengths=kept)
         last = state.tokens.gather(1, (lens - 1)[:, None])  # [B, 1]
         _, end = self._passes(bound)[1]
         logits = self.target.compiled.forward_at(torch.cat([last, proposal.tokens], dim=1), lens - 1, end)
@@ -210,7 +216,8 @@ class PipelinedSteps:
         upto = torch.minimum(self.columns[None], accepted[:, None])  # [B, k + 1]
         state.tokens.scatter_(1, lens[:, None] + upto, result.tokens.gather(1, upto))
         after = lens + (accepted + 1) * live
-        return result, after, torch.cat([accepted[:, None].to(result.tokens.dtype), result.tokens], dim=1)
+        dtype = result.tokens.dtype
+        return result, after, torch.cat([accepted[:, None].to(dtype), result.tokens, kept[:, None].to(dtype)], dim=1)
 
     def _chain(self, before: torch.Tensor, accepted: torch.Tensor, after: torch.Tensor, bound: int) -> Proposal:
         """The next step's k drafts from a step's outcome (L before and after it, the drafts
@@ -281,11 +288,12 @@ class PipelinedSteps:
         (the device's buffer holds the tokens already)."""
         state, stats = self.state, self.stats
         host = step.copy.read()
-        accepted, tokens = [row[0] for row in host], [row[1:] for row in host]
+        accepted, tokens = [row[0] for row in host], [row[1:-1] for row in host]
+        step.proposal.settle([row[-1] for row in host])  # the drafts each row kept
         outcome = self.decoder.commit_step(state, step.proposal, step.result, accepted, tokens, None, stats,
                                             self.start, self.on_tokens, write=False)
         stats.steps += 1
-        stats.draft_lengths.append(self.k)
+        stats.draft_lengths.append(step.proposal.max_length)
         self.steps += 1
         self.lens = [n + (a + 1) * on for n, a, on in zip(self.lens, accepted, step.live)]
         return outcome

@@ -290,9 +290,13 @@ class ForcedVerifier:
         self.constant = isinstance(acceptance, (int, float))
         self.acceptance = [float(a) for a in values]
         self._curves: dict[tuple, torch.Tensor] = {}
+        # Uniforms drawn per step: the decoder's k (`check_k`), also for a step whose drafts a row's
+        # room cut shorter, so that the generator's stream does not depend on where steps were cut.
+        self.width = 0
 
     def check_k(self, k: int) -> None:
         """Raise unless the curve covers k draft positions."""
+        self.width = max(self.width, k)
         if not self.constant and k > len(self.acceptance):
             raise ValueError(f"verifier_args.acceptance has {len(self.acceptance)} values but k = {k} drafts "
                              "are proposed per step; give one probability per position (or one number "
@@ -313,7 +317,7 @@ class ForcedVerifier:
     def __call__(self, logits: torch.Tensor, proposal: Proposal, params: SamplingParams,
                  generator: torch.Generator | None = None) -> Verification:
         """logits: [B, k+1, V] target logits at the last committed token and each draft."""
-        u = self.draw(logits.shape[0], proposal.k, logits.device, generator)
+        u = self.draw(logits.shape[0], max(proposal.k, self.width), logits.device, generator)[:, :proposal.k]
         return self.decide(logits, proposal, params, u, generator)
 
     @staticmethod

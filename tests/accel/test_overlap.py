@@ -24,7 +24,7 @@ def _stream(dec, prompts, **kw):
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 @pytest.mark.parametrize("exact", [True, False])
 def test_overlapped_equals_serial_with_rows_ending_on_eos(engine_factory, temperature, exact):
-    engine = engine_factory()
+    engine = engine_factory(compile="off")
     ref = _plain(engine, "off").generate(RAGGED_PROMPTS, max_new_tokens=20, temperature=temperature, seed=3)
     # EOS ids that end rows at different steps (and one row, perhaps, never)
     eos = [ref.output_ids[0][4], ref.output_ids[2][9]]
@@ -44,7 +44,7 @@ def test_overlapped_equals_serial_with_rows_ending_on_eos(engine_factory, temper
 
 def test_max_new_tokens_ends_without_an_extra_pass(engine_factory):
     """Room is known on the host: a generation that stops on max_new_tokens queues nothing after it."""
-    engine = engine_factory()
+    engine = engine_factory(compile="off")
     serial = _plain(engine, "off").generate(RAGGED_PROMPTS, max_new_tokens=9)
     over = _plain(engine, "on").generate(RAGGED_PROMPTS, max_new_tokens=9)
     assert over.output_ids == serial.output_ids and all(len(o) == 9 for o in over.output_ids)
@@ -57,7 +57,7 @@ def test_the_next_pass_is_queued_before_the_token_is_read(engine_factory, monkey
     import specdec.accel.syncs as syncs
 
     def order(overlap):
-        engine = engine_factory()
+        engine = engine_factory(compile="off")
         events = []
         forward = engine.target.forward
 
@@ -85,7 +85,7 @@ def test_the_next_pass_is_queued_before_the_token_is_read(engine_factory, monkey
 def test_continuation_after_an_overlapped_turn(engine_factory):
     """A conversation continued from an overlapped generation reuses its cache and matches a serial
     one: the queued-ahead entries were rolled back."""
-    engine = engine_factory()
+    engine = engine_factory(compile="off")
     outs = {}
     for mode in ("off", "on"):
         dec = _plain(engine, mode, max_len=128, eos_token_id=[])
@@ -108,19 +108,21 @@ def test_compiled_overlapped_equals_eager_serial(target):
 
 
 def test_overlap_default_and_scope(engine_factory):
-    engine = engine_factory("self")
+    engine = engine_factory("self", compile="off")
     assert _plain(engine, "auto").overlaps() is (engine.device.type == "cuda")
     assert _plain(engine, True).overlaps() and not _plain(engine, False).overlaps()
     speculative = SpeculativeDecoder(engine, DraftModelProposer(engine), num_speculative_tokens=2, overlap="on")
     assert not speculative.overlaps()  # a step's drafts start from the accepted count the host reads
     with pytest.raises(ValueError, match="overlap='sometimes' is not one of"):
         _plain(engine, "sometimes")
+    eager = engine_factory("self")  # the core's engine has no step runner: its steps run serially
+    assert not _plain(eager, True).overlaps()
 
 
 def test_overlapped_reads_once_a_step(engine_factory):
     from specdec.accel.syncs import count_host_syncs
 
-    engine = engine_factory()
+    engine = engine_factory(compile="off")
     dec = _plain(engine, "on")
     dec.generate(RAGGED_PROMPTS, max_new_tokens=4)  # warm
     with count_host_syncs() as syncs:

@@ -132,7 +132,9 @@ class TopRankTree:
     def observe(self, state, outcome):
         for b, on in enumerate(outcome.active):
             if on:
-                self.paths_seen.append([i for i in outcome.verification.path[b].tolist() if i >= 0])
+                path = getattr(outcome.verification, "path", None)  # none: a last step that drafted nothing
+                if path is not None:
+                    self.paths_seen.append([i for i in path[b].tolist() if i >= 0])
 
 
 def _generate(engine, proposer, prompts, **kw):
