@@ -205,6 +205,7 @@ class Config:
     dtype: str = "auto"  # auto (bfloat16 on a GPU or a CPU with bfloat16 units) | float32 | bfloat16 | float16
     compile: str = "auto"  # off | on | auto (on for CUDA, off on a CPU): torch.compile at static shapes
     seed: int = 0
+    repeats: int = 1  # the interleaved comparison, run this many times (intervals resample repeats too)
     threads: int | None = 1  # torch CPU threads per job; null keeps torch's default (all cores)
     warmup: bool = True  # one short untimed generation per method before measuring
     plots: bool = True
@@ -454,13 +455,15 @@ def validate(cfg: DictConfig) -> None:
         ("generation.max_new_tokens", int, False), ("generation.temperature", float, False),
         ("generation.top_p", float, False), ("generation.top_k", int, False),
         ("generation.batch_size", int, False), ("seed", int, False), ("threads", int, True),
-        ("data.limit", int, True),
+        ("data.limit", int, True), ("repeats", int, False),
     ):
         _check_type(key, OmegaConf.select(cfg, key), kind, optional)
     if g.max_new_tokens < 1:
         _fail("generation.max_new_tokens", f"must be >= 1, got {g.max_new_tokens}")
     if g.batch_size < 1:
         _fail("generation.batch_size", f"must be >= 1, got {g.batch_size}")
+    if cfg.repeats < 1:
+        _fail("repeats", f"must be >= 1 (how many times the comparison runs), got {cfg.repeats}")
     if not 0 <= g.temperature < math.inf:
         _fail("generation.temperature", f"must be finite and >= 0 (0 is greedy), got {g.temperature}")
     if not 0 < g.top_p <= 1:
