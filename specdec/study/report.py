@@ -3,7 +3,8 @@
 Input: the `PromptResult`s of a run (results.jsonl), one per prompt and method (the method, and the
 autoregressive baseline measured on the same prompts in the same run). Output: `summarize` -> the
 dict written to `summary.json` (per method a `MethodResults`: overall and per category),
-`format_table` / `format_comparison` -> the printed tables, `make_plots` -> PNG files. This module
+`format_table` / `format_comparison` -> the printed tables,
+`make_plots` -> the figures (drawn by `specdec.study.figures`, PNG and PDF). This module
 only arranges and formats: the numbers come from `specdec.study.results.MethodSummary.measure`, which
 applies the definitions of `specdec.core.metrics`.
 
@@ -213,51 +214,15 @@ def _cache_policy(summary: dict) -> str:
 # ---------------------------------------------------------------- plots
 
 
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return path
-
-
 def make_plots(summary: dict, out_dir: Path) -> dict[str, Path]:
-    """PNG files in `out_dir`: acceptance per draft position, speedup and tau per category.
-    Uses matplotlib's object API (no pyplot), so no global backend or figure state is touched."""
-    from matplotlib.figure import Figure
+    """The run's figures (`specdec.study.figures`), PNG and PDF, in `out_dir`: speedup and tau per
+    category, acceptance per draft position (with the counts of results.jsonl, when it is there).
+    Returns {name: PNG path}."""
+    import json
 
-    out_dir = Path(out_dir)
-    block = MethodResults.from_dict(summary["methods"][summary["method"]])
-    label = method_label(summary)
-    plots = {}
+    from specdec.study.figures import run_figures
 
-    fig = Figure(figsize=(6.4, 4.0))
-    ax = fig.add_subplot()
-    overall = block.overall.per_position_acceptance
-    if overall:
-        positions = range(1, len(overall) + 1)
-        ax.bar(positions, [a if a is not None else float("nan") for a in overall], color="#c9d7ea",
-               label="all prompts")
-        for cat, m in block.categories.items():
-            ax.plot(range(1, len(m.per_position_acceptance) + 1), m.per_position_acceptance, marker="o", label=cat)
-        ax.set_xticks(list(positions))
-        ax.legend(fontsize=7)
-    else:
-        ax.text(0.5, 0.5, "no drafts (autoregressive)", ha="center", va="center", transform=ax.transAxes)
-    ax.set_ylim(0, 1.05)
-    ax.set_xlabel("draft position i")
-    ax.set_ylabel("P(draft i accepted | drafts before it accepted)")
-    ax.set_title(f"{label}: acceptance per position")
-    plots["acceptance_per_position"] = _save(fig, out_dir / "acceptance_per_position.png")
-
-    names = [*block.categories, OVERALL]
-    values = [*block.categories.values(), block.overall]
-    fig = Figure(figsize=(max(6.4, 1.1 * len(names)), 5.6))
-    ax1, ax2 = fig.subplots(2, 1, sharex=True)
-    ax1.bar(names, [m.speedup for m in values], color="#4c72b0")
-    ax1.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
-    ax1.set_ylabel("speedup vs autoregressive")
-    ax1.set_title(f"{label}: speedup and mean accepted length per category")
-    ax2.bar(names, [m.mean_accepted_length for m in values], color="#55a868")
-    ax2.set_ylabel("mean accepted length (tau)")
-    ax2.tick_params(axis="x", labelrotation=30)
-    plots["categories"] = _save(fig, out_dir / "categories.png")
-    return plots
+    path = Path(out_dir) / "results.jsonl"
+    results = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()] \
+        if path.is_file() else None
+    return run_figures(summary, Path(out_dir), results)

@@ -1,8 +1,8 @@
-"""The end of a sweep: one CSV line per job and a plot of speedup and tau against each swept parameter.
+"""The end of a sweep: one CSV line per job, a figure of speedup and tau against each swept parameter.
 
 `SweepSummary` is a Hydra callback (listed in `conf/config.yaml` under `hydra.callbacks`). When a
 multirun ends it reads every job's `summary.json` and `.hydra/overrides.yaml` under the sweep folder
-and writes there `sweep_summary.csv` and `sweep_summary.png`. It works for any launcher (basic,
+and writes there `sweep_summary.csv` and `sweep_summary.png` (and `.pdf`). It works for any launcher (basic,
 joblib, submitit) because it reads only files. While the jobs of the basic launcher run in this
 process it also shows a progress bar over jobs (quiet when stderr is not a terminal).
 
@@ -25,7 +25,6 @@ If a job failed, Hydra stops before the callback's turn; rebuild the summary fro
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 import sys
@@ -175,44 +174,23 @@ def _as_number(value: Any) -> float | None:
         return None
 
 
-def plot(keys: list[str], rows: list[dict], path: Path) -> Path:
-    """One column per swept parameter: speedup (top) and tau (bottom) against its values, one line per
-    combination of the other swept parameters."""
-    from matplotlib.figure import Figure
+def plot(keys: list[str], rows: list[dict], path: Path, context: str = "") -> Path:
+    """Speedup and tau against each swept parameter (`specdec.study.figures.sweep_figure`): lines over
+    a numeric one, grouped bars over a categorical one, a colour per method; written as `path` (PNG)
+    and beside it as PDF. `context`: the subtitle (target, prompts, n, device, dtype)."""
+    from specdec.study.figures import save, sweep_figure
 
-    keys = keys or ["job"]
-    fig = Figure(figsize=(4.2 * len(keys), 6.0))
-    axes = fig.subplots(2, len(keys), squeeze=False)
-    for col, key in enumerate(keys):
-        others = [k for k in keys if k != key]
-        values = list(dict.fromkeys(r[key] for r in rows))
-        numeric = all(_as_number(v) is not None for v in values)
-        if numeric:
-            values.sort(key=_as_number)
-        xs = {v: (_as_number(v) if numeric else i) for i, v in enumerate(values)}
-        groups = itertools.groupby(sorted(rows, key=lambda r: [str(r[o]) for o in others]),
-                                   key=lambda r: tuple(r[o] for o in others))
-        for group, members in groups:
-            members = sorted(members, key=lambda r: xs[r[key]])
-            label = ", ".join(f"{o}={v}" for o, v in zip(others, group)) or None
-            for row_i, metric in enumerate(("speedup", "mean_accepted_length")):
-                ys = [_as_number(r[metric]) for r in members]
-                ys = [y if y is not None else float("nan") for y in ys]
-                axes[row_i][col].plot([xs[r[key]] for r in members], ys, marker="o", label=label)
-        for row_i, ylabel in enumerate(("speedup vs autoregressive", "mean accepted length (tau)")):
-            ax = axes[row_i][col]
-            ax.set_ylabel(ylabel)
-            if not numeric:
-                ax.set_xticks(range(len(values)))
-                ax.set_xticklabels([str(v) for v in values], rotation=30)
-        axes[0][col].axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
-        axes[1][col].set_xlabel(key)
-        if others:
-            axes[0][col].legend(fontsize=7)
-    fig.suptitle("sweep: speedup and mean accepted length")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return path
+    path = Path(path)
+    return save(sweep_figure(keys, rows, context), path.parent, path.stem)
+
+
+def context_of(sweep_dir: Path, rows: list[dict]) -> str:
+    """The subtitle of the sweep's figure: what its jobs' summaries say of target, prompts, n, device
+    and dtype (every value, where jobs differ)."""
+    from specdec.study.figures import context_line
+
+    summaries = [_read_summary(Path(sweep_dir) / str(r["job"]))[0] for r in rows]
+    return context_line(s for s in summaries if s)
 
 
 def summarize_sweep(sweep_dir: str | Path, keys: list[str] | None = None) -> tuple[Path, Path | None]:
@@ -225,7 +203,7 @@ def summarize_sweep(sweep_dir: str | Path, keys: list[str] | None = None) -> tup
     csv_path = write_csv(rows, sweep_dir / CSV_NAME)
     measured = [r for r in rows if r["status"] != MISSING]
     try:
-        png_path = plot(keys, measured, sweep_dir / PLOT_NAME) if measured else None
+        png_path = plot(keys, measured, sweep_dir / PLOT_NAME, context_of(sweep_dir, measured)) if measured else None
     except Exception as exc:  # the CSV is the result; a plot failure must not hide it
         log.warning("sweep plot failed (%s: %s); %s is written", type(exc).__name__, exc, csv_path)
         png_path = None
