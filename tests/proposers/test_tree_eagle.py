@@ -31,23 +31,32 @@ def target():
 
 
 class RecordingEagle(EagleProposer):
-    """Records, for every propose, the target's state and each drafter pass (inputs and outputs)."""
+    """Records, for every propose that expanded its tree past the root (two drafter passes or more),
+    the target's state and each drafter pass (inputs and outputs), in `records`: a generation's last
+    steps draft shallower trees, or none, their rows' room cut to a few tokens."""
 
     def propose(self, state, k):
-        self.calls = []
-        self.seen = (state.tokens.clone(), list(self.target.lengths), self.target.cache.hidden.clone())
-        return super().propose(state, k)
+        self._recording = []
+        seen = (state.tokens.clone(), list(self.target.lengths), self.target.cache.hidden.clone())
+        out = super().propose(state, k)
+        if len(self._recording) > 1:
+            self.records.append((seen, self._recording))
+        return out
+
+    def reset(self, state):
+        super().reset(state)
+        self.records = []
 
     def _feed(self, tokens, features, positions, counts, region=None):
         out = super()._feed(tokens, features, positions, counts, region)
-        self.calls.append((tokens, features, positions, region, out))
+        self._recording.append((tokens, features, positions, region, out))
         return out
 
 
-def _check_against_plain_passes(proposer: RecordingEagle):
-    tokens, lengths, hidden = proposer.seen
+def _check_against_plain_passes(proposer: RecordingEagle, record: tuple):
+    (tokens, lengths, hidden), calls = record
     drafter, embed = proposer.drafter, proposer.embed
-    levels = proposer.calls[1:]  # the first pass is the catch-up
+    levels = calls[1:]  # the first pass is the catch-up
     checked = 0
     for b, n in enumerate(lengths):
         prefix = (tokens[b, 1 : n + 1], hidden[b, :n], torch.arange(n))  # (x_{t+1}, f_t) at position t
@@ -76,9 +85,11 @@ def test_every_fed_node_equals_a_plain_pass_over_its_path(target):
     proposer = RecordingEagle(engine, str(TINY_EAGLE), budget=12, topk=3, width=3, depth=4)
     dec = SpeculativeDecoder(engine, proposer, num_speculative_tokens=4)
     checked = 0
-    for max_new in (2, 9):  # the first step after prefill, and a later one after compaction
+    for max_new, later in ((6, False), (9, True)):  # the first step after prefill, and a later one after compaction
         dec.generate(RAGGED_PROMPTS, max_new_tokens=max_new)
-        checked += _check_against_plain_passes(proposer)
+        deepest = [r for r in proposer.records if len(r[1]) == 4]  # the catch-up and three levels
+        assert not later or deepest[-1] is not proposer.records[0]  # a step after the first, past a compaction
+        checked += _check_against_plain_passes(proposer, deepest[-1] if later else proposer.records[0])
     assert checked >= 2 * 3 * 9  # three rows, three levels of three nodes
 
 

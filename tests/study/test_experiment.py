@@ -115,10 +115,14 @@ def test_perfect_draft_accepts_everything_and_matches_the_baseline(tmp_path):
     s = result.summary
     assert s["acceptance_rate"] == 1.0 and s["matches_baseline"] == 1.0
     assert s["methods"]["draft"]["overall"]["per_position_acceptance"] == [1.0, 1.0, 1.0]
-    assert s["methods"]["draft"]["overall"]["expected_tokens_per_step"] == 4.0
+    # 4 per step where all 3 drafts fit; the last step drafts only what can still be emitted less one
+    assert 3.0 < s["methods"]["draft"]["overall"]["expected_tokens_per_step"] <= 4.0
     assert 1.0 < s["mean_accepted_length"] <= 4.0  # 4 per step, less where EOS/max_new_tokens cut
     for row in result.rows:
-        assert row.proposed == 3 * row.steps if row.method == "draft" else row.proposed == 0
+        if row.method == "draft":
+            assert row.accepted == row.proposed and 3 * (row.steps - 1) <= row.proposed <= 3 * row.steps
+        else:
+            assert row.proposed == 0
 
 
 def test_unrelated_draft_still_matches_the_baseline(tmp_path):
