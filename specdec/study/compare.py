@@ -335,6 +335,18 @@ def compare(paths: list[str | Path], columns: list[str] | None = None, with_base
     return Comparison(runs, rows, categories, unfinished, table)
 
 
+def _write_report(result: Comparison, out: Path, heat_map: Path | None) -> None:
+    """compare.html and the speedup figure (specdec.study.html_report); a failure is a line on stderr."""
+    from specdec.study.html_report import write_comparison_report
+
+    try:
+        page = write_comparison_report(out, result, {"speedup heat map": heat_map} if heat_map else {})
+    except Exception as exc:  # the CSV is the result
+        print(f"compare.html failed ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return
+    print(f"wrote {page}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specdec.study.compare", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -374,6 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"plot failed ({type(exc).__name__}: {exc})", file=sys.stderr)
         png_path = None
     print(f"\nwrote {csv_path}" + (f" and {png_path}" if png_path else ""))
+    _write_report(result, out, png_path)
     return 0
 
 

@@ -483,6 +483,7 @@ def run(cfg: DictConfig, out_dir: str | Path) -> ExperimentResult:
             table += "\n\n" + format_comparison(summary)
         with _room_to_write(out_dir, rows):
             write_atomic({out_dir / "table.md": table + "\n"})
+        plots.update(_report(summary, table, config, plots, out_dir))
         tracker.log_rows(per_prompt(rows, method_name))
         tracker.log_summary(summary, [r.to_dict() for r in rows], plots)
     print(table, flush=True)
@@ -532,6 +533,18 @@ def _plots(summary: dict, out_dir: Path) -> dict[str, Path]:
         return make_plots(summary, out_dir)
     except Exception as exc:  # matplotlib problems (fonts, backends) are not worth a lost run
         log.warning("plots failed (%s: %s); results are written", type(exc).__name__, exc)
+        return {}
+
+
+def _report(summary: dict, table: str, config: dict, plots: dict[str, Path], out_dir: Path) -> dict[str, Path]:
+    """report.html (specdec.study.html_report): {"report": its path}, or nothing where it could not be
+    written; like the plots, a convenience that must not fail a run whose results are written."""
+    from specdec.study.html_report import write_run_report
+
+    try:
+        return {"report": write_run_report(out_dir, summary, table, config, plots)}
+    except Exception as exc:
+        log.warning("report.html failed (%s: %s); results are written", type(exc).__name__, exc)
         return {}
 
 

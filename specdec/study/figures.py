@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import textwrap
 import zlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -60,9 +61,34 @@ _EXTRA = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e3
           "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173"]
 
 
+def base_name(name: str) -> str:
+    """`ngram[num_speculative_tokens=2]` -> `ngram`: the method a named variant is one of."""
+    return name.split("[", 1)[0]
+
+
 def method_colour(name: str) -> str:
-    """The colour of method `name`, the same in every figure and every process."""
-    return METHOD_COLOURS.get(name) or _EXTRA[zlib.crc32(name.encode()) % len(_EXTRA)]
+    """The colour of method `name`, the same in every figure and every process; the variants of a
+    method (`ngram[...]`, `autoregressive[exact greedy, width 5]`) share their method's colour."""
+    base = base_name(name)
+    return METHOD_COLOURS.get(base) or _EXTRA[zlib.crc32(base.encode()) % len(_EXTRA)]
+
+
+def _number_variants(series: list[dict]) -> list[dict]:
+    """Series of one method share its colour: where a method has several, each gets a number (its
+    "tag", written on its bars, and its "index", picking its marker and line style) and its label
+    starts with the number."""
+    counts: dict[str, int] = {}
+    for s in series:
+        counts[base_name(s["method"])] = counts.get(base_name(s["method"]), 0) + 1
+    seen: dict[str, int] = {}
+    out = []
+    for s in series:
+        base = base_name(s["method"])
+        index = seen.get(base, 0)
+        seen[base] = index + 1
+        tag = str(index + 1) if counts[base] > 1 else None
+        out.append({**s, "index": index, "tag": tag, "label": (f"[{tag}] " if tag else "") + s["label"]})
+    return out
 
 
 def label(name: str, lossless: bool | None) -> str:
@@ -135,9 +161,14 @@ def _legend(fig, handles: list, labels: list[str], lossy: bool) -> None:
     """One legend for the whole figure (every panel uses the same colours), below the title."""
     if lossy:
         handles, labels = [*handles, _lossy_handle()], [*labels, LOSSY_NOTE]
-    if handles:
+    if not handles:
+        return
+    if max(len(t) for t in labels) <= 40:
         fig.legend(handles, labels, loc="outside lower center", ncol=min(4, len(handles)), fontsize=7,
                    frameon=False)
+    else:  # long labels (runs and their arguments) in one column beside the panels, wrapped
+        labels = [textwrap.fill(t, 48, subsequent_indent="    ") for t in labels]
+        fig.legend(handles, labels, loc="outside right upper", fontsize=6, frameon=False)
 
 
 def _grouped_bars(ax, groups: list[str], series: list[dict], metric: str) -> list:
@@ -204,17 +235,17 @@ def _run_series(summary: dict) -> list[dict]:
     """The run's methods (the baseline only when it is all the run measured), as bar series."""
     methods = summary["methods"]
     names = [n for n in methods if n != BASELINE] or [BASELINE]
-    return [{"label": label(n, methods[n].get("lossless")), "colour": method_colour(n),
-             "lossless": methods[n].get("lossless"), "method": n,
-             "blocks": {**methods[n].get("categories", {}), OVERALL: methods[n].get("overall", {})}}
-            for n in names]
+    return _number_variants([{"label": label(n, methods[n].get("lossless")), "colour": method_colour(n),
+                              "lossless": methods[n].get("lossless"), "method": n,
+                              "blocks": {**methods[n].get("categories", {}), OVERALL: methods[n].get("overall", {})}}
+                             for n in names])
 
 
 def category_figure(summary: dict):
     """Speedup (top) and tau (bottom) per category and overall, one bar per method of the run."""
     series = _run_series(summary)
     groups = [*summary.get("categories", []), OVERALL]
-    fig = _figure(max(6.4, 0.9 * len(groups) * max(1, len(series)) + 2.0), 6.0)
+    fig = _figure(min(14.0, max(6.4, 0.6 * len(groups) * max(1, len(series)) + 2.0)), 6.0)
     top, bottom = fig.subplots(2, 1, sharex=True)
     bars = _grouped_bars(top, groups, series, "speedup")
     top.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
@@ -261,7 +292,7 @@ def acceptance_figure(summary: dict, results: Sequence[dict] | None = None, min_
     left out; every point drawn carries its n."""
     from matplotlib.lines import Line2D
 
-    series = [s for s in _run_series(summary) if s["method"] != BASELINE]
+    series = [s for s in _run_series(summary) if s["blocks"][OVERALL].get("per_position_acceptance")]
     fig = _figure(10.0, 4.4)
     left, right = fig.subplots(1, 2, sharey=True)
     handles, labels, longest = [], [], 0
@@ -272,7 +303,9 @@ def acceptance_figure(summary: dict, results: Sequence[dict] | None = None, min_
         longest = max(longest, len(rates))
         points = _positions(rates, _counts_of(block, given), min_count)
         lossy = s["lossless"] is False
-        style = dict(color=s["colour"], marker="o", markersize=5, markerfacecolor="white" if lossy else s["colour"])
+        style = dict(color=s["colour"], marker=MARKERS[s["index"] % len(MARKERS)], markersize=5,
+                     linestyle=LINESTYLES[s["index"] % len(LINESTYLES)],
+                     markerfacecolor="white" if lossy else s["colour"])
         if points:
             xs, ys, ns = zip(*points)
             left.plot(xs, ys, **style)
@@ -442,18 +475,11 @@ def comparison_figure(entries: list[dict], categories: list[str], context: str):
     """Speedup per category and overall, one bar per compared row (a method of a run). An entry is
     {"label", "method", "lossless", "blocks": {category and OVERALL: summary block}}. A method that
     appears in several rows keeps its colour; its bars carry a number, which the legend explains."""
-    counts = {m: sum(e["method"] == m for e in entries) for m in {e["method"] for e in entries}}
-    rank: dict[str, int] = {}
-    series = []
-    for e in entries:
-        index = rank.get(e["method"], 0) + 1
-        rank[e["method"]] = index
-        tag = str(index) if counts[e["method"]] > 1 else None
-        series.append({"label": (f"[{tag}] " if tag else "") + label(e["label"], e["lossless"]),
-                       "lossless": e["lossless"], "colour": method_colour(e["method"]), "tag": tag,
-                       "blocks": e["blocks"]})
+    series = _number_variants([{"label": label(e["label"], e["lossless"]), "lossless": e["lossless"],
+                                "method": e["method"], "colour": method_colour(e["method"]), "blocks": e["blocks"]}
+                               for e in entries])
     groups = [*categories, OVERALL]
-    fig = _figure(max(6.4, 0.5 * len(groups) * max(1, len(series)) + 2.5), 4.8)
+    fig = _figure(min(14.0, max(6.4, 0.5 * len(groups) * max(1, len(series)) + 2.5)), 4.8)
     ax = fig.add_subplot()
     bars = _grouped_bars(ax, groups, series, "speedup")
     ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")

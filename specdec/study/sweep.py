@@ -2,9 +2,10 @@
 
 `SweepSummary` is a Hydra callback (listed in `conf/config.yaml` under `hydra.callbacks`). When a
 multirun ends it reads every job's `summary.json` and `.hydra/overrides.yaml` under the sweep folder
-and writes there `sweep_summary.csv` and `sweep_summary.png` (and `.pdf`). It works for any launcher (basic,
-joblib, submitit) because it reads only files. While the jobs of the basic launcher run in this
-process it also shows a progress bar over jobs (quiet when stderr is not a terminal).
+and writes there `sweep_summary.csv`, `sweep_summary.png` (and `.pdf`, `specdec.study.figures`) and
+`report.html` (`specdec.study.html_report`). It works for any launcher (basic, joblib, submitit)
+because it reads only files. While the jobs of the basic launcher run in this process it also shows
+a progress bar over jobs (quiet when stderr is not a terminal).
 
 Every job has a line, with a `status`:
 
@@ -207,7 +208,23 @@ def summarize_sweep(sweep_dir: str | Path, keys: list[str] | None = None) -> tup
     except Exception as exc:  # the CSV is the result; a plot failure must not hide it
         log.warning("sweep plot failed (%s: %s); %s is written", type(exc).__name__, exc, csv_path)
         png_path = None
+    write_report(sweep_dir, keys, rows, png_path)
     return csv_path, png_path
+
+
+def write_report(sweep_dir: Path, keys: list[str], rows: list[dict], png_path: Path | None) -> Path | None:
+    """The sweep's report.html (specdec.study.html_report): its table, figure, multirun.yaml and
+    provenance. A failure is a warning: the CSV is the result."""
+    from specdec.study.html_report import write_sweep_report
+
+    try:
+        summaries = [s for s in (_read_summary(sweep_dir / str(r["job"]))[0] for r in rows) if s]
+        measured = [r for r in rows if r["status"] != MISSING]
+        return write_sweep_report(sweep_dir, format_rows(keys, rows), {"sweep": png_path} if png_path else {},
+                                  context_of(sweep_dir, measured), summaries)
+    except Exception as exc:
+        log.warning("sweep report.html failed (%s: %s)", type(exc).__name__, exc)
+        return None
 
 
 def format_rows(keys: list[str], rows: list[dict]) -> str:

@@ -162,7 +162,8 @@ class Tracker:
         """Per-prompt metrics."""
 
     def log_summary(self, summary: dict, rows: list[dict], plots: dict[str, Path]) -> None:
-        """The run's aggregate metrics, a table of the rows, and plots saved as image files."""
+        """The run's aggregate metrics, a table of the rows, and plots saved as image files (and the
+        run's report.html, a `.html` file among them)."""
 
     def finish(self, exit_code: int = 0) -> None:
         """Close the run; a non-zero `exit_code` marks it failed."""
@@ -303,7 +304,9 @@ class WandbTracker(Tracker):
             import wandb
 
             self._run.summary.update(flatten(summary))  # first: the numbers matter more than the pictures
-            media: dict[str, Any] = {f"plots/{name}": wandb.Image(str(path)) for name, path in plots.items()}
+            media: dict[str, Any] = {f"plots/{name}": wandb.Image(str(path)) for name, path in plots.items()
+                                     if Path(path).suffix != ".html"}
+            media.update(_pages(wandb, plots))
             if rows:
                 media["results"] = _table(wandb, rows)
             if media:
@@ -319,6 +322,21 @@ class WandbTracker(Tracker):
         except Exception as exc:
             self._fail("finish", exc)
         self._run = None
+
+
+def _pages(wandb: Any, files: dict[str, Path]) -> dict[str, Any]:
+    """The HTML pages among a run's files (its report.html, specdec.study.html_report) as wandb.Html,
+    under their own names. A page that cannot be read is a warning: the run's numbers and images
+    are logged all the same."""
+    pages = {}
+    for name, path in files.items():
+        if Path(path).suffix != ".html":
+            continue
+        try:
+            pages[name] = wandb.Html(Path(path), inject=False)
+        except Exception as exc:
+            log.warning("W&B: %s not logged (%s); it is still in %s", path, described(exc), Path(path).parent)
+    return pages
 
 
 def _run_folders(out_dir: Path) -> set[Path]:
