@@ -18,7 +18,7 @@ import difflib
 import logging
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,6 +88,8 @@ class MethodConfig:
               `engine`, `num_speculative_tokens` and `tokenizer`.
     heads_path, tree: for methods that draft with trained heads over a token tree (medusa, eagle): the
               checkpoint, and the tree as rank paths; their proposer reads them as `${..heads_path}`.
+              Such a setting (`proposer=True` in its field's metadata: `PROPOSER_SETTINGS`) is read only
+              by a method whose proposer refers to it; `validate` refuses one set for another method.
     """
 
     name: str = MISSING
@@ -99,8 +101,14 @@ class MethodConfig:
     verifier: Any = "auto"  # a name (conf/method/verifier/<name>.yaml) or a `_target_` node
     verifier_args: dict[str, Any] = field(default_factory=free_form())
     needs_draft: bool = False
-    heads_path: str | None = None  # trained heads (medusa, eagle): a checkpoint of scripts/train_heads.py, or `embedded`
-    tree: Any = None  # a static tree as rank paths, [[0], [1], [0, 0], ...] (null: the method's default)
+    # trained heads (medusa, eagle): a checkpoint of scripts/train_heads.py, or `embedded`
+    heads_path: str | None = field(default=None, metadata={"proposer": True})
+    # a static tree as rank paths, [[0], [1], [0, 0], ...] (null: the method's default)
+    tree: Any = field(default=None, metadata={"proposer": True})
+
+
+# The method's settings that only its proposer reads, where its config refers to them (`${..heads_path}`).
+PROPOSER_SETTINGS = tuple(f.name for f in dataclasses.fields(MethodConfig) if f.metadata.get("proposer"))
 
 
 @dataclass
@@ -412,19 +420,19 @@ def _check_model(cfg: DictConfig, role: str) -> None:
 
 def room_message(key: str, new: int, k: int, need: int, method: str, context: str) -> str:
     """Why a method's request cannot fit the context even after a one-token prompt (`key` is blamed:
-    the method's k, or max_new_tokens): said the same before the models load (`validate`) and after."""
-    return (f"{key}: max_new_tokens={new} plus k={k} drafted tokens need {need} positions with a one-token "
-            f"prompt ({method}), more than {context}; lower {key}")
+    what sets the width of a step, the method's k or a tree's budget, or max_new_tokens): said the same
+    before the models load (`validate`) and after."""
+    return (f"{key}: max_new_tokens={new} plus up to {k} drafted tokens a step need {need} positions with a "
+            f"one-token prompt ({method}), more than {context}; lower {key}")
 
 
 def _check_context(cfg: DictConfig, role: str) -> None:
     """Every method's max_new_tokens and k fit `role`'s context after a one-token prompt, where its
-    config alone tells the context (`specdec.models.context_length_of`). k is the schedule's k_max, a
-    lower bound of what the decoder reserves per step (a tree's node budget or exact greedy's scoring
-    width may reserve more): the exact check, with the prompts, runs once the models are loaded
-    (`experiment._check_room`)."""
+    config alone tells the context (`specdec.models.context_length_of`). A step drafts up to the
+    schedule's k_max, or a tree's nodes where its config tells them (`_tree_width`: a `budget`, a
+    `tree`), and that key is blamed; exact greedy's scoring width may reserve more: the exact check,
+    with the prompts, runs once the models are loaded (`experiment._check_room`)."""
     from specdec.models import context_length_of
-    from specdec.study.registry import build_schedule
 
     context = context_length_of(model_spec(cfg[role], role))
     if context is None:
@@ -433,12 +441,10 @@ def _check_context(cfg: DictConfig, role: str) -> None:
     for key, m in method_configs(cfg):
         if role == "draft" and not m.needs_draft:
             continue
-        k = 0
-        if m.proposer is not None:
-            k = build_schedule(m.schedule, max(m.num_speculative_tokens, 1), m.schedule_args).k_max
+        k, width = step_width(key, m)
         need = 1 + new + k
         if need > context:
-            blame = f"{key}.num_speculative_tokens" if k and 2 + k > context else "generation.max_new_tokens"
+            blame = width if k and 2 + k > context else "generation.max_new_tokens"
             raise ConfigError(room_message(blame, new, k, need, m.name,
                                            f"the {role}'s context of {context} tokens (max_position_embeddings)"))
 
@@ -629,35 +635,247 @@ def method_configs(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
     return [("method", cfg.method)] + [(f"compare.{name}", m) for name, m in cfg.compare.items()]
 
 
-def _check_heads(key: str, m: DictConfig, cfg: DictConfig, kind: str, optional: bool) -> None:
-    """`heads_path` names a checkpoint of `kind` that exists and, if `embedded`, a target it was
-    trained for. `optional` (a hybrid's part): null leaves the part out instead of failing."""
-    drop = f", or leave the {kind} part out: {key}.heads_path=null" if optional else ""
-    if not m.heads_path:
+def _plain(value: Any) -> Any:
+    """A config value as plain Python (a list for a ListConfig)."""
+    return OmegaConf.to_container(value) if isinstance(value, (DictConfig, ListConfig)) else value
+
+
+def _refers_to(node: Any, target: Any) -> bool:
+    """Whether the config node `node` is, or holds, an interpolation of the node `target`
+    (`${..heads_path}`, `${....heads_path}`, absolute or inside a string); a reference that does not
+    resolve (a method file read alone, `${method.heads_path}`) refers to nothing."""
+    import re
+
+    from omegaconf import AnyNode
+    from omegaconf.errors import OmegaConfBaseException
+
+    if not node._is_interpolation():
+        return False
+    for ref in re.findall(r"\$\{\s*(\.*[A-Za-z_][\w.]*)\s*\}", str(node._value())):
+        try:
+            if AnyNode(f"${{{ref}}}", parent=node._get_parent())._maybe_dereference_node() is target:
+                return True
+        except OmegaConfBaseException:
+            continue
+    return False
+
+
+def _nodes(node: Any) -> Iterator[Any]:
+    """`node` and every node under it."""
+    yield node
+    if isinstance(node, (DictConfig, ListConfig)) and not (node._is_none() or node._is_missing()
+                                                           or node._is_interpolation()):
+        for k in node.keys() if isinstance(node, DictConfig) else range(len(node)):
+            yield from _nodes(node._get_node(k))
+
+
+def reads(m: DictConfig, name: str) -> bool:
+    """Whether the method config `m`'s proposer or decoder refers to the method's own setting `name`
+    (`heads_path: ${..heads_path}`, a hybrid part's `${....heads_path}`): only then is it used."""
+    if name not in m:
+        return False
+    target = m._get_node(name)
+    return any(_refers_to(n, target) for part in ("proposer", "decoder") if part in m for n in _nodes(m._get_node(part)))
+
+
+def _setting_key(key: str, m: DictConfig, label: str, spec: DictConfig, arg: str) -> str:
+    """The key that sets argument `arg` of the part configured at `label` (`spec`): the method's own
+    setting where the part refers to it (`method.heads_path`), else the part's (`method.proposer.budget`)."""
+    if arg in spec:
+        node = spec._get_node(arg)
+        for name in m:
+            if _refers_to(node, m._get_node(name)):
+                return f"{key}.{name}"
+    return f"{label}.{arg}"
+
+
+def _method_files() -> dict[str, DictConfig]:
+    """Every method's file in conf/method/ (a wheel's specdec/conf, or a clone's conf/), each read alone
+    over the schema (a file lists only what differs from `MethodConfig`'s defaults)."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    here = Path(__file__).resolve().parents[1]
+    folder = next((c / "method" for c in (here / "conf", here.parent / "conf") if (c / "method").is_dir()), None)
+    files = {}
+    for path in sorted(folder.glob("*.yaml")) if folder else []:
+        try:
+            files[path.stem] = OmegaConf.merge(OmegaConf.structured(MethodConfig), OmegaConf.load(path))
+        except OmegaConfBaseException:  # not a method over the schema: it names no setting a method reads
+            continue
+    return files
+
+
+def _check_read(key: str, m: DictConfig, given: dict[str, tuple[Any, DictConfig]]) -> None:
+    """A proposer's setting kept on the method (`PROPOSER_SETTINGS`: heads_path, tree) that is changed
+    from its default is one the method's proposer reads (`reads`): `method.tree=` for eagle or ngram,
+    or a heads checkpoint for ngram, would otherwise be ignored and recorded as if used. The default is
+    the method file's (eagle's `heads_path: embedded`), else the schema's. `given`: config key ->
+    (class, its config) of the proposer or decoder and a hybrid's parts."""
+    for name in PROPOSER_SETTINGS:
+        value = _plain(m[name])
+        if value == MethodConfig.__dataclass_fields__[name].default or reads(m, name):
+            continue
+        files, default = _method_files(), MethodConfig.__dataclass_fields__[name].default
+        if m.name in files and value == _plain(files[m.name].get(name, default)):  # the method's own default
+            continue
+        if not given:
+            why = f"{key}={m.name} drafts nothing (plain decoding)"
+        else:
+            import inspect
+
+            cls = next(c for label, (c, _) in given.items() if label in (f"{key}.proposer", f"{key}.decoder"))
+            takers = [(lbl, c) for lbl, (c, _) in given.items() if name in inspect.signature(c).parameters]
+            if takers:
+                why = (f"{takers[0][1].__name__} reads {takers[0][0]}.{name}, which does not refer to it; "
+                       f"set {takers[0][0]}.{name} instead")
+            else:
+                params = [n for n, p in inspect.signature(cls).parameters.items()
+                          if n != "engine" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+                why = f"{cls.__name__} takes no {name}" + (f" (it takes: {', '.join(params)})" if params else "")
+        readers = sorted(n for n, f in files.items() if reads(f, name))
+        who = (f"method={' or '.join([', '.join(readers[:-1]), readers[-1]] if len(readers) > 1 else readers)} "
+               f"read{'s' if len(readers) == 1 else ''} it") if readers else "no method here reads it"
+        _fail(f"{key}.{name}", f"is set to {value!r}, but {key}={m.name} does not read it (it would be ignored): "
+                               f"{why}; {who}")
+
+
+def _check_heads(where: str, path: str | None, key: str, m: DictConfig, cfg: DictConfig, kind: str,
+                 optional: bool) -> Path | None:
+    """`path` (set by the key `where`) names a checkpoint of `kind` that exists and, if `embedded`, a
+    target it was trained for; returns the file. `optional` (a hybrid's part): null leaves the part
+    out instead of failing (None)."""
+    drop = f", or leave the {kind} part out: {where}=null" if optional else ""
+    if not path:
         if optional:
-            return
-        _fail(f"{key}.heads_path", f"{key}={m.name} needs trained heads: set {key}.heads_path=<checkpoint> "
-                                   "(train one with scripts/train_heads.py)")
+            return None
+        _fail(where, f"{key}={m.name} needs trained heads: set {where}=<checkpoint> "
+                     "(train one with scripts/train_heads.py)")
     from specdec.proposers.heads import resolve_heads_path
 
-    if m.heads_path != "embedded":
-        heads = resolve_path(m.heads_path)
+    if path != "embedded":
+        heads = resolve_path(path)
     elif cfg.target.path != "embedded":
-        _fail(f"{key}.heads_path", f"`embedded` is the {kind} checkpoint trained for the embedded target "
-                                   f"(SmolLM2-135M), not for target.path={cfg.target.path}. Train one for this target "
-                                   f"(scripts/train_heads.py kind={kind} target.path=...) and set {key}.heads_path=<it>"
-                                   + (drop or ", or leave this method out: the default run (experiment=overview) "
-                                      "includes it, `~experiment method=<name>` runs one method alone"))
+        _fail(where, f"`embedded` is the {kind} checkpoint trained for the embedded target "
+                     f"(SmolLM2-135M), not for target.path={cfg.target.path}. Train one for this target "
+                     f"(scripts/train_heads.py kind={kind} target.path=...) and set {where}=<it>"
+                     + (drop or ", or leave this method out: the default run (experiment=overview) "
+                        "includes it, `~experiment method=<name>` runs one method alone"))
     else:
-        heads = resolve_heads_path(m.heads_path, kind)
+        heads = resolve_heads_path(path, kind)
     if not heads.is_file():
-        _fail(f"{key}.heads_path", f"file not found: {heads}{drop}")
+        _fail(where, f"file not found: {heads}{drop}")
     from specdec.proposers.heads import checkpoint_info
 
     try:
         checkpoint_info(heads, kind)  # the header only: a broken file fails here, before any model loads
     except ValueError as err:
-        _fail(f"{key}.heads_path", str(err).removeprefix("method.heads_path=") + drop)
+        _fail(where, str(err).removeprefix("method.heads_path=") + drop)
+    return heads
+
+
+def _checkpoint_vocab(path: Path) -> tuple[dict, int | None, bool]:
+    """A heads checkpoint's metadata, the number of tokens its drafts come from and whether that is a
+    reduced vocabulary (its `vocab_ids`), from the file's header alone."""
+    import json
+
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        meta = json.loads((f.metadata() or {}).get("meta", "{}"))
+        if "vocab_ids" in f.keys():
+            return meta, f.get_slice("vocab_ids").get_shape()[0], True
+    return meta, meta.get("vocab_size"), False
+
+
+def _check_proposer_part(key: str, m: DictConfig, cfg: DictConfig, label: str, cls: Any, spec: DictConfig,
+                         optional: bool) -> None:
+    """A proposer's (or a hybrid part's) tree and checkpoint, each blamed on the key that sets it: the
+    tree is a valid one; the checkpoint exists and holds heads of the proposer's kind; the drafts it
+    is asked for fit it (topk and tree ranks within its vocabulary, a tree no deeper than its heads),
+    checked from the checkpoint's header as the proposer's constructor checks them with the model."""
+    import inspect
+
+    from specdec.core.tree import static_tree
+
+    shape = None
+    if spec.get("tree") is not None:
+        try:
+            shape = static_tree(_plain(spec.tree))
+        except ValueError as err:
+            _fail(_setting_key(key, m, label, spec, "tree"), str(err).removeprefix("method.tree "))
+    if "heads_path" not in spec:
+        return
+    kind = getattr(cls, "name", m.name)
+    heads = _check_heads(_setting_key(key, m, label, spec, "heads_path"), spec.heads_path, key, m, cfg, kind, optional)
+    if heads is None:
+        return
+    meta, vocab, reduced = _checkpoint_vocab(heads)
+    reduced = " (the checkpoint reduced the vocabulary)" if reduced else ""
+    params = inspect.signature(cls).parameters
+    topk = spec.get("topk", params["topk"].default if "topk" in params else None)
+    if vocab and isinstance(topk, int) and topk > vocab:
+        _fail(_setting_key(key, m, label, spec, "topk"), f"is {topk}, but the drafter proposes from {vocab} "
+                                                         f"tokens{reduced}; use a topk of at most {vocab}")
+    if shape is not None:
+        where, depth = _setting_key(key, m, label, spec, "tree"), meta.get("num_heads")
+        if depth and shape.max_depth > depth:
+            _fail(where, f"is {shape.max_depth} deep but the checkpoint has {depth} heads; use a tree at most "
+                         f"{depth} deep")
+        if vocab and max(shape.ranks) >= vocab:
+            _fail(where, f"rank {max(shape.ranks)} asks each head for more guesses than the {vocab} tokens it "
+                         f"proposes from{reduced}; use ranks below {vocab}")
+
+
+def _parts(key: str, m: DictConfig) -> dict[str, tuple[Any, DictConfig]]:
+    """Config key -> (class, its config) of the method's proposer, or of a hybrid's parts (a proposer
+    with a `parts` mapping); empty without a proposer."""
+    from specdec.study.registry import target_of
+
+    if m.proposer is None:
+        return {}
+    if isinstance(m.proposer.get("parts"), DictConfig):
+        return {f"{key}.proposer.parts.{name}": (target_of(spec._target_, f"{key}.proposer.parts.{name}"), spec)
+                for name, spec in m.proposer.parts.items() if isinstance(spec, DictConfig) and "_target_" in spec}
+    return {f"{key}.proposer": (target_of(m.proposer._target_, f"{key}.proposer"), m.proposer)}
+
+
+def step_width(key: str, m: DictConfig) -> tuple[int, str]:
+    """The most tokens a step of the method at `key` drafts, as its config tells (the schedule's k_max,
+    or a tree's nodes where more: `_tree_width`), and the key that sets that number; (0, the k key)
+    for plain decoding and for a whole decoder (`decoder`), whose k is its own."""
+    from specdec.study.registry import build_schedule
+
+    k, width = 0, f"{key}.num_speculative_tokens"
+    if m.proposer is not None:
+        k = build_schedule(m.schedule, max(m.num_speculative_tokens, 1), m.schedule_args).k_max
+        tree = _tree_width(key, m)
+        if tree is not None and tree[0] > k:
+            k, width = tree
+    return k, width
+
+
+def _tree_width(key: str, m: DictConfig) -> tuple[int, str] | None:
+    """The most nodes a step of the method's tree proposer (or a hybrid's tree part) scores, from its
+    config, and the key that sets that number: a `budget`, or a `tree`'s nodes. None where no tree
+    part's config tells (Medusa's default tree, cut to the checkpoint's heads: small)."""
+    import inspect
+
+    from specdec.core.tree import static_tree
+
+    widest = None
+    for label, (cls, spec) in _parts(key, m).items():
+        params = inspect.signature(cls).parameters
+        if not getattr(cls, "drafts_trees", False) or ("heads_path" in spec and spec.heads_path is None):
+            continue  # not a tree, or a hybrid's part left out
+        if "budget" in params:
+            nodes, arg = spec.get("budget", params["budget"].default), "budget"
+        elif spec.get("tree") is not None:
+            nodes, arg = static_tree(_plain(spec.tree)).num_nodes, "tree"
+        else:
+            continue
+        if isinstance(nodes, int) and (widest is None or nodes > widest[0]):
+            widest = (nodes, _setting_key(key, m, label, spec, arg))
+    return widest
 
 
 def _check_arguments(key: str, cls: Any, spec: DictConfig) -> None:
@@ -712,32 +930,21 @@ def _validate_method(key: str, m: DictConfig, cfg: DictConfig, params: Any) -> N
                     "setting is ignored", key, m.verifier, m.name)
     from specdec.study.registry import target_of
 
-    proposer = target_of(m.proposer._target_, f"{key}.proposer") if m.proposer is not None else None
     # The proposer, or a hybrid's parts: config key -> (class, its config); a hybrid's part with heads is optional.
-    parts = {f"{key}.proposer": (proposer, m.proposer)} if proposer is not None else {}
-    hybrid = proposer is not None and isinstance(m.proposer.get("parts"), DictConfig)
-    if hybrid:
-        parts = {f"{key}.proposer.parts.{name}": (target_of(spec._target_, f"{key}.proposer.parts.{name}"), spec)
-                 for name, spec in m.proposer.parts.items() if isinstance(spec, DictConfig) and "_target_" in spec}
+    parts = _parts(key, m)
+    hybrid = m.proposer is not None and isinstance(m.proposer.get("parts"), DictConfig)
     given = dict(parts)  # every node whose arguments a class takes: the parts, the hybrid itself, a decoder
     if hybrid:
-        given[f"{key}.proposer"] = (proposer, m.proposer)
+        given[f"{key}.proposer"] = (target_of(m.proposer._target_, f"{key}.proposer"), m.proposer)
     if m.decoder is not None:
         given[f"{key}.decoder"] = (target_of(m.decoder._target_, f"{key}.decoder"), m.decoder)
     for label, (cls, spec) in given.items():
         _check_arguments(label, cls, spec)
+    _check_read(key, m, given)
     if any(getattr(cls, "drafts_trees", False) for cls, _ in parts.values()):
         _check_tree_verifier(key, m, verifier, params)
-    for cls, spec in parts.values():
-        if "heads_path" in spec:
-            _check_heads(key, m, cfg, getattr(cls, "name", m.name), optional=hybrid)
-    if m.tree is not None:
-        from specdec.core.tree import static_tree
-
-        try:
-            static_tree(OmegaConf.to_container(m.tree) if isinstance(m.tree, ListConfig) else m.tree)
-        except ValueError as err:
-            _fail(f"{key}.tree", str(err))
+    for label, (cls, spec) in parts.items():
+        _check_proposer_part(key, m, cfg, label, cls, spec, optional=hybrid)
     if m.needs_draft and cfg.draft.path is None:
         _fail("draft", f"{key}={m.name} needs a draft model but draft=none; "
                        "set draft=self, draft=tiny_random or draft.path=<model>")

@@ -47,7 +47,15 @@ from specdec.core.engine import Engine, resolve_device
 from specdec.core.errors import InputError, NoSpace
 from specdec.core.metrics import speedup
 from specdec.models import check_tokenizers_compatible, describe_model, load_model
-from specdec.study.config import ConfigError, method_configs, model_spec, resolve_path, room_message, validate
+from specdec.study.config import (
+    ConfigError,
+    method_configs,
+    model_spec,
+    resolve_path,
+    room_message,
+    step_width,
+    validate,
+)
 from specdec.study.data import Prompt, build_turn_input, load_prompts, select_prompts
 from specdec.study.registry import build_schedule, build_verifier
 from specdec.study.report import BASELINE, format_comparison, format_table, make_plots, summarize
@@ -299,7 +307,7 @@ def drop_too_long(prompts: list[Prompt], setup: Setup, cfg: DictConfig) -> tuple
 def _check_room(setup: Setup, cfg: DictConfig) -> None:
     """k and max_new_tokens must leave room for a prompt in the context: if not, blame them, not the prompts."""
     new = cfg.generation.max_new_tokens
-    keys = {m.name: f"{key}.num_speculative_tokens" for key, m in method_configs(cfg)}
+    keys = {m.name: step_width(key, m)[1] for key, m in method_configs(cfg)}  # k, or a tree's budget
     for name, decoder in [*setup.methods.items(), (BASELINE, setup.baseline)]:
         need = decoder.positions_needed(1, new)
         if decoder.fits(need):

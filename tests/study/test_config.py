@@ -312,7 +312,7 @@ def test_k_too_large_for_the_context_blames_k_not_the_prompts(tmp_path, monkeypa
     where = "target's context of 512 tokens \\(max_position_embeddings\\)" if context_known else \
         "models' context of 512 tokens"
     cfg = _compose([*TINY, "method.num_speculative_tokens=1000", "data.limit=1", "warmup=false", "plots=false"])
-    with pytest.raises(ConfigError, match=rf"^method.num_speculative_tokens: max_new_tokens=64 plus k=1000 .*"
+    with pytest.raises(ConfigError, match=rf"^method.num_speculative_tokens: max_new_tokens=64 plus up to 1000 drafted .*"
                                           rf"more than the {where}; lower method.num_speculative_tokens$") as err:
         experiment.run(cfg, tmp_path)
     assert "prompt exceeds" not in str(err.value)
@@ -348,12 +348,12 @@ def test_max_new_tokens_past_the_context_is_refused_before_any_model_loads(tmp_p
     validate(_compose([*TINY, f"draft.path={short}", "generation.max_new_tokens=91"]))  # 1 + 91 + k=4 = 96
     for role in ("target", "draft"):
         cfg = _compose([*TINY, f"{role}.path={short}", "generation.max_new_tokens=92"])
-        with pytest.raises(ConfigError, match=rf"^generation.max_new_tokens: max_new_tokens=92 plus k=4 drafted tokens "
-                                              rf"need 97 positions with a one-token prompt \(draft\), more than the "
+        with pytest.raises(ConfigError, match=rf"^generation.max_new_tokens: max_new_tokens=92 plus up to 4 drafted tokens "
+                                              rf"a step need 97 positions with a one-token prompt \(draft\), more than the "
                                               rf"{role}'s context of 96 tokens .*; lower generation.max_new_tokens$"):
             validate(cfg)
     cfg = _compose([*TINY, f"target.path={short}", "method.num_speculative_tokens=95", "generation.max_new_tokens=1"])
-    with pytest.raises(ConfigError, match=r"^method.num_speculative_tokens: max_new_tokens=1 plus k=95 .* 97 "
+    with pytest.raises(ConfigError, match=r"^method.num_speculative_tokens: max_new_tokens=1 plus up to 95 .* 97 "
                                           r"positions .*; lower method.num_speculative_tokens$"):
         validate(cfg)
     validate(_compose([*TINY, "method=ngram", f"draft.path={short}", "generation.max_new_tokens=96"]))  # draft unused
@@ -416,6 +416,104 @@ def test_the_hybrids_trained_part_is_refused_for_another_target_and_null_leaves_
     cfg.target.path = "embedded"
     with pytest.raises(ConfigError, match="drafts token trees"):
         validate(cfg)
+
+
+ASSETS = ROOT / "tests" / "assets"
+TINY_EAGLE = f"method.heads_path={ASSETS / 'tiny_random_eagle.safetensors'}"  # heads of the tiny random target
+TINY_MEDUSA = f"method.heads_path={ASSETS / 'tiny_random_medusa.safetensors'}"
+
+
+def _refused_before_any_model_loads(overrides: list[str], message: str, monkeypatch, tmp_path) -> None:
+    cfg = _compose(overrides)
+    monkeypatch.setattr(experiment, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(ConfigError, match=message):
+        experiment.run(cfg, tmp_path)
+    assert not (tmp_path / "results.jsonl").exists()
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ([*TINY, "method=eagle", TINY_EAGLE, "method.tree=[[0],[1]]"],
+     r"^method.tree: is set to \[\[0\], \[1\]\], but method=eagle does not read it \(it would be ignored\): "
+     r"EagleProposer takes no tree \(it takes: heads_path, budget, topk, width, depth\); method=medusa reads it$"),
+    ([*TINY, "method=ngram", "method.tree=[[0],[1]]"],
+     r"^method.tree: .* but method=ngram does not read it .*: NgramProposer takes no tree .*; method=medusa reads it$"),
+    ([*TINY, "method=ngram", "method.heads_path=/no/such/heads.safetensors"],
+     r"^method.heads_path: is set to '/no/such/heads.safetensors', but method=ngram does not read it \(it would be "
+     r"ignored\): NgramProposer takes no heads_path .*; method=eagle, hybrid or medusa read it$"),
+    ([*TINY, "method=autoregressive", "method.heads_path=embedded"],
+     r"^method.heads_path: .* method=autoregressive drafts nothing \(plain decoding\); method=eagle, hybrid or "),
+    ([*TINY, "method=hf_prompt_lookup", "method.tree=[[0]]"], r"^method.tree: .* HFPromptLookup takes no tree"),
+    # the hybrid reads heads_path only through its eagle part
+    ([*TINY, "method=hybrid", "~method.proposer.parts.eagle", "method.heads_path=/my/eagle.safetensors"],
+     r"^method.heads_path: .* method=hybrid does not read it .*HybridProposer takes no heads_path"),
+    # a method of the default run's comparison (experiment=overview), named by its own key
+    ([*TINY[1:], TINY_EAGLE, "compare.ngram.tree=[[0]]"],
+     r"^compare.ngram.tree: .* compare.ngram=ngram does not read it .*; method=medusa reads it$"),
+])
+def test_a_method_setting_the_method_does_not_read_is_refused_before_any_model_loads(overrides, message,
+                                                                                      monkeypatch, tmp_path):
+    """heads_path and tree reach a proposer only where its config refers to them (`${..tree}`): set for
+    another method they would be ignored and recorded as if used."""
+    _refused_before_any_model_loads([*overrides, "data.limit=1"], message, monkeypatch, tmp_path)
+
+
+def test_method_settings_that_the_method_reads_pass():
+    validate(_compose([*TINY, "method=medusa", TINY_MEDUSA, "method.tree=[[0],[1],[0,0]]"]))
+    validate(_compose([*TINY, "method=hybrid", TINY_EAGLE]))  # read by the eagle part
+    validate(_compose([*TINY, "method=hybrid", "~method.proposer.parts.eagle"]))  # the file's default, unread
+    # the proposer given its checkpoint itself: the method's own default (embedded) is left unread
+    validate(_compose([*TINY, "method=eagle", f"method.proposer.{TINY_EAGLE.removeprefix('method.')}"]))
+
+
+def test_a_checkpoint_given_to_the_proposer_itself_is_checked_under_its_own_key(monkeypatch, tmp_path):
+    _refused_before_any_model_loads([*TINY, "method=eagle", "method.proposer.heads_path=/no/such/heads.safetensors"],
+                                    r"^method.proposer.heads_path: file not found: /no/such/heads.safetensors$",
+                                    monkeypatch, tmp_path)
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["method=suffix_tree", "method.proposer.budget=600"], "method.proposer.budget"),
+    (["method=eagle", TINY_EAGLE, "method.proposer.budget=600"], "method.proposer.budget"),
+    (["method=hybrid", TINY_EAGLE, "method.proposer.parts.eagle.budget=600"], "method.proposer.parts.eagle.budget"),
+])
+def test_a_tree_budget_past_the_context_blames_the_budget(overrides, key, monkeypatch, tmp_path):
+    """A tree's nodes, not k, set the width of its step (each is scored): the budget is what to lower."""
+    _refused_before_any_model_loads(
+        [*TINY, "data.limit=1", *overrides],
+        rf"^{key}: max_new_tokens=64 plus up to 600 drafted tokens a step need 665 positions with a one-token prompt "
+        rf"\(\w+\), more than the target's context of 512 tokens \(max_position_embeddings\); lower {key}$",
+        monkeypatch, tmp_path)
+
+
+def test_a_tree_budget_past_a_context_known_only_once_loaded_blames_the_budget(monkeypatch, tmp_path):
+    monkeypatch.setattr("specdec.models.context_length_of", lambda spec: None)  # as for a GGUF file not converted yet
+    cfg = _compose([*TINY, "method=suffix_tree", "method.proposer.budget=600", "data.limit=1", "warmup=false",
+                    "plots=false"])
+    with pytest.raises(ConfigError, match=r"^method.proposer.budget: max_new_tokens=64 plus up to 600 drafted tokens "
+                                          r".*models' context of 512 tokens; lower method.proposer.budget$"):
+        experiment.run(cfg, tmp_path)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["method=eagle", TINY_EAGLE, "method.proposer.topk=129"],
+     r"^method.proposer.topk: is 129, but the drafter proposes from 128 tokens \(the checkpoint reduced the "
+     r"vocabulary\); use a topk of at most 128$"),
+    (["method=hybrid", TINY_EAGLE, "method.proposer.parts.eagle.topk=129"],
+     r"^method.proposer.parts.eagle.topk: is 129, but the drafter proposes from 128 tokens"),
+    (["method=medusa", TINY_MEDUSA, "method.tree=[[0],[128]]"],
+     r"^method.tree: rank 128 asks each head for more guesses than the 128 tokens it proposes from \(the checkpoint "
+     r"reduced the vocabulary\); use ranks below 128$"),
+    (["method=medusa", TINY_MEDUSA, "method.tree=[[0],[0,0],[0,0,0],[0,0,0,0]]"],
+     r"^method.tree: is 4 deep but the checkpoint has 3 heads; use a tree at most 3 deep$"),
+    (["method=medusa", TINY_MEDUSA, "method.proposer.tree=[[0],[0,1,0]]"],
+     r"^method.proposer.tree: path \[0, 1, 0\] has no parent"),
+])
+def test_drafts_the_checkpoint_cannot_give_are_refused_before_any_model_loads(overrides, message, monkeypatch,
+                                                                              tmp_path):
+    """The heads' vocabulary and depth are in the checkpoint's header: the constructor's checks, made early."""
+    _refused_before_any_model_loads([*TINY, "data.limit=1", *overrides], message, monkeypatch, tmp_path)
+    validate(_compose([*TINY, "method=eagle", TINY_EAGLE, "method.proposer.topk=128"]))  # the largest that fits
+    validate(_compose([*TINY, "method=medusa", TINY_MEDUSA, "method.tree=[[0],[127],[0,0],[0,0,0]]"]))
 
 
 @pytest.mark.parametrize("override, message", [
