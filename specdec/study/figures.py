@@ -159,11 +159,12 @@ def _lossy_handle():
 
 def _legend(fig, handles: list, labels: list[str], lossy: bool) -> None:
     """One legend for the whole figure (every panel uses the same colours), below the title."""
-    if lossy:
-        handles, labels = [*handles, _lossy_handle()], [*labels, LOSSY_NOTE]
     if not handles:
         return
-    if max(len(t) for t in labels) <= 40:
+    short = max(len(t) for t in labels) <= 40
+    if lossy:
+        handles, labels = [*handles, _lossy_handle()], [*labels, LOSSY_NOTE]
+    if short:
         fig.legend(handles, labels, loc="outside lower center", ncol=min(4, len(handles)), fontsize=7,
                    frameon=False)
     else:  # long labels (runs and their arguments) in one column beside the panels, wrapped
