@@ -725,9 +725,10 @@ def _check_read(key: str, m: DictConfig, given: dict[str, tuple[Any, DictConfig]
 
             cls = next(c for label, (c, _) in given.items() if label in (f"{key}.proposer", f"{key}.decoder"))
             takers = [(lbl, c) for lbl, (c, _) in given.items() if name in inspect.signature(c).parameters]
-            if takers:
-                why = (f"{takers[0][1].__name__} reads {takers[0][0]}.{name}, which does not refer to it; "
-                       f"set {takers[0][0]}.{name} instead")
+            if takers:  # the part is given its own value
+                _fail(f"{key}.{name}", f"is set to {value!r}, but {key}={m.name} does not read it (it would be "
+                                       f"ignored): {takers[0][1].__name__} reads {takers[0][0]}.{name}, which does "
+                                       f"not refer to it; set {takers[0][0]}.{name} instead")
             else:
                 params = [n for n, p in inspect.signature(cls).parameters.items()
                           if n != "engine" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]

@@ -443,6 +443,11 @@ def _refused_before_any_model_loads(overrides: list[str], message: str, monkeypa
     ([*TINY, "method=autoregressive", "method.heads_path=embedded"],
      r"^method.heads_path: .* method=autoregressive drafts nothing \(plain decoding\); method=eagle, hybrid or "),
     ([*TINY, "method=hf_prompt_lookup", "method.tree=[[0]]"], r"^method.tree: .* HFPromptLookup takes no tree"),
+    # the proposer given its own checkpoint, and the method another
+    ([*TINY, "method=eagle", f"method.proposer.{TINY_EAGLE.removeprefix('method.')}", "method.heads_path=/my.pt"],
+     r"^method.heads_path: is set to '/my.pt', but method=eagle does not read it \(it would be ignored\): "
+     r"EagleProposer reads method.proposer.heads_path, which does not refer to it; set method.proposer.heads_path "
+     r"instead$"),
     # the hybrid reads heads_path only through its eagle part
     ([*TINY, "method=hybrid", "~method.proposer.parts.eagle", "method.heads_path=/my/eagle.safetensors"],
      r"^method.heads_path: .* method=hybrid does not read it .*HybridProposer takes no heads_path"),
