@@ -1,6 +1,7 @@
 """Compare any finished runs: one Spec-Bench-style table across run and sweep folders, a CSV and a plot.
 
     python -m specdec.study.compare <run or sweep folder>... [--out DIR] [--columns a,b,...] [--baseline]
+                                    [--latex FILE]
 
 Each argument is a run folder (it holds `summary.json`), a sweep folder (its job folders hold them), or
 any folder above them; runs need not come from one launch. Every method measured in a run is one row
@@ -9,8 +10,14 @@ verifier, the proposer's or decoder's own arguments), target, draft, dtype, temp
 numbers and the speedup per category. A run that stopped midway (`"complete": false`) is marked
 `(incomplete)`; a job folder with no summary.json at all is listed under the table.
 
-Writes `compare.csv` (every number of every row, per category too) and `compare.png` (speedup by row
-and category) into `--out` (default: the first folder given).
+Speedup, tau and alpha carry their 95% intervals (`1.36x [1.21, 1.50]`, specdec.study.intervals) and
+the counts behind them (prompts, steps); a cell that cannot be told from noise ends in `~`, which a
+legend line under the table explains. Summaries written before intervals existed show the value alone.
+
+Writes `compare.csv` (every number of every row, per category too, intervals and counts included),
+`compare.png` (speedup by row and category) and `compare.tex` (a booktabs table of methods by
+category, speedup with its interval and tau, as the Spec-Bench and EAGLE papers lay theirs out;
+`--latex FILE` writes it elsewhere) into `--out` (default: the first folder given).
 
 A method's arguments come from summary.json's `method_configs`. Summaries written before it existed
 fall back, in `method_configs_of` only, to the composed config Hydra saved beside them
@@ -28,10 +35,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specdec.study import intervals, report
 from specdec.study.report import BASELINE, OVERALL, _model, markdown_table, write_csv
 from specdec.study.results import MethodResults
 
 CSV_NAME = "compare.csv"
+LATEX_NAME = "compare.tex"
 PLOT_NAME = "compare.png"
 SKIP_PARTS = {".submitit", "wandb", ".hydra"}  # folders that never hold a run's summary.json
 
@@ -199,7 +208,10 @@ def rows_of(run: Run, with_baseline: bool = False) -> list[dict]:
         row.update({key: value for key, value in block.overall.to_dict().items() if not isinstance(value, (list, dict))})
         for category, m in block.categories.items():
             for key in ("speedup", "mean_accepted_length", "acceptance_rate", "tokens_per_s"):
-                row[f"{category}/{key}"] = getattr(m, key)
+                low, high = m.interval(key)
+                row.update({f"{category}/{key}": getattr(m, key), f"{category}/{key}_ci_low": low,
+                            f"{category}/{key}_ci_high": high})
+            row.update({f"{category}/{key}": getattr(m, key) for key in ("num_prompts", "num_repeats", "steps")})
         row["path"] = str(run.path)
         rows.append(row)
     return rows
@@ -225,6 +237,17 @@ def _num(x: Any, spec: str, suffix: str = "") -> str:
     return f"{x:{spec}}{suffix}"
 
 
+def _cell(r: dict, name: str, spec: str, suffix: str = "", category: str | None = None) -> str:
+    """`name` of a row (`category`: of one of its categories) with its interval and mark
+    (`report.interval_cell`); the value alone for a summary without intervals, and for the baseline's
+    own speedup."""
+    at = f"{category}/" if category else ""
+    repeats = r.get(f"{at}num_repeats") or 0
+    shown = repeats > 0 and not (name == "speedup" and r["method"] == BASELINE)
+    return report.interval_cell(r.get(f"{at}{name}"), r.get(f"{at}{name}_ci_low"), r.get(f"{at}{name}_ci_high"),
+                                r.get(f"{at}steps"), spec, suffix, 1.0 if name == "speedup" else None, shown, repeats)
+
+
 Column = tuple[str, Callable[[dict], str]]
 COLUMNS: dict[str, Column] = {
     "run": ("run", lambda r: r["run"]),
@@ -234,13 +257,16 @@ COLUMNS: dict[str, Column] = {
     "draft": ("draft", lambda r: str(r["draft"])),
     "dtype": ("dtype", lambda r: str(r["dtype"])),
     "temperature": ("T", lambda r: _num(r["temperature"], "g")),
-    "speedup": ("speedup", lambda r: _num(r.get("speedup"), ".2f", "x")),
+    "speedup": ("speedup", lambda r: _cell(r, "speedup", ".2f", "x")),
     "spread": ("per-prompt median (min-max)", lambda r: f"{_num(r.get('speedup_median'), '.2f')} "
                f"({_num(r.get('speedup_min'), '.2f')}-{_num(r.get('speedup_max'), '.2f')})"),
     "tok/s": ("tok/s", lambda r: _num(r.get("tokens_per_s"), ".1f")),
     "base_tok/s": ("base tok/s", lambda r: _num(r.get("baseline_tokens_per_s"), ".1f")),
-    "tau": ("tau", lambda r: _num(r.get("mean_accepted_length"), ".2f")),
-    "alpha": ("alpha", lambda r: _num(r.get("acceptance_rate"), ".2f")),
+    "tau": ("tau", lambda r: _cell(r, "mean_accepted_length", ".2f")),
+    "alpha": ("alpha", lambda r: _cell(r, "acceptance_rate", ".2f")),
+    "prompts": ("prompts", lambda r: _num(r.get("num_prompts"), "d")),
+    "repeats": ("repeats", lambda r: _num(r.get("num_repeats"), "d")),
+    "steps": ("steps", lambda r: _num(r.get("steps"), "d")),
     "predicted": ("predicted", lambda r: _num(r.get("predicted_speedup"), ".2f", "x")),
     "measured/predicted": ("measured/predicted", lambda r: _num(r.get("measured_over_predicted"), ".2f")),
     "c": ("c", lambda r: _num(r.get("c"), ".2f")),
@@ -250,11 +276,12 @@ COLUMNS: dict[str, Column] = {
     "lossless": ("lossless", lambda r: {True: "yes", False: "**no**"}.get(r["lossless"], "-")),
 }
 DEFAULT_COLUMNS = ["run", "method", "args", "target", "draft", "dtype", "temperature", "speedup", "tok/s",
-                   "tau", "alpha", "lossless"]
+                   "tau", "alpha", "prompts", "steps", "lossless"]
 
 
 def format_table(rows: list[dict], columns: list[str], categories: list[str]) -> str:
-    """Markdown: the chosen columns, then the speedup of every category (tau in brackets)."""
+    """Markdown: the chosen columns, then the speedup of every category with its interval (tau in
+    parentheses); a legend line under it where any row has intervals."""
     unknown = [c for c in columns if c not in COLUMNS]
     if unknown:
         raise ValueError(f"unknown column(s) {unknown}; choose from: {', '.join(COLUMNS)}")
@@ -266,9 +293,73 @@ def format_table(rows: list[dict], columns: list[str], categories: list[str]) ->
         for cat in categories:
             speedup = r.get(f"{cat}/speedup")
             line.append("-" if speedup is None else
-                        f"{_num(speedup, '.2f', 'x')} ({_num(r.get(f'{cat}/mean_accepted_length'), '.2f')})")
+                        f"{_cell(r, 'speedup', '.2f', 'x', cat)} ({_num(r.get(f'{cat}/mean_accepted_length'), '.2f')})")
         cells.append(line)
-    return "\n".join(markdown_table(heads, cells, left=[i for i, c in enumerate(columns) if c in text_cols]))
+    lines = markdown_table(heads, cells, left=[i for i, c in enumerate(columns) if c in text_cols])
+    repeats = {r.get("num_repeats") or 0 for r in rows} - {0}
+    if repeats:
+        lines += ["", report.legend(repeats.pop() if len(repeats) == 1 else None)]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- LaTeX
+
+_LATEX_ESCAPES = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+                  "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+
+
+def latex_escape(text: str) -> str:
+    return "".join(_LATEX_ESCAPES.get(ch, ch) for ch in str(text))
+
+
+def _latex_speedup(r: dict, category: str | None) -> str:
+    """`1.36$\\times$ {\\scriptsize [1.21, 1.50]}`, and a dagger where the markdown cell has `report.MARK`."""
+    at = f"{category}/" if category else ""
+    value = r.get(f"{at}speedup")
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        return "--"
+    cell = _cell(r, "speedup", ".2f", "x", category)
+    text = f"{value:.2f}$\\times$"
+    if "[" in cell:
+        text += f" {{\\scriptsize [{r[f'{at}speedup_ci_low']:.2f}, {r[f'{at}speedup_ci_high']:.2f}]}}"
+    return text + ("$^\\dagger$" if cell.endswith(report.MARK) else "")
+
+
+def latex_table(rows: list[dict], categories: list[str]) -> str:
+    """A booktabs table: one line per row (method); per category, then overall, the speedup with its 95%
+    interval and tau, as the EAGLE papers lay out speedup and tau per benchmark (Spec-Bench's
+    categories, its overall column last); a lossless mark per method. Needs booktabs and amssymb."""
+    groups = [*categories, OVERALL]
+    head = " & ".join(f"\\multicolumn{{2}}{{c}}{{{latex_escape(g.replace('_', ' '))}}}" for g in groups)
+    lines = [
+        "% python -m specdec.study.compare; needs \\usepackage{booktabs} and \\usepackage{amssymb}",
+        "\\begin{table}[t]",
+        "\\centering",
+        "\\small",
+        f"\\begin{{tabular}}{{lc{'rr' * len(groups)}}}",
+        "\\toprule",
+        f" & & {head} \\\\",
+        " ".join(f"\\cmidrule(lr){{{3 + 2 * i}-{4 + 2 * i}}}" for i in range(len(groups))),
+        "Method & Lossless & " + " & ".join("Speedup & $\\tau$" for _ in groups) + " \\\\",
+        "\\midrule",
+    ]
+    for r in rows:
+        cells = [latex_escape(r.get("label", r["method"])),
+                 {True: "\\checkmark", False: "$\\times$"}.get(r["lossless"], "--")]
+        for g in groups:
+            category = None if g == OVERALL else g
+            tau = _num(r.get(f"{g}/mean_accepted_length" if category else "mean_accepted_length"), ".2f")
+            cells += [_latex_speedup(r, category), "--" if tau == "-" else tau]
+        lines.append(" & ".join(cells) + " \\\\")
+    repeats = {r.get("num_repeats") or 0 for r in rows} - {0}
+    over = "prompts" + (" and repeats" if max(repeats, default=1) > 1 else "")
+    caption = ("Speedup over autoregressive decoding and mean accepted length $\\tau$ per category. "
+               + (f"Brackets: 95\\% bootstrap interval over {over} ({intervals.RESAMPLES:,} resamples). "
+                  f"$^\\dagger$: the interval includes 1.0$\\times$, or the speedup rests on fewer than "
+                  f"{intervals.MIN_STEPS} steps or on one prompt. " if repeats else "")
+               + "Lossless: \\checkmark{} where the verifier keeps the target's output distribution.")
+    lines += ["\\bottomrule", "\\end{tabular}", f"\\caption{{{caption}}}", "\\end{table}"]
+    return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------- files
@@ -355,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--columns", help=f"comma-separated, from: {', '.join(COLUMNS)} "
                                           f"(default: {','.join(DEFAULT_COLUMNS)})")
     parser.add_argument("--baseline", action="store_true", help="also a row for each run's autoregressive baseline")
+    parser.add_argument("--latex", help=f"the LaTeX table's file (default: {LATEX_NAME} in --out)")
     args = parser.parse_args(argv)
     columns = args.columns.split(",") if args.columns else None
     if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
@@ -380,12 +472,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"specdec.study.compare: cannot write {out / CSV_NAME} ({err.strerror or err}); choose another "
               "--out", file=sys.stderr)
         return 2
+    tex_path = Path(args.latex) if args.latex else out / LATEX_NAME
+    try:
+        tex_path.write_text(latex_table(result.rows, result.categories), encoding="utf-8")
+    except OSError as err:
+        print(f"specdec.study.compare: cannot write {tex_path} ({err.strerror or err}); choose another "
+              "--latex file", file=sys.stderr)
+        return 2
     try:
         png_path: Path | None = plot(result.rows, result.categories, out / PLOT_NAME)
     except Exception as exc:  # the CSV is the result; a plot failure must not hide it
         print(f"plot failed ({type(exc).__name__}: {exc})", file=sys.stderr)
         png_path = None
-    print(f"\nwrote {csv_path}" + (f" and {png_path}" if png_path else ""))
+    print(f"\nwrote {csv_path}, {tex_path}" + (f" and {png_path}" if png_path else ""))
     _write_report(result, out, png_path)
     return 0
 

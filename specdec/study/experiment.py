@@ -8,8 +8,10 @@ One run:
   3. warm up   one short untimed generation per decoder
   4. measure   batch by batch, the method and the baseline alternate which goes first (order effects
                cancel); a multi-turn prompt is answered turn by turn, each turn continuing the
-               conversation's KV cache (`past=`); results.jsonl is rewritten after every batch
-  5. report    summary.json, plots, the W&B run (never blocking), the printed table
+               conversation's KV cache (`past=`); results.jsonl is rewritten after every batch;
+               `repeats=N` runs all of it N times, each repeat rotating the order once more
+  5. report    summary.json (95% intervals: specdec.study.intervals), plots, the W&B run (never
+               blocking), the printed table, table.md and table.csv
 
 Batches (generation.batch_size > 1) hold consecutive prompts with the same number of turns. A row's
 `wall_s`, `draft_s` and `verify_s` are then its batch's times divided by the batch size (so they add
@@ -32,7 +34,7 @@ import errno
 import logging
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -47,6 +49,7 @@ from specdec.core.engine import Engine, resolve_device
 from specdec.core.errors import InputError, NoSpace
 from specdec.core.metrics import speedup
 from specdec.models import check_tokenizers_compatible, describe_model, load_model
+from specdec.study import report
 from specdec.study.config import (
     ConfigError,
     method_configs,
@@ -329,22 +332,28 @@ def warm_up(decoders: list[SpeculativeDecoder], prompt: Prompt, cfg: DictConfig,
 
 def measure(setup: Setup, prompts: list[Prompt], cfg: DictConfig, on_batch=None) -> list[PromptResult]:
     """Run every method and the baseline on every batch; the order rotates from batch to batch, so
-    each goes first, second, ... equally often and order effects cancel."""
+    each goes first, second, ... equally often and order effects cancel. With `repeats=N` the whole
+    comparison runs N times (each result keeps its `repeat`), the order shifted by one more each time,
+    so that a prompt's decoders take turns at going first; the seeds are the same in every repeat."""
     roles = [*setup.methods.items(), (BASELINE, setup.baseline)]
     method_name = " / ".join(name for name, _ in roles[:-1]) or BASELINE
     rows: list[PromptResult] = []
     batches = make_batches(prompts, cfg.generation.batch_size)
     disable = None if cfg.progress is None else not cfg.progress
-    with tqdm(total=len(prompts), desc=f"{method_name} vs {BASELINE}", unit="prompt", disable=disable,
+    with tqdm(total=len(prompts) * cfg.repeats, desc=f"{method_name} vs {BASELINE}", unit="prompt",
+              disable=disable,
               file=sys.stderr, leave=False) as bar:
-        for i, batch in enumerate(batches):
-            shift = i % len(roles)
-            order = roles[shift:] + roles[:shift]
-            for role, decoder in order:
-                rows += run_batch(decoder, role, batch, cfg, cfg.seed + i, setup.tokenizer, setup.cache_reuse)
-            bar.update(len(batch))
-            if on_batch is not None:
-                on_batch(rows)
+        for repeat in range(cfg.repeats):
+            for i, batch in enumerate(batches):
+                shift = (i + repeat) % len(roles)
+                order = roles[shift:] + roles[:shift]
+                for role, decoder in order:
+                    measured = run_batch(decoder, role, batch, cfg, cfg.seed + i, setup.tokenizer,
+                                         setup.cache_reuse)
+                    rows += [replace(r, repeat=repeat) for r in measured]
+                bar.update(len(batch))
+                if on_batch is not None:
+                    on_batch(rows)
     return rows
 
 
@@ -419,7 +428,7 @@ def job_identity(method_name: str) -> tuple[str, str | None]:
 
 
 def run(cfg: DictConfig, out_dir: str | Path) -> ExperimentResult:
-    """One experiment; writes results.jsonl, summary.json, plots and table.md into `out_dir`."""
+    """One experiment; writes results.jsonl, summary.json, plots, table.md and table.csv into `out_dir`."""
     out_dir = Path(out_dir)
     try:
         validate(cfg)
@@ -490,7 +499,8 @@ def run(cfg: DictConfig, out_dir: str | Path) -> ExperimentResult:
         if len(method_names) > 1:
             table += "\n\n" + format_comparison(summary)
         with _room_to_write(out_dir, rows):
-            write_atomic({out_dir / "table.md": table + "\n"})
+            write_atomic({out_dir / "table.md": table + "\n",
+                          out_dir / "table.csv": report.csv_text(report.table_rows(summary))})
         plots.update(_report(summary, table, config, plots, out_dir))
         tracker.log_rows(per_prompt(rows, method_name))
         tracker.log_summary(summary, [r.to_dict() for r in rows], plots)
@@ -516,13 +526,15 @@ def _room_to_write(out_dir: Path, kept: list[PromptResult]) -> Iterator[None]:
 
 
 def per_prompt(rows: list[PromptResult], method_name: str) -> list[dict]:
-    """One W&B history step per prompt: the method's numbers and its speedup over the baseline."""
-    base = {r.prompt_id: r for r in rows if r.method == BASELINE}
+    """One W&B history step per prompt and repeat: the method's numbers and its speedup over the baseline
+    on that prompt in that repeat."""
+    base = {r.unit: r for r in rows if r.method == BASELINE}
     out = []
     for i, r in enumerate(r for r in rows if r.method == method_name):
-        b = base[r.prompt_id]
+        b = base[r.unit]
         out.append({
             "index": i,
+            "repeat": r.repeat,
             "new_tokens": r.new_tokens,
             "wall_s": r.wall_s,
             "tokens_per_s": r.tokens_per_s,

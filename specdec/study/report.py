@@ -3,7 +3,7 @@
 Input: the `PromptResult`s of a run (results.jsonl), one per prompt and method (the method, and the
 autoregressive baseline measured on the same prompts in the same run). Output: `summarize` -> the
 dict written to `summary.json` (per method a `MethodResults`: overall and per category),
-`format_table` / `format_comparison` -> the printed tables,
+`format_table` / `format_comparison` -> the printed tables, `table_rows` -> the run's table.csv,
 `make_plots` -> the figures (drawn by `specdec.study.figures`, PNG and PDF). This module
 only arranges and formats: the numbers come from `specdec.study.results.MethodSummary.measure`, which
 applies the definitions of `specdec.core.metrics`.
@@ -35,6 +35,12 @@ Definitions (DESIGN.md's vocabulary), for a group of prompts (a category, or all
   (experiments/measurement/LOG.md, "2. The cost model, checked with forced acceptance"). At batch
   size 1: with batches a row's ttft_s is its batch's.
 - matches_baseline (greedy only): the fraction of prompts whose output tokens equal the baseline's.
+- Intervals: speedup, tau, alpha and tokens/s carry a 95% interval (`<name>_ci_low`, `_ci_high`), a
+  bootstrap over prompts and repeats (`specdec.study.intervals`), beside the counts behind them
+  (`num_prompts`, `num_repeats`, `steps`). Table cells read `1.36x [1.21, 1.50]`; `MARK` follows a
+  speedup whose interval includes 1.0x, and any number that rests on fewer than `MIN_STEPS` steps or
+  on a single prompt; a legend line under the table says so. Summaries written before intervals
+  existed (`num_repeats` 0) are shown without them.
 
 - ttft_s = the mean over prompts of each prompt's time to first token (its mean over turns for a
   multi-turn prompt). A latency: with batches every row of a batch has the batch's TTFT.
@@ -52,15 +58,18 @@ there, totals exact.
 from __future__ import annotations
 
 import csv
+import io
 import math
 from collections.abc import Collection
 from pathlib import Path
 
 from specdec.core.metrics import ratio as _ratio
-from specdec.study.results import HEADLINE, MethodResults, PromptResult
+from specdec.study import intervals
+from specdec.study.results import HEADLINE, WITH_INTERVALS, MethodResults, MethodSummary, PromptResult
 
 BASELINE = "autoregressive"
 OVERALL = "overall"
+MARK = "~"  # after a cell that cannot be told from noise (`intervals.unclear`)
 
 
 def summarize(rows: list[PromptResult], methods: str | list[str], info: dict, greedy: bool,
@@ -74,6 +83,7 @@ def summarize(rows: list[PromptResult], methods: str | list[str], info: dict, gr
     names = list(dict.fromkeys([*methods, BASELINE]))
     base = [r for r in rows if r.method == BASELINE]
     categories = list(dict.fromkeys(r.category for r in base))
+    repeats = len({r.repeat for r in base})
     blocks = {name: MethodResults.measure([r for r in rows if r.method == name], base, categories, greedy,
                                           (exact_greedy or {}).get(name))
               for name in names}
@@ -84,18 +94,26 @@ def summarize(rows: list[PromptResult], methods: str | list[str], info: dict, gr
         "baseline": BASELINE,
         "lossless": blocks[method].lossless,
         "verifier": blocks[method].verifier,
-        "num_prompts": len(base),
+        "num_prompts": len({r.prompt_id for r in base}),
+        "repeats": repeats,
         "categories": categories,
         **{key: getattr(head, key) for key in HEADLINE},
         "baseline_tokens_per_s": blocks[BASELINE].overall.tokens_per_s,
-        "per_category": {c: {"speedup": blocks[method].categories[c].speedup,
-                             "mean_accepted_length": blocks[method].categories[c].mean_accepted_length}
+        "per_category": {c: {key: getattr(blocks[method].categories[c], key) for key in PER_CATEGORY}
                          for c in categories},
+        "intervals": {"level": intervals.LEVEL, "resamples": intervals.RESAMPLES, "seed": intervals.SEED,
+                      "resampled": "repeats, then prompts within them" if repeats > 1 else "prompts",
+                      "min_steps": intervals.MIN_STEPS},
     })
     if greedy:
         summary["matches_baseline"] = head.matches_baseline
     summary["methods"] = {name: block.to_dict() for name, block in blocks.items()}
     return summary
+
+
+# The numbers of each category repeated under `per_category` in summary.json (W&B panels read them).
+PER_CATEGORY = ("speedup", "speedup_ci_low", "speedup_ci_high", "mean_accepted_length", "mean_accepted_length_ci_low",
+                "mean_accepted_length_ci_high", "num_prompts", "steps")
 
 
 def markdown_table(head: list[str], rows: list[list[str]], left: Collection[int] = (0,)) -> list[str]:
@@ -106,13 +124,20 @@ def markdown_table(head: list[str], rows: list[list[str]], left: Collection[int]
             *("| " + " | ".join(cells) + " |" for cells in rows)]
 
 
+def csv_text(rows: list[dict]) -> str:
+    """`rows` as the text of a CSV file, one column per key seen in any row."""
+    columns = list(dict.fromkeys(c for r in rows for c in r))
+    out = io.StringIO(newline="")
+    writer = csv.DictWriter(out, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
+
+
 def write_csv(rows: list[dict], path: Path) -> Path:
     """`rows` as a CSV file, one column per key seen in any row (a run's or a sweep's table)."""
-    columns = list(dict.fromkeys(c for r in rows for c in r))
     with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
+        f.write(csv_text(rows))
     return path
 
 
@@ -123,6 +148,41 @@ def _fmt(x: float | None, spec: str, suffix: str = "") -> str:
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return "-"
     return f"{x:{spec}}{suffix}"
+
+
+def _finite(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def interval_cell(value: float | None, low: float | None, high: float | None, steps: int | None, spec: str,
+                  suffix: str = "", null: float | None = None, with_interval: bool = True, repeats: int = 1) -> str:
+    """`1.36x [1.21, 1.50]`, with `MARK` after it where `intervals.unclear` (`null`: 1.0 for a speedup;
+    `steps` summed over `repeats`). `with_interval` false (a summary written before intervals, the
+    baseline's own speedup): the value alone."""
+    text = _fmt(value, spec, suffix)
+    if not with_interval or text == "-":
+        return text
+    if _finite(low) and _finite(high):
+        text += f" [{low:{spec}}, {high:{spec}}]"
+    return text + (MARK if intervals.unclear(low, high, steps, null, repeats) else "")
+
+
+def summary_cell(m: MethodSummary, name: str, spec: str, suffix: str = "", baseline: bool = False) -> str:
+    """The cell of `name` (one of `WITH_INTERVALS`) of a MethodSummary, its interval and mark included."""
+    low, high = m.interval(name)
+    shown = m.num_repeats > 0 and not (baseline and name == "speedup")
+    return interval_cell(getattr(m, name), low, high, m.steps, spec, suffix, 1.0 if name == "speedup" else None,
+                         shown, m.num_repeats)
+
+
+def legend(repeats: int | None = 1) -> str:
+    """The line under a table with intervals: what the brackets are and what `MARK` means (`repeats`
+    None: the table's runs measured different numbers of repeats)."""
+    over = ("prompts" if repeats == 1 else "repeats, then prompts within them, where a run measured several"
+            if repeats is None else f"{repeats} repeats, then prompts within them")
+    return (f"[low, high]: 95% interval, a bootstrap over {over} ({intervals.RESAMPLES:,} resamples, seed "
+            f"{intervals.SEED}). {MARK}: a speedup whose interval includes 1.0x, or a number that rests on "
+            f"fewer than {intervals.MIN_STEPS} steps (a repeat's) or on one prompt: not told apart from noise.")
 
 
 def method_label(summary: dict) -> str:
@@ -145,27 +205,56 @@ def format_table(summary: dict) -> str:
     block, base = blocks[summary["method"]], blocks[BASELINE]
     greedy = "matches_baseline" in summary
     k = summary.get("num_speculative_tokens")
+    repeats = summary.get("repeats", 1)
+    with_intervals = block.overall.num_repeats > 0
     title = (f"{method_label(summary)}"
              + (f", k={k}" if summary["method"] != BASELINE else "")
              + f", verifier {summary['verifier']}, temperature {summary.get('temperature')}"
              + f" | target {_model(summary, 'target')}, draft {_model(summary, 'draft')}"
              + f" | {summary.get('data')}: {summary['num_prompts']} prompts"
+             + (f" x {repeats} repeats" if repeats > 1 else "")
              + f" | {summary.get('device')} {summary.get('dtype')}")
     head = ["category", "speedup", "tau", "alpha", "predicted", "c", "tok/s", "base tok/s"]
+    if with_intervals:
+        head += ["prompts", "steps"]
     if greedy:
         head.append("= baseline")
     groups = [(c, block.categories[c], base.categories[c]) for c in summary["categories"]]
     groups.append((f"**{OVERALL}**", block.overall, base.overall))
     cells = []
     for name, m, b in groups:
-        line = [name, _fmt(m.speedup, ".2f", "x"), _fmt(m.mean_accepted_length, ".2f"), _fmt(m.acceptance_rate, ".2f"),
+        line = [name, summary_cell(m, "speedup", ".2f", "x", summary["method"] == BASELINE),
+                summary_cell(m, "mean_accepted_length", ".2f"), summary_cell(m, "acceptance_rate", ".2f"),
                 _fmt(m.predicted_speedup, ".2f", "x"), _fmt(m.c, ".2f"), _fmt(m.tokens_per_s, ".1f"),
                 _fmt(b.tokens_per_s, ".1f")]
+        if with_intervals:
+            line += [str(m.num_prompts), str(m.steps)]
         if greedy:
             line.append(_fmt(m.matches_baseline, ".0%"))
         cells.append(line)
     notes = [f"exact greedy {state} for {name}" for name, state in _exact_greedy_notes(blocks)]
+    if with_intervals:
+        notes.insert(0, legend(repeats))
     return "\n".join([title, "", *markdown_table(head, cells), *(["", *notes] if notes else [])])
+
+
+def table_rows(summary: dict) -> list[dict]:
+    """The run's table.csv: one row per method and group (each category, then overall) with every number
+    of `WITH_INTERVALS`, its interval, the counts behind it and whether a table marks it."""
+    out = []
+    for name, block in _blocks(summary).items():
+        for group, m in [*block.categories.items(), (OVERALL, block.overall)]:
+            row = {"method": name, "category": group, "num_prompts": m.num_prompts, "num_repeats": m.num_repeats,
+                   "steps": m.steps, "new_tokens": m.new_tokens}
+            for key in WITH_INTERVALS:
+                low, high = m.interval(key)
+                row.update({key: getattr(m, key), f"{key}_ci_low": low, f"{key}_ci_high": high})
+            low, high = m.interval("speedup")
+            row["speedup_unclear"] = name != BASELINE and intervals.unclear(low, high, m.steps, 1.0, m.num_repeats)
+            row["few_steps"] = intervals.few_steps(m.steps, m.num_repeats)
+            row.update(lossless=block.lossless, verifier=block.verifier)
+            out.append({k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()})
+    return out
 
 
 def _exact_greedy_notes(blocks: dict[str, MethodResults]) -> list[tuple[str, str]]:
@@ -180,16 +269,18 @@ def format_comparison(summary: dict) -> str:
     ratios of each specdec method's tokens/s to each `hf_*` anchor's."""
     blocks = _blocks(summary)
     head = ["method", "tok/s", "speedup", "per-prompt median (min-max)", "tau", "alpha", "predicted",
-            "measured/predicted", "reused cache tokens", "lossless"]
+            "measured/predicted", "steps", "reused cache tokens", "lossless"]
     cells = []
     for name, block in blocks.items():
         m = block.overall
         spread = f"{_fmt(m.speedup_median, '.2f')} ({_fmt(m.speedup_min, '.2f')}-{_fmt(m.speedup_max, '.2f')})"
-        cells.append([name, _fmt(m.tokens_per_s, ".1f"), _fmt(m.speedup, ".2f", "x"), spread,
-                      _fmt(m.mean_accepted_length, ".2f"), _fmt(m.acceptance_rate, ".2f"),
-                      _fmt(m.predicted_speedup, ".2f", "x"), _fmt(m.measured_over_predicted, ".2f"),
+        cells.append([name, _fmt(m.tokens_per_s, ".1f"), summary_cell(m, "speedup", ".2f", "x", name == BASELINE),
+                      spread, summary_cell(m, "mean_accepted_length", ".2f"), summary_cell(m, "acceptance_rate", ".2f"),
+                      _fmt(m.predicted_speedup, ".2f", "x"), _fmt(m.measured_over_predicted, ".2f"), str(m.steps),
                       str(m.reused_cache_tokens), "yes" if block.lossless else "no (lossy)"])
     lines = [_cache_policy(summary), "", *markdown_table(head, cells, left=(0, len(head) - 1))]
+    if any(b.overall.num_repeats for b in blocks.values()):
+        lines += ["", legend(summary.get("repeats", 1))]
     anchors = [n for n in blocks if n.startswith("hf_")]
     ours = [n for n in blocks if not n.startswith("hf_")]
     if anchors:

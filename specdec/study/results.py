@@ -11,13 +11,18 @@ prompts (a block of summary.json).
   results become numbers; every formula it applies is defined in `specdec.core.metrics`.
 - `MethodResults`: a method's `MethodSummary` overall and per category, and whether it is lossless.
 
+A run may measure every prompt more than once (`repeats`): each result carries its `repeat`, and a
+prompt's result is paired with the baseline's of the same prompt in the same repeat. The 95%
+intervals of speedup, tau, alpha and tokens/s come from `specdec.study.intervals` (a bootstrap over
+prompts, and repeats), beside the counts they rest on (prompts, repeats, steps).
+
 Each has `to_dict()` / `from_dict()`: the files keep the keys they have always had (derived numbers
 are written beside the counts, for readers of the files), and files written by older versions read
 back, with what they did not record left at its default. The records are frozen: a result is built
 once, from what was measured, and not edited afterwards (their lists are not copied on the way in).
 
-Only `specdec.core.metrics` and the standard library are imported, so the records serve where only torch
-and transformers are installed (benchmark scripts on a GPU box).
+Only `specdec.core.metrics`, `specdec.study.intervals` (numpy) and the standard library are imported,
+so the records serve where only torch and transformers are installed (benchmark scripts on a GPU box).
 """
 
 from __future__ import annotations
@@ -31,11 +36,16 @@ from functools import cached_property
 from typing import Any
 
 from specdec.core import metrics as m
+from specdec.study import intervals
 
 # The MethodSummary fields repeated at the top of summary.json for the run's first method, so that
 # sweeps (specdec.study.sweep) and W&B panels across runs of different methods name one key.
-HEADLINE = ("speedup", "mean_accepted_length", "acceptance_rate", "predicted_speedup", "c", "tokens_per_s",
-            "ttft_s", "per_position_acceptance")
+HEADLINE = ("speedup", "speedup_ci_low", "speedup_ci_high", "mean_accepted_length", "mean_accepted_length_ci_low",
+            "mean_accepted_length_ci_high", "acceptance_rate", "acceptance_rate_ci_low", "acceptance_rate_ci_high",
+            "predicted_speedup", "c", "tokens_per_s", "tokens_per_s_ci_low", "tokens_per_s_ci_high", "ttft_s",
+            "per_position_acceptance", "steps", "num_repeats")
+# The numbers that carry a 95% interval (`<name>_ci_low`, `<name>_ci_high` in a MethodSummary).
+WITH_INTERVALS = ("speedup", "mean_accepted_length", "acceptance_rate", "tokens_per_s")
 
 
 def _from_dict(cls, data: dict, **extra) -> Any:
@@ -106,6 +116,7 @@ class PromptResult:
     method: str
     turns: int = 1
     seed: int = 0
+    repeat: int = 0  # which of the run's `repeats` measured it (0 for the first, and in older files)
     prompt_token_ids: list[int] = field(default_factory=list)  # the first turn's input
     output_token_ids: list[int] = field(default_factory=list)  # every turn's output, in order
     output_text: str = ""  # the turns' outputs joined by blank lines
@@ -141,6 +152,11 @@ class PromptResult:
     reports: list[dict] = field(default_factory=list)  # per turn: what the proposer / schedule chose
 
     # ---------------------------------------------------------------- building
+
+    @property
+    def unit(self) -> tuple[int, str]:
+        """(repeat, prompt_id): what pairs a method's result with the baseline's, and what is resampled."""
+        return self.repeat, self.prompt_id
 
     @classmethod
     def from_generations(cls, prompt_id: str, category: str, method: str, seed: int,
@@ -241,7 +257,7 @@ class Totals:
     ragged per-position lists add element-wise), the seconds, and the prefills."""
 
     counts: m.RowStats
-    num_prompts: int
+    num_prompts: int  # distinct prompts (a prompt measured in several repeats counts once)
     wall_s: float
     draft_s: float
     verify_s: float
@@ -252,7 +268,7 @@ class Totals:
 
     @classmethod
     def of(cls, results: Sequence[PromptResult]) -> Totals:
-        return cls(counts=m.RowStats.merged(r.counts for r in results), num_prompts=len(results),
+        return cls(counts=m.RowStats.merged(r.counts for r in results), num_prompts=len({r.prompt_id for r in results}),
                    wall_s=sum(r.wall_s for r in results), draft_s=sum(r.draft_s for r in results),
                    verify_s=sum(r.verify_s for r in results),
                    ttft_s=statistics.fmean(r.ttft_s for r in results) if results else float("nan"),
@@ -273,13 +289,22 @@ class MethodSummary:
     summary.json (`methods.<name>.overall`, `methods.<name>.categories.<category>`). docs/metrics.md
     defines every number; `measure` computes them with specdec.core.metrics."""
 
-    num_prompts: int = 0
+    num_prompts: int = 0  # distinct prompts
+    num_repeats: int = 0  # repeats measured; 0 in files written before intervals (then none are shown)
     new_tokens: int = 0
     wall_s: float = float("nan")
     tokens_per_s: float = float("nan")
+    tokens_per_s_ci_low: float = float("nan")  # each <name>_ci_low, _ci_high: the 95% interval (intervals.py)
+    tokens_per_s_ci_high: float = float("nan")
     speedup: float = float("nan")  # tokens/s over the baseline's
+    speedup_ci_low: float = float("nan")
+    speedup_ci_high: float = float("nan")
     acceptance_rate: float = float("nan")  # alpha
+    acceptance_rate_ci_low: float = float("nan")
+    acceptance_rate_ci_high: float = float("nan")
     mean_accepted_length: float = float("nan")  # tau
+    mean_accepted_length_ci_low: float = float("nan")
+    mean_accepted_length_ci_high: float = float("nan")
     per_position_acceptance: list[float] = field(default_factory=list)  # a_i, conditional
     mean_acceptance_length: float = float("nan")  # vLLM's, bonus counted
     per_position_acceptance_rate: list[float] = field(default_factory=list)  # vLLM's, unconditional
@@ -330,12 +355,17 @@ class MethodSummary:
         spread = per_prompt_speedups(results, baseline)
         matches = None
         if greedy:
-            base_out = {r.prompt_id: r.output_token_ids for r in baseline}
-            matches = m.ratio(sum(r.output_token_ids == base_out.get(r.prompt_id) for r in results), len(results))
+            base_out = {r.unit: r.output_token_ids for r in baseline}
+            matches = m.ratio(sum(r.output_token_ids == base_out.get(r.unit) for r in results), len(results))
+        ci = bootstrap_intervals(results, baseline)
+        if not all(r.acceptance_measured for r in results):  # no acceptance to put an interval on
+            ci.update(mean_accepted_length=intervals.NAN_INTERVAL, acceptance_rate=intervals.NAN_INTERVAL)
         return cls(
-            num_prompts=t.num_prompts, new_tokens=n.new_tokens, wall_s=t.wall_s, tokens_per_s=t.tokens_per_s,
-            speedup=m.speedup(t.tokens_per_s, b.tokens_per_s), acceptance_rate=n.acceptance_rate,
-            mean_accepted_length=n.mean_accepted_length, per_position_acceptance=n.per_position_acceptance,
+            num_prompts=t.num_prompts, num_repeats=len({r.repeat for r in results}), new_tokens=n.new_tokens,
+            wall_s=t.wall_s, tokens_per_s=t.tokens_per_s, speedup=m.speedup(t.tokens_per_s, b.tokens_per_s),
+            acceptance_rate=n.acceptance_rate, mean_accepted_length=n.mean_accepted_length,
+            **{f"{name}_ci_{end}": bound for name, pair in ci.items() for end, bound in zip(("low", "high"), pair)},
+            per_position_acceptance=n.per_position_acceptance,
             mean_acceptance_length=mean_acceptance_length, per_position_acceptance_rate=n.per_position_acceptance_rate,
             acceptance_histogram=n.acceptance_histogram,
             acceptance_histogram_by_draft_length=n.acceptance_histogram_by_draft_length, num_spec_steps=spec_steps,
@@ -347,6 +377,10 @@ class MethodSummary:
             speedup_min=spread[0] if spread else float("nan"), speedup_max=spread[-1] if spread else float("nan"),
             matches_baseline=matches,
         )
+
+    def interval(self, name: str) -> tuple[float, float]:
+        """(low, high): the 95% interval of `name`, one of `WITH_INTERVALS` (NaN where unknown)."""
+        return getattr(self, f"{name}_ci_low"), getattr(self, f"{name}_ci_high")
 
     @property
     def measured_over_predicted(self) -> float:
@@ -367,10 +401,33 @@ class MethodSummary:
 
 
 def per_prompt_speedups(results: Iterable[PromptResult], baseline: Iterable[PromptResult]) -> list[float]:
-    """Each prompt's speedup (its tokens/s over the baseline's on that prompt), sorted; unknown ones left out."""
-    base = {r.prompt_id: r.tokens_per_s for r in baseline}
-    values = (m.speedup(r.tokens_per_s, base.get(r.prompt_id, float("nan"))) for r in results)
+    """Each prompt's speedup (its tokens/s over the baseline's on that prompt in the same repeat), sorted;
+    unknown ones left out."""
+    base = {r.unit: r.tokens_per_s for r in baseline}
+    values = (m.speedup(r.tokens_per_s, base.get(r.unit, float("nan"))) for r in results)
     return sorted(x for x in values if math.isfinite(x))
+
+
+def bootstrap_intervals(results: Sequence[PromptResult], baseline: Sequence[PromptResult],
+                        resamples: int = intervals.RESAMPLES, seed: int = intervals.SEED) -> dict[str, tuple]:
+    """The 95% interval (low, high) of each of `WITH_INTERVALS` for `results` against `baseline`: a
+    bootstrap over the units (repeat, prompt) both measured, repeats first where there are several
+    (`specdec.study.intervals`). A unit the baseline lacks (a run cut short) is left out."""
+    base = {r.unit: r for r in baseline}
+    paired = sorted((r for r in results if r.unit in base), key=lambda r: r.unit)
+    w = intervals.resample_weights([r.repeat for r in paired], resamples, seed)
+    pairs = [base[r.unit] for r in paired]
+
+    def column(rows: Sequence[PromptResult], name: str) -> list[float]:
+        return [getattr(r, name) for r in rows]
+
+    tokens, seconds = column(paired, "new_tokens"), column(paired, "wall_s")
+    return {
+        "tokens_per_s": intervals.ratio_interval(w, tokens, seconds),
+        "speedup": intervals.speedup_interval(w, tokens, seconds, column(pairs, "new_tokens"), column(pairs, "wall_s")),
+        "acceptance_rate": intervals.ratio_interval(w, column(paired, "accepted"), column(paired, "proposed")),
+        "mean_accepted_length": intervals.ratio_interval(w, column(paired, "emitted"), column(paired, "steps")),
+    }
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,9 @@ An experiment's results must survive whatever happens to the tracker, so the two
   output folder, both or neither (`write_atomic`). It needs nothing but the standard library and is
   called whether or not W&B works.
 - `Tracker` is the no-op logger (`logger=none`); `WandbTracker` sends the same numbers to W&B, offline by
-  default. A run that cannot start online is logged offline instead, for a later `wandb sync`. Any
+  default: the summary flattened (every speedup, tau, alpha and tokens/s with its 95% interval,
+  `<name>_ci_low` / `_ci_high`, and the counts behind it: `num_prompts`, `num_repeats`, `steps`), one
+  history step per prompt and repeat, and the results as a table (with each row's `repeat`). A run that cannot start online is logged offline instead, for a later `wandb sync`. Any
   other exception from W&B is caught, logged as a warning, and turns the tracker into a no-op:
   W&B may lose a run, the run never loses its results.
 - `read_offline_summary` reads the summary of an offline run back, so tests can check that W&B saw

@@ -80,10 +80,12 @@ def test_hand_made_sweep_table_csv_and_plot_hold_the_summaries_numbers(tmp_path,
     assert lines[0].rstrip(" |").endswith("| qa | rag")
     # job folders in numeric order; one row each (the baseline only with --baseline)
     assert [line.split(" | ")[0] for line in lines[1:]] == ["| 0", "| 1 (incomplete)", "| 10"]
-    assert f"| {s0['speedup']:.2f}x |" in lines[1] and f"| {s1['speedup']:.2f}x |" in lines[2]
+    o0, o1 = (s["methods"]["ngram"]["overall"] for s in (s0, s1))
+    assert f"| {s0['speedup']:.2f}x [{o0['speedup_ci_low']:.2f}, {o0['speedup_ci_high']:.2f}]" in lines[1]
+    assert f"| {s1['speedup']:.2f}x [{o1['speedup_ci_low']:.2f}, {o1['speedup_ci_high']:.2f}]" in lines[2]
     assert "k=2 heuristic greedy max_ngram=3" in lines[1] and "typical (lossy)" in lines[3]
-    qa = s0["methods"]["ngram"]["categories"]["qa"]
-    assert f"| {qa['speedup']:.2f}x ({qa['mean_accepted_length']:.2f}) |" in lines[1]
+    qa = s0["methods"]["ngram"]["categories"]["qa"]  # one prompt of 10 steps: no interval, marked
+    assert f"| {qa['speedup']:.2f}x~ ({qa['mean_accepted_length']:.2f}) |" in lines[1]
     assert re.search(r"no summary\.json \(failed or not started\): .*sweep/2", printed)
 
     rows = _csv(out / "compare.csv")

@@ -479,7 +479,8 @@ def test_per_prompt_speedup_spread_is_the_median_min_and_max_over_prompts():
     assert m.speedup == pytest.approx((60 / 1.75) / 20)
     table = format_comparison(summarize(rows, ["draft"], {}, greedy=True))
     draft = next(line for line in table.splitlines() if line.startswith("| draft |"))
-    assert "| 1.71x | 2.00 (1.00-4.00) |" in draft
+    # its interval (three prompts: from all of a to all of c) holds 1.0: marked
+    assert "| 1.71x [1.00, 4.00]~ | 2.00 (1.00-4.00) |" in draft
 
 
 def test_ttft_is_the_mean_over_prompts():
@@ -532,9 +533,12 @@ def test_table_columns_hold_their_numbers():
                  acc_at=(5, 2), reached_at=(5, 4))]
     table = format_table(summarize(rows, "draft", {"num_speculative_tokens": 2}, greedy=True))
     lines = table.splitlines()
-    assert lines[2] == "| category | speedup | tau | alpha | predicted | c | tok/s | base tok/s | = baseline |"
-    # speedup (13 / 0.6) / 17.5, tau 12 / 5, alpha 7 / 10, predicted 2.5 * 0.05 / 0.1, c 0.01 / 0.05
-    assert lines[-1] == "| **overall** | 1.24x | 2.40 | 0.70 | 1.25x | 0.20 | 21.7 | 17.5 | 100% |"
+    assert lines[2] == ("| category | speedup | tau | alpha | predicted | c | tok/s | base tok/s | prompts | steps "
+                        "| = baseline |")
+    # speedup (13 / 0.6) / 17.5, tau 12 / 5, alpha 7 / 10, predicted 2.5 * 0.05 / 0.1, c 0.01 / 0.05; one
+    # prompt of 5 steps: no interval, marked (tests/study/test_intervals.py)
+    assert lines[-3] == "| **overall** | 1.24x~ | 2.40~ | 0.70~ | 1.25x | 0.20 | 21.7 | 17.5 | 1 | 5 | 100% |"
+    assert lines[-1].startswith("[low, high]: 95% interval")
 
 
 def test_a_prompt_result_takes_its_share_of_the_batch_times():
