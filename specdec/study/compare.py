@@ -5,7 +5,8 @@
 
 Each argument is a run folder (it holds `summary.json`), a sweep folder (its job folders hold them), or
 any folder above them; runs need not come from one launch. Every method measured in a run is one row
-(the autoregressive baseline only with `--baseline`): the method, its arguments (k, schedule,
+(plain decoding, the baseline and exact greedy's reference, only with `--baseline`; a method two runs
+measured is labelled by run, `ngram @ launch_a/ngram`): the method, its arguments (k, schedule,
 verifier, the proposer's or decoder's own arguments), target, draft, dtype, temperature, the overall
 numbers and the speedup per category. A run that stopped midway (`"complete": false`) is marked
 `(incomplete)`; a job folder with no summary.json at all is listed under the table.
@@ -184,7 +185,8 @@ def rows_of(run: Run, with_baseline: bool = False) -> list[dict]:
     """One row per method of the run: identity, arguments, overall numbers, `<category>/<metric>`."""
     s = run.summary
     methods = {name: MethodResults.from_dict(block) for name, block in s["methods"].items()}
-    names = [n for n in methods if n != BASELINE or with_baseline or len(methods) == 1]
+    plain = {BASELINE, s.get("exact_greedy_reference")}  # plain decoding, one token wide and exact greedy's
+    names = [n for n in methods if n not in plain or with_baseline or len(methods) == 1]
     rows = []
     for name in names:
         block = methods[name]
@@ -192,6 +194,7 @@ def rows_of(run: Run, with_baseline: bool = False) -> list[dict]:
             "run": run.label + ("" if run.complete else " (incomplete)"),
             "complete": run.complete,
             "method": name,
+            "label": name,  # unique across the comparison (`label_rows`)
             "args": method_args(run.method_configs.get(name), s, name, block.verifier),
             "target": _model(s, "target"),
             "draft": _model(s, "draft") if _needs_draft(run.method_configs.get(name), s, name) else "none",
@@ -214,6 +217,18 @@ def rows_of(run: Run, with_baseline: bool = False) -> list[dict]:
             row.update({f"{category}/{key}": getattr(m, key) for key in ("num_prompts", "num_repeats", "steps")})
         row["path"] = str(run.path)
         rows.append(row)
+    return rows
+
+
+def label_rows(rows: list[dict]) -> list[dict]:
+    """Each row's `label`: its method's name, or, where rows of several runs measured a method of the
+    same name, `<method> @ <run>`, so that two runs of one method stay two rows that say which is
+    which (a run names its own methods apart: `specdec.study.variants`)."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row["method"]] = counts.get(row["method"], 0) + 1
+    for row in rows:
+        row["label"] = row["method"] if counts[row["method"]] == 1 else f"{row['method']} @ {row['run']}"
     return rows
 
 
@@ -251,7 +266,7 @@ def _cell(r: dict, name: str, spec: str, suffix: str = "", category: str | None 
 Column = tuple[str, Callable[[dict], str]]
 COLUMNS: dict[str, Column] = {
     "run": ("run", lambda r: r["run"]),
-    "method": ("method", lambda r: r["method"] + ("" if r["lossless"] is not False else " (lossy)")),
+    "method": ("method", lambda r: r.get("label", r["method"]) + ("" if r["lossless"] is not False else " (lossy)")),
     "args": ("arguments", lambda r: r["args"]),
     "target": ("target", lambda r: str(r["target"])),
     "draft": ("draft", lambda r: str(r["draft"])),
@@ -417,7 +432,7 @@ def compare(paths: list[str | Path], columns: list[str] | None = None, with_base
     """Find, read and tabulate the runs under `paths` (nothing is written)."""
     summaries, unfinished = find_runs(paths)
     runs = load_runs(summaries)
-    rows = [row for run in runs for row in rows_of(run, with_baseline)]
+    rows = label_rows([row for run in runs for row in rows_of(run, with_baseline)])
     categories = categories_of(runs)
     table = format_table(rows, columns or DEFAULT_COLUMNS, categories) if rows else ""
     if unfinished:

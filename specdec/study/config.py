@@ -205,6 +205,10 @@ class Config:
     # More methods measured in the same run, interleaved with `method` and the baseline; filled by
     # presets with `- /method@compare.<name>: <name>` in their defaults (see experiment=vs_hf).
     compare: dict[str, MethodConfig] = field(default_factory=dict)
+    # Variants of `method` measured in the same run, one per combination of the lists given
+    # (`grid.method.num_speculative_tokens=[2,4,8]`, `grid.methods=[ngram,suffix]`); `expand` turns
+    # them into `method` and `compare` entries before anything is checked.
+    grid: dict[str, Any] = field(default_factory=free_form())
     data: DataConfig = field(default_factory=DataConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)

@@ -1,10 +1,13 @@
 """The body of one Hydra job: check, load, run the method and the baseline side by side, record, report.
 
 One run:
-  1. validate  the config (specdec.study.config.validate), then load the prompts: bad values and missing files
+  1. validate  the config, its grid expanded and its methods named apart (specdec.study.variants), with
+               specdec.study.config.validate, then load the prompts: bad values and missing files
                fail here, before any model loads
   2. build     target (+ draft if method.needs_draft; tokenizers checked), Engine, proposer, schedule,
-               the method's decoder and the autoregressive baseline decoder on the same engine
+               the method's decoder and the autoregressive baseline decoder on the same engine; the
+               baseline is one token wide, and a greedy run with exact greedy adds plain decoding at
+               the methods' scoring width, whose tokens the methods must equal (`set_exact_greedy`)
   3. warm up   one short untimed generation per decoder
   4. measure   batch by batch, the method and the baseline alternate which goes first (order effects
                cancel); a multi-turn prompt is answered turn by turn, each turn continuing the
@@ -65,6 +68,7 @@ from specdec.study.report import BASELINE, format_comparison, format_table, make
 from specdec.study.results import PromptResult
 from specdec.study.run_dirs import check_no_results, release_run_dir
 from specdec.study.tracking import make_tracker, sigterm_raises, write_atomic, write_local_results
+from specdec.study.variants import expand
 
 log = logging.getLogger("specdec")
 
@@ -92,6 +96,25 @@ class Setup:
     methods: dict[str, SpeculativeDecoder]
     baseline: SpeculativeDecoder
     models: dict[str, dict] = field(default_factory=dict)
+    # Exact greedy's plain decoding, scored at the methods' width: the tokens every greedy method must
+    # equal, measured beside the one-token-wide baseline that speedups are over (`set_exact_greedy`).
+    reference: SpeculativeDecoder | None = None
+
+    @property
+    def reference_name(self) -> str | None:
+        if self.reference is None:
+            return None
+        return f"{BASELINE}[exact greedy, width {self.reference.score_width}]"
+
+    @property
+    def plain(self) -> list[tuple[str, SpeculativeDecoder]]:
+        """Plain decoding's decoders by name: the baseline, and exact greedy's reference if there is one."""
+        return [(BASELINE, self.baseline)] + ([(self.reference_name, self.reference)] if self.reference else [])
+
+    @property
+    def decoders(self) -> list[tuple[str, SpeculativeDecoder]]:
+        """Every decoder the run measures, by name: the methods, then plain decoding's."""
+        return [*self.methods.items(), *self.plain]
 
     @property
     def k_max(self) -> int:
@@ -152,17 +175,25 @@ def build(cfg: DictConfig) -> Setup:
     log.info("target %s, draft %s on %s (%s)", models["target"]["label"],
              models["draft"]["label"] if "draft" in models else "none", engine.device,
              str(engine.dtype).removeprefix("torch."))
-    baseline = SpeculativeDecoder(engine, tokenizer=tokenizer)
+    baseline = SpeculativeDecoder(engine, tokenizer=tokenizer, exact_greedy=False)  # one token wide
     methods = {}
     for key, m in method_configs(cfg):
         decoder = make_decoder(m, engine, tokenizer, key)
         if decoder is not None:
+            if m.name in methods:  # `variants.expand` names them apart; a config built by hand may not
+                raise ConfigError(f"{key}.name: two methods of the run are named {m.name}; name this one: "
+                                  f"{key}.name=<name>")
             methods[m.name] = decoder
-    set_exact_greedy([*methods.values(), baseline], cfg.engine.exact_greedy)
-    for decoder in (*methods.values(), baseline):  # plain decoding, and a draft model's steps (`specdec.accel.pipeline`)
+    width = set_exact_greedy(list(methods.values()), cfg.engine.exact_greedy)
+    reference = None
+    if width > 1 and cfg.generation.temperature == 0:
+        reference = SpeculativeDecoder(engine, tokenizer=tokenizer)
+        reference.exact_greedy, reference.score_width = True, width
+    setup = Setup(engine, tokenizer, methods, baseline, models, reference)
+    for _, decoder in setup.decoders:  # plain decoding, and a draft model's steps (`specdec.accel.pipeline`)
         if isinstance(decoder, SpeculativeDecoder):
             decoder.overlap = cfg.engine.overlap
-    return Setup(engine, tokenizer, methods, baseline, models)
+    return setup
 
 
 def accelerated(cfg: DictConfig) -> Accelerated:
@@ -178,16 +209,23 @@ def accelerated(cfg: DictConfig) -> Accelerated:
     return Accelerated(compile=mode, cuda_graphs=options.cuda_graphs, packed_linear=cfg.engine.packed_linear)
 
 
-def set_exact_greedy(decoders: list, on: bool) -> None:
-    """Exact greedy for a run: every specdec decoder (the baseline included) scores at one width, the
-    widest any of them needs (largest k + 1), so that their greedy outputs agree bit for bit. A run
-    whose only specdec decoder is the baseline (against transformers' anchors) needs no such thing
-    and keeps plain decoding's own shapes, as `generate()` has them. Decoders it cannot apply to
-    (`exact_greedy_blocked`: trees, compile=on) score as they are."""
-    ours = [d for d in decoders if isinstance(d, SpeculativeDecoder)]
+def set_exact_greedy(methods: list, on: bool) -> int:
+    """Exact greedy for a run's methods: every specdec decoder among them scores at one width, the
+    widest any of them needs (largest k + 1), so that their greedy outputs agree bit for bit; returns
+    that width when exact greedy is on, else 1. Decoders it cannot apply to (`exact_greedy_blocked`:
+    trees, compile=on) score as they are.
+
+    Plain decoding is not among them: the baseline every speedup is over stays one token wide, and
+    `build` adds plain decoding at this width beside it (`Setup.reference`), whose tokens the methods
+    must equal and whose tokens/s against the baseline's is what exact greedy costs. A wide baseline
+    would slow the baseline and inflate every speedup, the more the wider the widest method. A run
+    with no specdec method (the baseline against transformers' anchors) has width 1: plain decoding
+    keeps its own shapes, as `generate()` has them."""
+    ours = [d for d in methods if isinstance(d, SpeculativeDecoder)]
     width = max((d.k + 1 for d in ours if d.exact_greedy_blocked is None), default=1)
     for d in ours:
         d.exact_greedy, d.score_width = on and width > 1, width
+    return width if on else 1
 
 
 def exact_greedy_state(decoder, cfg: DictConfig) -> str:
@@ -290,7 +328,7 @@ def run_batch(decoder: SpeculativeDecoder, role: str, batch: list[Prompt], cfg: 
 def drop_too_long(prompts: list[Prompt], setup: Setup, cfg: DictConfig) -> tuple[list[Prompt], list[str]]:
     """Prompts whose conversation fits every decoder's context; the ids of the others (warned, and listed
     in summary.json). Both methods skip the same prompts, so the comparison stays side by side."""
-    decoders = [*setup.methods.values(), setup.baseline]
+    decoders = [d for _, d in setup.decoders]
     _check_room(setup, cfg)
     kept, dropped = [], []
     for p in prompts:
@@ -311,7 +349,7 @@ def _check_room(setup: Setup, cfg: DictConfig) -> None:
     """k and max_new_tokens must leave room for a prompt in the context: if not, blame them, not the prompts."""
     new = cfg.generation.max_new_tokens
     keys = {m.name: step_width(key, m)[1] for key, m in method_configs(cfg)}  # k, or a tree's budget
-    for name, decoder in [*setup.methods.items(), (BASELINE, setup.baseline)]:
+    for name, decoder in setup.decoders:
         need = decoder.positions_needed(1, new)
         if decoder.fits(need):
             continue
@@ -335,8 +373,8 @@ def measure(setup: Setup, prompts: list[Prompt], cfg: DictConfig, on_batch=None)
     each goes first, second, ... equally often and order effects cancel. With `repeats=N` the whole
     comparison runs N times (each result keeps its `repeat`), the order shifted by one more each time,
     so that a prompt's decoders take turns at going first; the seeds are the same in every repeat."""
-    roles = [*setup.methods.items(), (BASELINE, setup.baseline)]
-    method_name = " / ".join(name for name, _ in roles[:-1]) or BASELINE
+    roles = setup.decoders
+    method_name = " / ".join(setup.methods) or BASELINE
     rows: list[PromptResult] = []
     batches = make_batches(prompts, cfg.generation.batch_size)
     disable = None if cfg.progress is None else not cfg.progress
@@ -396,8 +434,9 @@ def run_info(cfg: DictConfig, setup: Setup | None = None) -> dict:
         info.update(setup.engine.passes.describe())  # what compile and packed_linear resolved to
         if setup.engine.compile and setup.engine.device.type == "cuda":
             info["cuda_graphs"] = cfg.engine.compile_options.cuda_graphs
-        exact = setup.baseline.exact_greedy and cfg.generation.temperature == 0
-        info["score_width"] = setup.baseline.score_width if exact else 1
+        # the methods' scoring width under exact greedy (plain decoding's there: the reference's);
+        # the baseline that speedups are over is one token wide
+        info["score_width"] = setup.reference.score_width if setup.reference is not None else 1
         if not setup.cache_reuse:
             info["cache_reuse_blocked_by"] = setup.cannot_reuse_cache
     return info
@@ -431,6 +470,7 @@ def run(cfg: DictConfig, out_dir: str | Path) -> ExperimentResult:
     """One experiment; writes results.jsonl, summary.json, plots, table.md and table.csv into `out_dir`."""
     out_dir = Path(out_dir)
     try:
+        cfg = expand(cfg)  # grids into variants, every method named apart (specdec.study.variants)
         validate(cfg)
         prompts = load_data(cfg)  # a missing file or unknown category fails here, before models load
     except InputError:
@@ -454,11 +494,12 @@ def run(cfg: DictConfig, out_dir: str | Path) -> ExperimentResult:
     info = run_info(cfg)
     saved: list[PromptResult] = []  # the rows of the last save that was written: what a failure leaves behind
     exact: dict[str, str] = {}  # per method, whether exact greedy applied (known once the decoders are built)
+    reference: list[str] = []  # exact greedy's plain decoding, where the run has one (`Setup.reference`)
 
     def save(rows: list[PromptResult], complete: bool = False, error: str | None = None) -> dict:
         """`rows` is `saved` when a failure is recorded: results.jsonl holds them (once one was written),
         so only the summary is rewritten."""
-        summary = summarize(rows, method_names or [BASELINE], info, greedy, exact)
+        summary = summarize(rows, method_names or [BASELINE], info, greedy, exact, *reference)
         summary["complete"] = complete
         if error is not None:
             summary["error"] = error  # how the run ended early; a sweep marks the job failed
@@ -475,14 +516,14 @@ def run(cfg: DictConfig, out_dir: str | Path) -> ExperimentResult:
             setup = build(cfg)
             prompts, skipped = drop_too_long(prompts, setup, cfg)
             info.update(run_info(cfg, setup), skipped_prompts=skipped)
-            exact.update({name: exact_greedy_state(d, cfg) for name, d in
-                          [*setup.methods.items(), (BASELINE, setup.baseline)]})
+            exact.update({name: exact_greedy_state(d, cfg) for name, d in setup.decoders})
+            reference[:] = [setup.reference_name] if setup.reference is not None else []
             for name, state in exact.items():
                 if state.startswith("not applied"):
                     log.warning("%s: exact greedy %s; its greedy output may differ from plain decoding's "
                                 "outside float32 (README, numerics)", name, state)
             if cfg.warmup:
-                warm_up([*setup.methods.values(), setup.baseline], prompts[0], cfg, setup.tokenizer)
+                warm_up([d for _, d in setup.decoders], prompts[0], cfg, setup.tokenizer)
             rows = measure(setup, prompts, cfg, on_batch=save)
             summary = save(rows, complete=True)
         except BaseException as exc:  # every way out, Ctrl-C and SIGTERM included; re-raised below
@@ -496,7 +537,7 @@ def run(cfg: DictConfig, out_dir: str | Path) -> ExperimentResult:
             raise
         plots = _plots(summary, out_dir) if cfg.plots else {}
         table = format_table(summary)
-        if len(method_names) > 1:
+        if len(method_names) > 1 or reference:  # exact greedy's reference is a row of its own
             table += "\n\n" + format_comparison(summary)
         with _room_to_write(out_dir, rows):
             write_atomic({out_dir / "table.md": table + "\n",

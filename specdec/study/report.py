@@ -34,7 +34,10 @@ Definitions (DESIGN.md's vocabulary), for a group of prompts (a category, or all
   first token) and compares with the baseline's measured tokens/s: the end-to-end prediction
   (experiments/measurement/LOG.md, "2. The cost model, checked with forced acceptance"). At batch
   size 1: with batches a row's ttft_s is its batch's.
-- matches_baseline (greedy only): the fraction of prompts whose output tokens equal the baseline's.
+- matches_baseline (greedy only): the fraction of prompts whose output tokens equal the baseline's, or,
+  where exact greedy widened the run's scoring passes, those of plain decoding at that width (the
+  `exact_greedy_reference` row, `autoregressive[exact greedy, width W]`). Speedups are always over
+  plain decoding one token wide; exact_greedy_cost = its tokens/s over the reference's.
 - Intervals: speedup, tau, alpha and tokens/s carry a 95% interval (`<name>_ci_low`, `_ci_high`), a
   bootstrap over prompts and repeats (`specdec.study.intervals`), beside the counts behind them
   (`num_prompts`, `num_repeats`, `steps`). Table cells read `1.36x [1.21, 1.50]`; `MARK` follows a
@@ -58,6 +61,7 @@ there, totals exact.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import math
 from collections.abc import Collection
@@ -73,20 +77,29 @@ MARK = "~"  # after a cell that cannot be told from noise (`intervals.unclear`)
 
 
 def summarize(rows: list[PromptResult], methods: str | list[str], info: dict, greedy: bool,
-              exact_greedy: dict[str, str] | None = None) -> dict:
+              exact_greedy: dict[str, str] | None = None, reference: str | None = None) -> dict:
     """summary.json: run info, the (first) method's overall numbers at the top (`HEADLINE`, for sweeps
     and W&B), and `methods.<name>` (`MethodResults`: overall and per category) for every method
     measured (the first one, those it was compared with, and the baseline). `exact_greedy`: per
-    method, whether exact greedy applied ("on", "off", "not applied: <why>")."""
+    method, whether exact greedy applied ("on", "off", "not applied: <why>").
+
+    `reference`: the name of exact greedy's plain decoding (scored at the run's widest k + 1), where
+    the run measured one beside the one-token-wide baseline. Every speedup stays over the baseline;
+    greedy tokens are checked against the reference (`matches_baseline`), whose own slowdown is
+    `exact_greedy_cost` (baseline tokens/s over the reference's)."""
     methods = [methods] if isinstance(methods, str) else list(methods)
     method = methods[0]
-    names = list(dict.fromkeys([*methods, BASELINE]))
+    names = list(dict.fromkeys([*methods, BASELINE, *([reference] if reference else [])]))
     base = [r for r in rows if r.method == BASELINE]
     categories = list(dict.fromkeys(r.category for r in base))
     repeats = len({r.repeat for r in base})
     blocks = {name: MethodResults.measure([r for r in rows if r.method == name], base, categories, greedy,
                                           (exact_greedy or {}).get(name))
               for name in names}
+    if reference and greedy:
+        checked = [r for r in rows if r.method == reference]
+        blocks = {name: _tokens_checked(block, [r for r in rows if r.method == name], checked)
+                  for name, block in blocks.items()}
     head = blocks[method].overall
     summary = dict(info)
     summary.update({
@@ -107,8 +120,25 @@ def summarize(rows: list[PromptResult], methods: str | list[str], info: dict, gr
     })
     if greedy:
         summary["matches_baseline"] = head.matches_baseline
+        summary["tokens_checked_against"] = reference or BASELINE
+    if reference:
+        summary["exact_greedy_reference"] = reference
+        summary["exact_greedy_cost"] = _ratio(blocks[BASELINE].overall.tokens_per_s,
+                                              blocks[reference].overall.tokens_per_s)
     summary["methods"] = {name: block.to_dict() for name, block in blocks.items()}
     return summary
+
+
+def _tokens_checked(block: MethodResults, results: list[PromptResult], reference: list[PromptResult]) -> MethodResults:
+    """`block` with `matches_baseline` (overall and per category) taken against `reference`'s tokens:
+    `MethodSummary.measure`'s own comparison, with the reference in the baseline's place."""
+    def checked(summary: MethodSummary, category: str | None) -> MethodSummary:
+        mine = [r for r in results if category is None or r.category == category]
+        theirs = [r for r in reference if category is None or r.category == category]
+        return dataclasses.replace(summary, matches_baseline=MethodSummary.measure(mine, theirs, True).matches_baseline)
+
+    return dataclasses.replace(block, overall=checked(block.overall, None),
+                               categories={c: checked(s, c) for c, s in block.categories.items()})
 
 
 # The numbers of each category repeated under `per_category` in summary.json (W&B panels read them).

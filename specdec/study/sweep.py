@@ -155,13 +155,39 @@ def collect(sweep_dir: Path, keys: list[str] | None = None) -> tuple[list[str], 
     rows = []
     for job in sorted(jobs, key=_job_order):
         summary, problem = _read_summary(sweep_dir / job)
-        row: dict[str, Any] = {"job": job}
+        row: dict[str, Any] = {"job": job, "label": None}
         row.update({k: jobs[job].get(k) for k in keys})
         row["status"] = job_status(summary)
         row["error"] = (summary or {}).get("error") or problem
         row.update({m: (summary or {}).get(m) for m in METRICS})
         rows.append(row)
+    label_jobs(rows, jobs, keys)
     return keys, rows
+
+
+def label_jobs(rows: list[dict], overrides: dict[str, dict[str, str]], keys: list[str]) -> None:
+    """Each row's `label`: its method's name, or, where jobs measured methods of the same name, that
+    name with the overrides whose values differ among those jobs, the swept keys first
+    (`ngram[num_speculative_tokens=2]`, as `specdec.study.variants` names a run's methods apart);
+    by job where no override differs. A job with no summary has no label."""
+    from specdec.study.variants import short_keys
+
+    groups: dict[str, list[dict]] = {}
+    for row in rows:
+        row["label"] = None
+        if row.get("method") is not None:
+            groups.setdefault(row["method"], []).append(row)
+    for name, group in groups.items():
+        if len(group) == 1:
+            group[0]["label"] = name
+            continue
+        given = [overrides.get(r["job"], {}) for r in group]
+        candidates = dict.fromkeys([*keys, *(k for o in given for k in o)])
+        differ = [k for k in candidates if len({o.get(k) for o in given}) > 1]
+        short = short_keys(differ)
+        for row, o in zip(group, given):
+            row["label"] = (f"{name}[{','.join(f'{short[k]}={o.get(k)}' for k in differ)}]" if differ
+                            else f"{name}[job {row['job']}]")
 
 
 def _job_order(job: str) -> tuple:
@@ -230,20 +256,20 @@ def write_report(sweep_dir: Path, keys: list[str], rows: list[dict], png_path: P
 def format_rows(keys: list[str], rows: list[dict]) -> str:
     """A short markdown table of the sweep, printed at its end: a job that is not complete says so
     (its status, and its error if it has one), and a line under the table counts each status."""
-    head = ["job", *keys, "status", "speedup", "tau", "alpha", "predicted"]
+    head = ["job", "method", *keys, "status", "speedup", "tau", "alpha", "predicted"]
     cells = []
     for r in rows:
         status = r["status"] if r["status"] == COMPLETE else f"**{r['status']}**"
         if r.get("error"):
             status += f" ({r['error']})".replace("|", "/")
-        line = [str(r["job"]), *(str(r[k]) for k in keys), status]
+        line = [str(r["job"]), str(r.get("label") or "-"), *(str(r[k]) for k in keys), status]
         for m in ("speedup", "mean_accepted_length", "acceptance_rate", "predicted_speedup"):
             x = _as_number(r.get(m))
             line.append("-" if x is None or math.isnan(x) else f"{x:.2f}")
         cells.append(line)
     counts = {s: sum(r["status"] == s for r in rows) for s in (COMPLETE, FAILED, INCOMPLETE, MISSING)}
     total = f"{len(rows)} jobs: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
-    return "\n".join([*markdown_table(head, cells, left=range(len(keys) + 2)), "", total])
+    return "\n".join([*markdown_table(head, cells, left=range(len(keys) + 3)), "", total])
 
 
 class SweepSummary(Callback):

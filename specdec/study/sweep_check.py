@@ -42,6 +42,7 @@ def check_jobs(config: DictConfig) -> None:
 
     from specdec.core.errors import InputError
     from specdec.study.config import validate
+    from specdec.study.variants import expand
 
     hydra_overrides = list(OmegaConf.to_container(config.hydra.overrides.hydra))  # hydra.searchpath, ...
     before = HydraConfig.instance().cfg
@@ -51,7 +52,7 @@ def check_jobs(config: DictConfig) -> None:
                           return_hydra_config=True)
             HydraConfig.instance().set_config(job)  # what the job will see: its search path, for parts' names
             try:
-                validate(job)
+                validate(expand(job))  # a job's grid too: every variant of every job
             except InputError as err:
                 raise SystemExit(f"Error: sweep job {num} ({' '.join(overrides)}): {err}; no job has run") from None
     finally:

@@ -172,6 +172,20 @@ def test_real_tiny_runs_of_different_launches(tmp_path, capsys):
         assert float(row["rag/speedup"]) == pytest.approx(s["methods"][s["method"]]["categories"]["rag"]["speedup"])
 
 
+def test_two_runs_of_one_method_are_kept_apart_labelled_by_run(tmp_path, capsys):
+    a = _run(tmp_path / "k2", "method=ngram", "method.num_speculative_tokens=2").summary
+    b = _run(tmp_path / "k4", "method=ngram", "method.num_speculative_tokens=4").summary
+    capsys.readouterr()
+    assert compare.main([str(tmp_path / "k2"), str(tmp_path / "k4"), "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "| k2 | ngram @ k2 | k=2 constant" in printed and "| k4 | ngram @ k4 | k=4 constant" in printed
+    rows = _csv(tmp_path / "compare.csv")
+    assert [(r["method"], r["label"]) for r in rows] == [("ngram", "ngram @ k2"), ("ngram", "ngram @ k4")]
+    assert [float(r["speedup"]) for r in rows] == pytest.approx([a["speedup"], b["speedup"]])
+    alone = compare.compare([tmp_path / "k2"]).rows  # one run: its methods' own names
+    assert [r["label"] for r in alone] == ["ngram"]
+
+
 def _markdown_tables(text: str) -> list[list[list[str]]]:
     tables, current = [], []
     for line in text.splitlines():

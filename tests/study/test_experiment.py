@@ -32,6 +32,8 @@ CONF = Path(__file__).resolve().parents[2] / "conf"
 TINY = ["target=tiny_random", "draft=tiny_random", "logger=none", "data.limit=1",
         "generation.max_new_tokens=4", "plots=false", "warmup=false", "dtype=float32"]
 FAST = ["~experiment", *TINY]  # `method` alone, without the default preset's other methods
+# Beside the one-token-wide baseline, exact greedy's plain decoding at the draft's width (k = 4)
+REFERENCE = "autoregressive[exact greedy, width 5]"
 ROW_FIELDS = ["prompt_id", "category", "method", "prompt_token_ids", "output_token_ids", "output_text",
               "new_tokens", "wall_s", "ttft_s", "steps", "proposed", "accepted", "accepted_per_position",
               "reached_per_position", "lossless", "verifier"]
@@ -62,6 +64,8 @@ def test_every_preset_runs_on_tiny_models(preset, tmp_path, monkeypatch, capsys)
     summary = json.loads((tmp_path / "summary.json").read_text())
     n = summary["num_prompts"]
     methods = {method, "autoregressive", *cfg.compare}  # presets may compare more methods in one run
+    if "exact_greedy_reference" in summary:  # plain decoding at the methods' width, beside the one-wide baseline
+        methods.add(summary["exact_greedy_reference"])
     # limit 1 per category; prompts longer than the tiny model's 512 positions are skipped and listed
     assert len(rows) == len(methods) * n and n + len(summary["skipped_prompts"]) >= len(summary["categories"])
     assert {r["method"] for r in rows} == methods == set(summary["methods"])
@@ -102,8 +106,8 @@ def test_every_method_runs_on_tiny_models(method, tmp_path):
     if method == "autoregressive":  # the baseline alone
         assert {r.method for r in result.rows} == {"autoregressive"} and s["speedup"] == 1.0
         assert s["mean_accepted_length"] == 1.0
-    else:
-        assert len(result.rows) == 12
+    else:  # the method, the baseline, and exact greedy's plain decoding where the method scores wider
+        assert len(result.rows) == 12 + 6 * ("exact_greedy_reference" in s)
     if s["lossless"]:
         assert s["matches_baseline"] == 1.0  # greedy and lossless: the baseline's tokens exactly
 
@@ -140,15 +144,15 @@ def test_method_and_baseline_alternate_which_goes_first(tmp_path, monkeypatch):
 
     monkeypatch.setattr(experiment, "run_batch", spy)
     _run(tmp_path, "data.limit=2", "data.categories=[qa]")
-    assert [role for _, role in calls] == ["draft", "autoregressive", "autoregressive", "draft"]
-    assert calls[0][0] == calls[1][0] != calls[2][0] == calls[3][0]
+    assert [role for _, role in calls] == ["draft", "autoregressive", REFERENCE, "autoregressive", REFERENCE, "draft"]
+    assert calls[0][0] == calls[1][0] == calls[2][0] != calls[3][0] == calls[4][0] == calls[5][0]
 
 
 def test_multi_turn_continues_the_cache_and_equals_a_fresh_prefill(tmp_path):
     cfg = _cfg(*FAST, "data.categories=[conversation]", "generation.max_new_tokens=6")
     result = experiment.run(cfg, tmp_path)
     setup = experiment.build(cfg)
-    assert len(result.rows) == 2  # one conversation, decoded by the method and by the baseline
+    assert len(result.rows) == 3  # one conversation, decoded by the method, the baseline and the reference
     for row in result.rows:
         first, second = row.turn_outputs
         assert row.turns == 2 and first.reused_cache_tokens == 0
@@ -185,16 +189,16 @@ def test_make_batches_keeps_turn_counts_apart():
 def test_partial_results_survive_a_crash(tmp_path, monkeypatch):
     real, calls = experiment.run_batch, []
 
-    def crash_on_third(*args):
+    def crash_on_fourth(*args):
         calls.append(1)
-        if len(calls) == 3:
+        if len(calls) == 4:
             raise RuntimeError("boom")
         return real(*args)
 
-    monkeypatch.setattr(experiment, "run_batch", crash_on_third)
+    monkeypatch.setattr(experiment, "run_batch", crash_on_fourth)
     with pytest.raises(RuntimeError, match="boom"):
         _run(tmp_path)
-    assert len(_rows(tmp_path / "run")) == 2  # the first prompt, both methods
+    assert len(_rows(tmp_path / "run")) == 3  # the first prompt: the method, the baseline, the reference
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["complete"] is False and summary["error"] == "RuntimeError: boom"
     assert summary["num_prompts"] == 1
@@ -217,7 +221,7 @@ def test_a_full_disk_mid_run_keeps_consistent_files_and_says_what_is_kept(tmp_pa
     assert isinstance(raised.value, OSError)
     out = tmp_path / "run"
     summary = json.loads((out / "summary.json").read_text())
-    assert len(_rows(out)) == 4 and summary["num_prompts"] == 2  # the two files agree
+    assert len(_rows(out)) == 6 and summary["num_prompts"] == 2  # the two files agree
     assert summary["complete"] is False and summary["error"].startswith("NoSpace: no space left")
     assert not list(out.glob("*.tmp"))
 
@@ -337,20 +341,20 @@ def test_failing_wandb_loses_no_local_result(tmp_path, wandb_env, monkeypatch, c
     with caplog.at_level(logging.WARNING, logger="specdec"):
         result = _run(tmp_path, "logger=wandb")
     assert "W&B failed" in caplog.text and "wandb is down" in caplog.text
-    assert len(_rows(tmp_path / "run")) == 12
+    assert len(_rows(tmp_path / "run")) == 18
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["speedup"] == result.summary["speedup"]
 
 
 def test_sigterm_mid_run_saves_the_results_and_fails_the_wandb_run(tmp_path, wandb_env, monkeypatch):
     real, calls = experiment.run_batch, []
 
-    def sigterm_on_third(*args):
+    def sigterm_on_fourth(*args):
         calls.append(1)
-        if len(calls) == 3:
+        if len(calls) == 4:
             os.kill(os.getpid(), signal.SIGTERM)
         return real(*args)
 
-    monkeypatch.setattr(experiment, "run_batch", sigterm_on_third)
+    monkeypatch.setattr(experiment, "run_batch", sigterm_on_fourth)
     previous = signal.getsignal(signal.SIGTERM)
     with pytest.raises(Terminated) as raised:
         _run(tmp_path, "logger=wandb")
@@ -358,7 +362,7 @@ def test_sigterm_mid_run_saves_the_results_and_fails_the_wandb_run(tmp_path, wan
     assert signal.getsignal(signal.SIGTERM) is previous  # the handler is the run's only
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["complete"] is False and summary["error"] == "Terminated: received SIGTERM"
-    assert len(_rows(tmp_path / "run")) == 2  # the first prompt, both methods; the third batch never ended
+    assert len(_rows(tmp_path / "run")) == 3  # the first prompt, every decoder; the fourth batch never ended
     run = inspect_offline_run(next((tmp_path / "run" / "wandb").glob("offline-run-*")))
     assert run["state"] == "failed" and run["exit_code"] == 128 + signal.SIGTERM
     assert run["summary"]["error"] == summary["error"] and run["summary"]["num_prompts"] == 1
@@ -559,4 +563,4 @@ def test_hf_source_with_a_local_file(tmp_path):
                   "data.category_field=topic", "data.limit=null")
     assert result.summary["categories"] == ["a", "b"] and result.summary["num_prompts"] == 3
     assert sorted({r.prompt_id for r in result.rows}) == ["0", "1", "2"]  # no id_field: the row index
-    assert sorted(r.turns for r in result.rows) == [1, 1, 1, 1, 2, 2]
+    assert sorted(r.turns for r in result.rows) == [1, 1, 1, 1, 1, 1, 2, 2, 2]  # three decoders

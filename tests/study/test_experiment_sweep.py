@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec.study.sweep import collect, main, summarize_sweep, swept_keys
+from specdec.study.sweep import collect, label_jobs, main, summarize_sweep, swept_keys
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["experiment=tiny_smoke", "data.limit=1", "data.categories=[qa,rag]", "generation.max_new_tokens=4",
@@ -41,6 +41,9 @@ def test_two_point_multirun_writes_sweep_summary_and_plot(tmp_path):
     rows = _csv(sweep / "sweep_summary.csv")
     assert [r["method.num_speculative_tokens"] for r in rows] == ["1", "3"]
     assert [r["status"] for r in rows] == ["complete", "complete"]
+    # both jobs measured `draft`: each is labelled by the override that differs
+    assert [r["method"] for r in rows] == ["draft", "draft"]
+    assert [r["label"] for r in rows] == ["draft[num_speculative_tokens=1]", "draft[num_speculative_tokens=3]"]
     for row, job in zip(rows, ("0", "1")):
         summary = json.loads((sweep / job / "summary.json").read_text())
         assert row["job"] == job
@@ -49,7 +52,22 @@ def test_two_point_multirun_writes_sweep_summary_and_plot(tmp_path):
         assert summary["num_speculative_tokens"] == int(row["method.num_speculative_tokens"])
     assert (sweep / "sweep_summary.png").read_bytes()[:4] == b"\x89PNG"
     assert "sweep sweep: 2 jobs" in proc.stdout and "| method.num_speculative_tokens |" in proc.stdout
+    assert "| 1 | draft[num_speculative_tokens=3] | 3 | complete |" in proc.stdout
     assert not (tmp_path / "outputs").exists()
+
+
+def test_jobs_of_one_method_are_labelled_by_the_overrides_that_differ():
+    rows = [{"job": str(n), "method": m} for n, m in enumerate(["ngram", "ngram", "suffix", None, "ngram"])]
+    overrides = {"0": {"method": "ngram", "method.num_speculative_tokens": "2", "seed": "0"},
+                 "1": {"method": "ngram", "method.num_speculative_tokens": "4", "seed": "0"},
+                 "2": {"method": "suffix", "method.num_speculative_tokens": "2", "seed": "0"},
+                 "4": {"method": "ngram", "method.num_speculative_tokens": "4", "seed": "1"}}
+    label_jobs(rows, overrides, ["method.num_speculative_tokens"])
+    assert [r["label"] for r in rows] == ["ngram[num_speculative_tokens=2,seed=0]", "ngram[num_speculative_tokens=4,seed=0]",
+                                          "suffix", None, "ngram[num_speculative_tokens=4,seed=1]"]
+    twins = [{"job": "0", "method": "ngram"}, {"job": "1", "method": "ngram"}]
+    label_jobs(twins, {"0": {"seed": "0"}, "1": {"seed": "0"}}, [])
+    assert [r["label"] for r in twins] == ["ngram[job 0]", "ngram[job 1]"]
 
 
 def test_sweep_jobs_are_named_by_their_swept_values(tmp_path):
@@ -134,9 +152,9 @@ def test_every_job_has_a_row_that_says_how_it_ended(tmp_path, capsys):
         ("4", "5", "missing summary")]
     assert rows[1]["error"] == "Terminated: received SIGTERM" and rows[1]["speedup"] == "1.2"
     assert rows[3]["speedup"] == rows[4]["speedup"] == ""
-    assert "| 0 | 1 | complete | 1.50 |" in printed
-    assert "| 1 | 2 | **failed** (Terminated: received SIGTERM) | 1.20 |" in printed
-    assert "| 2 | 3 | **incomplete** | 1.10 |" in printed and "| 4 | 5 | **missing summary** | - |" in printed
+    assert "| 0 | - | 1 | complete | 1.50 |" in printed  # no method in these summaries: no label
+    assert "| 1 | - | 2 | **failed** (Terminated: received SIGTERM) | 1.20 |" in printed
+    assert "| 2 | - | 3 | **incomplete** | 1.10 |" in printed and "| 4 | - | 5 | **missing summary** | - |" in printed
     assert "5 jobs: 1 complete, 1 failed, 1 incomplete, 2 missing summary" in printed
     assert (sweep / "sweep_summary.png").is_file()  # drawn from the jobs that have numbers
 
