@@ -140,7 +140,7 @@ def build_decoders(model, tok, args) -> dict[tuple[str, str], SpeculativeDecoder
             if e.compile:
                 for m in (e.target, e.draft):
                     if m is not None:
-                        m.compiled = CompiledForward(m, backend=args.backend, autotune=e.autotune)
+                        m.compiled = CompiledForward(m, backend=args.backend, autotune=e.passes.autotune)
             engines[kind, mode] = e
         return engines[kind, mode]
 

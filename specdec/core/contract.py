@@ -175,6 +175,8 @@ def _cut(proposal: Proposal, tokens: torch.Tensor, lengths: list[int]) -> Propos
     node) past its longest row, whose padding the scoring pass leaves out. The same object where
     nothing changes."""
     width = max(lengths, default=0)
+    if width == 0 and isinstance(proposal, TreeProposal):  # a tree of padding alone: a step that drafts nothing
+        return Proposal.empty(len(lengths), tokens.device)
     changes = {}
     if tokens.dtype != torch.long:
         changes["tokens"] = tokens = tokens.long()

@@ -62,9 +62,15 @@ def test_compiled_greedy_equals_eager(target, unrelated_draft, k, batch):
     if k > 1:  # the draft's greedy step ran as one compiled call: catch-up pass and k - 1 passes
         draft = report["draft"]
         # the first step: the draft's prefill (eager) and its k - 1 passes as one call; then one a step
-        assert draft["eager_calls"] == 1 and draft["compiled_calls"] == compiled.stats.steps
-        assert {kind for kind, *_ in compiled_engine.draft.compiled.shapes} == {
-            "chain", f"catch-up and chain of {k - 1}"}
+        # that drafts (the last steps draft fewer, to each row's room: shorter chains, or none)
+        assert draft["eager_calls"] == 1 and draft["compiled_calls"] == _drafting_steps(compiled)
+        assert {"chain", f"catch-up and chain of {k - 1}"} <= {kind for kind, *_ in compiled_engine.draft.compiled.shapes} \
+            <= {"chain", "pass", *(f"catch-up and chain of {j}" for j in range(1, k))}
+
+
+def _drafting_steps(out) -> int:
+    """Steps that drafted: all but the last ones where no row had room for a draft."""
+    return sum(1 for n in out.stats.draft_lengths if n)
 
 
 @pytest.mark.parametrize("batch", ["single", "ragged"])
@@ -84,10 +90,10 @@ def test_compiled_layer_skip_drafts_compiled_and_equals_eager(target, batch):
     assert compiled.output_ids == eager.output_ids
     draft = engine.compile_report()["draft(layers 0..0)"]
     # the first step: the view's prefill (eager) and the chain; then a step is one call
-    assert draft["compiled_calls"] == compiled.stats.steps
+    assert draft["compiled_calls"] == _drafting_steps(compiled)
     assert draft["eager_calls"] == 1
-    assert {kind for kind, *_ in engine.compiled_modules["draft(layers 0..0)"].shapes} == {
-        "chain", "catch-up and chain of 3"}
+    assert {"chain", "catch-up and chain of 3"} <= {kind for kind, *_ in engine.compiled_modules["draft(layers 0..0)"].shapes} \
+        <= {"chain", "pass", "catch-up and chain of 1", "catch-up and chain of 2", "catch-up and chain of 3"}
 
 
 @pytest.mark.parametrize("k", [0, 4])
@@ -131,7 +137,7 @@ def test_frozen_freezes_on_every_device_and_reaches_every_compiled_caller(target
     for caller in (engine.target.compiled, proposer.draft.compiled):
         assert caller.freezing is True and caller.options()["freezing"] is True
     on = Engine(target, dtype="float32", passes=Accelerated(compile="on"))
-    assert on.freezing is None and on.target.compiled.freezing == freezes(on.device, "inductor")
+    assert on.passes.freezing is None and on.target.compiled.freezing == freezes(on.device, "inductor")
     assert not freezes(torch.device("cuda"), "inductor")  # `on` leaves a GPU's weights unfrozen
     assert _compiled(_forward, engine.device, "eager", freezing=True) is not _compiled(_forward, engine.device, "eager")
 
@@ -150,7 +156,7 @@ def test_autotune_compiles_apart_and_reaches_every_compiled_caller(target, monke
     for caller in (engine.target.compiled, engine.draft.compiled):
         assert caller.autotune and caller.narrowest == 1 and caller.options()["autotune"]
     assert Engine(tiny_random_model(), dtype="bfloat16", passes=Accelerated(compile="on")).target.compiled.narrowest == 4
-    assert not Engine(tiny_random_model(), dtype="bfloat16", passes=Accelerated(compile="off")).autotune
+    assert not Engine(tiny_random_model(), dtype="bfloat16", passes=Accelerated(compile="off")).passes.autotune
 
     # While a graph compiles under autotune, inductor prints no table of timings per matrix product
     # (a screenful for every graph of a real model); the setting is the process's again afterwards.
@@ -384,12 +390,12 @@ def test_compiled_tree_greedy_equals_eager(target, tmp_path, method, batch):
     if method.startswith("eagle"):  # the drafter's passes compile too: all but its first of a generation
         drafter = engine.compile_report()["eagle drafter"]
         assert drafter["eager_calls"] == len(compiled_outs)
-        assert drafter["compiled_calls"] >= sum(out.stats.steps for out in compiled_outs) - len(compiled_outs)
+        assert drafter["compiled_calls"] >= sum(_drafting_steps(out) for out in compiled_outs) - len(compiled_outs)
         assert drafter["graphs"] <= drafter["shapes"] <= 4  # widths 1-8 at one key bucket: no graph per step
     if method == "medusa":  # the heads' guesses compile too: every step's, one shape, one graph
         heads = engine.compile_report()["medusa heads"]
-        assert heads["compiled_calls"] == sum(out.stats.steps for out in compiled_outs) and heads["eager_calls"] == 0
-        assert heads["graphs"] == heads["shapes"] == 1
+        assert heads["compiled_calls"] == sum(_drafting_steps(out) for out in compiled_outs) and heads["eager_calls"] == 0
+        assert heads["graphs"] == heads["shapes"] <= 4  # one per tree depth: the last steps cut it to the room
     if method != "suffix_tree":
         for b, n in enumerate(engine.target.lengths):
             assert n == eager_engine.target.lengths[b]

@@ -51,7 +51,7 @@ class Ragged:
         if drafted.probs is not None:
             probs = torch.zeros(state.batch_size, width, drafted.probs.shape[-1])
             probs[:, :longest] = drafted.probs[:, :longest]
-        if self.tree:
+        if self.tree and width:  # a step with no room to draft (k = 0) proposes no tree
             return TreeProposal(tokens, lengths, probs, tree=chain_tree(state.batch_size, width, lengths))
         return Proposal(tokens, lengths, probs)
 

@@ -59,7 +59,8 @@ def test_exact_greedy_scores_every_step_at_one_width_over_the_whole_buffer(targe
         if exact:
             assert widths == {dec.score_width} and keys == {buffer}, passes
         else:  # without exact greedy a pass is as wide as its drafts and reads what has been written
-            assert widths == {k + 1} and max(keys) < buffer, passes
+            # (the last steps draft fewer, to each row's room)
+            assert max(widths) == k + 1 and widths <= set(range(1, k + 2)) and max(keys) < buffer, passes
 
 
 def test_a_tree_proposer_says_exact_greedy_does_not_apply(target):

@@ -181,16 +181,17 @@ def test_the_summary_weighs_each_position_by_the_steps_that_drafted_it(row):
 def test_decoder_does_not_count_drafts_past_max_new_tokens(engine_factory):
     # The target is its own draft, so the verifier accepts every draft (float32). With k = 4 and
     # max_new_tokens = 7: the prefill gives 1 token, step 1 emits 4 drafts + bonus, step 2 has room for
-    # one token, so only 1 of its 4 accepted drafts is emitted and counts.
+    # one token, so it drafts nothing (a draft there could never be emitted) and emits the target's.
     engine = engine_factory("self")
     dec = SpeculativeDecoder(engine, DraftModelProposer(engine), num_speculative_tokens=4, eos_token_id=[])
     out = dec.generate([[5, 6, 7]], max_new_tokens=7)
     r = out.stats.rows[0]
     assert len(out.output_ids[0]) == 7
-    assert (r.proposed, r.accepted, r.emitted) == (8, 5, 6)
-    assert r.accepted_lengths == [4, 1] and r.acceptance_histogram == [0, 1, 0, 0, 1]
-    assert r.reached_at == [2, 1, 1, 1]  # drafts 2..4 of step 2 lie past the cut
-    assert out.stats.mean_acceptance_length == pytest.approx(1 + 5 / 2)
+    assert (r.proposed, r.accepted, r.emitted) == (4, 4, 6)
+    assert r.draft_lengths == [4, 0] and r.accepted_lengths == [4, 0]
+    assert r.acceptance_histogram == [0, 0, 0, 0, 1]  # the step that drafted nothing is left out
+    assert r.reached_at == [1, 1, 1, 1] and r.acceptance_rate == 1.0
+    assert out.stats.mean_acceptance_length == pytest.approx(1 + 4 / 1)
 
 
 def test_generation_stats_sum_the_rows(engine_factory):

@@ -58,9 +58,11 @@ def expected(target):
 
 
 def _sample_pairs(engine, proposer, schedule=None, k=2, verifier="auto", prompt=PROMPT):
-    """Counts of (t2, t3) over N rows [V*V], and the run's statistics."""
+    """Counts of (t2, t3) over N rows [V*V], and the run's statistics. Four tokens are generated, so that
+    the step after the prefill has room for two drafts (a step drafts no more than its row can still
+    emit less one); t4 is not counted."""
     dec = SpeculativeDecoder(engine, proposer, num_speculative_tokens=k, schedule=schedule, verifier=verifier)
-    out = dec.generate([prompt] * N, max_new_tokens=3, temperature=PARAMS.temperature, top_k=PARAMS.top_k, seed=0)
+    out = dec.generate([prompt] * N, max_new_tokens=4, temperature=PARAMS.temperature, top_k=PARAMS.top_k, seed=0)
     assert out.lossless and out.verifier in ("speculative_sampling", "tree_sampling")
     pairs = torch.tensor([o[1:3] for o in out.output_ids])
     return torch.bincount(pairs[:, 0] * V + pairs[:, 1], minlength=V * V), out.stats
