@@ -114,9 +114,9 @@ class PipelinedSteps:
         # Per row, L on the device after the last step read (host copy; rows the host finished are
         # still advanced by the steps queued before it knew).
         self.lens = list(state.seq_lens)
-        # Per row, the L at which it has emitted max_new_tokens: a step's drafts are cut on the device
+        # Per row, one less than the L at which it has emitted max_new_tokens: a step's drafts are cut on the device
         # to the row's room less one (`_verify`), as the serial loop cuts them on the host.
-        self.full = to_device([p + state.max_new_tokens for p in state.prompt_lens], self.device)
+        self.last = to_device([p + state.max_new_tokens - 1 for p in state.prompt_lens], self.device)
         self.steps = 0
         self._live: dict[tuple, torch.Tensor] = {}
         # Steps captured whole (`_replay`): with explicit CUDA graphs for both models, and a verifier
@@ -200,7 +200,7 @@ class PipelinedSteps:
         after the step `[B]` and the outcome for the host `[B, 1 + k + 1 + 1]` (accepted, the tokens,
         the drafts each row kept: k, or its room less one where that is less, 0 for a row not advanced)."""
         state = self.state
-        kept = (self.full - lens - 1).clamp(min=0, max=self.k) * live  # [B]
+        kept = (self.last - lens).clamp(min=0, max=self.k) * live  # [B]
         proposal = Proposal(proposal.tokens, [self.k] * state.batch_size, device_lengths=kept)
         last = state.tokens.gather(1, (lens - 1)[:, None])  # [B, 1]
         _, end = self._passes(bound)[1]

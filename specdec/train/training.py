@@ -333,7 +333,7 @@ def evaluate_draft(target, draft, tokenizer, prompts: list[Prompt], k: int = 4, 
     cfg = OmegaConf.create({"generation": {"max_new_tokens": max_new_tokens, "temperature": 0.0, "top_k": 0,
                                            "top_p": 1.0, "batch_size": 1},
                             "data": {"system_prompt": None}, "seed": 0, "progress": progress,
-                            "engine": {"exact_greedy": exact_greedy}})
+                            "engine": {"exact_greedy": exact_greedy}, "repeats": 1})
     prompts = [Prompt(p.prompt_id, p.category, p.turns[:1]) for p in prompts]
     warm_up([spec, base], prompts[0], cfg, tokenizer)
     rows = measure(setup, prompts, cfg)

@@ -5,8 +5,6 @@ itself (prompts dropped, k or max_new_tokens blamed)."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 from omegaconf import OmegaConf
 
@@ -94,13 +92,13 @@ class Tokens:
 
 def _cfg(max_new_tokens: int):
     return OmegaConf.create({"generation": {"max_new_tokens": max_new_tokens}, "data": {"system_prompt": None},
-                             "method": {"name": "wide", "num_speculative_tokens": 7}, "compare": {}})
+                             "method": {"name": "wide", "num_speculative_tokens": 7, "proposer": None}, "compare": {}})
 
 
 def test_the_experiment_keeps_what_every_decoder_says_fits():
     prompts = [Prompt(str(n), "qa", (" ".join(["w"] * n),)) for n in (2, 6, 10)]  # "User: ...\nAssistant:" + n
     base = Budget(1, 100)
-    setup = SimpleNamespace(tokenizer=Tokens(), methods={"wide": Budget(5, 100)}, baseline=base)
+    setup = experiment.Setup(None, Tokens(), {"wide": Budget(5, 100)}, base)
     lengths = {p.prompt_id: len(Tokens().encode(f"User: {p.turns[0]}\nAssistant:")) for p in prompts}
     kept, dropped = experiment.drop_too_long(prompts, setup, _cfg(10))
     assert [p.prompt_id for p in kept] == [i for i, n in lengths.items() if 5 * (n + 10) <= 100]
@@ -108,8 +106,8 @@ def test_the_experiment_keeps_what_every_decoder_says_fits():
 
 
 def test_the_experiment_blames_k_or_max_new_tokens_as_the_decoder_answers():
-    setup = SimpleNamespace(tokenizer=Tokens(), methods={"wide": Budget(1, 100, k=100)}, baseline=Budget(1, 100))
-    with pytest.raises(ConfigError, match=r"^method.num_speculative_tokens: .*k=100 .*context of 100 tokens"):
+    setup = experiment.Setup(None, Tokens(), {"wide": Budget(1, 100, k=100)}, Budget(1, 100))
+    with pytest.raises(ConfigError, match=r"^method.num_speculative_tokens: .*up to 100 drafted tokens .*context of 100 tokens"):
         experiment.drop_too_long([Prompt("1", "qa", ("hi",))], setup, _cfg(10))
     setup.methods["wide"].k = 0
     with pytest.raises(ConfigError, match=r"^generation.max_new_tokens: max_new_tokens=200 .*lower generation"):
