@@ -41,7 +41,10 @@ def test_self_draft_run_on_the_embedded_model(tmp_path):
     assert summary["acceptance_rate"] > 0.7 and summary["mean_accepted_length"] > 3.0
     assert "matches_baseline" in summary and summary["lossless"] is True
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    assert len(rows) == 4 and all(r["new_tokens"] > 1 for r in rows)
+    # the method, the one-token-wide baseline and exact greedy's plain decoding at the method's width
+    reference = summary["exact_greedy_reference"]
+    assert {r["method"] for r in rows} == {"draft", "autoregressive", reference}
+    assert len(rows) == 6 and all(r["new_tokens"] > 1 for r in rows)
     conversation = [r for r in rows if r["category"] == "conversation"]
     assert all(r["turn_outputs"][1]["reused_cache_tokens"] > 0 for r in conversation)
     assert "| **overall** |" in proc.stdout and "draft, k=4" in proc.stdout
@@ -51,9 +54,10 @@ def test_self_draft_run_on_the_embedded_model(tmp_path):
 def test_default_run_compares_plain_ngram_and_the_trained_drafter(tmp_path):
     out, _ = _run(tmp_path, "data.limit=1", "data.categories=[qa]", "generation.max_new_tokens=16", "logger=none")
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["method"] == "eagle" and set(summary["methods"]) == {"eagle", "ngram", "autoregressive"}
+    reference = summary["exact_greedy_reference"]  # plain decoding at ngram's width (eagle's trees score their own)
+    assert summary["method"] == "eagle" and set(summary["methods"]) == {"eagle", "ngram", "autoregressive", reference}
     assert summary["lossless"] is True and summary["complete"] is True
     eagle = summary["methods"]["eagle"]["overall"]
     assert eagle["mean_accepted_length"] > 1.0  # the shipped drafter gets drafts accepted
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    assert sorted(r["method"] for r in rows) == ["autoregressive", "eagle", "ngram"]
+    assert sorted(r["method"] for r in rows) == sorted(["autoregressive", "eagle", "ngram", reference])
