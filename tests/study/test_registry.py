@@ -207,3 +207,27 @@ def test_the_new_parts_run_in_the_app_and_in_a_sweep(own_folder):
     for job in ("0", "1"):
         assert all(2 in r["draft_lengths"] and set(r["draft_lengths"]) <= {0, 1, 2}
                    for r in _rows(sweep / job) if r["method"] == "draft")
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_the_core_names_and_the_shipped_files_build_the_same_parts(temperature):
+    """The core names its built-in verifiers and schedules in plain dicts; conf/method/ ships a file for
+    each. The two lists are twins: a name must build the same part either way, so they cannot drift."""
+    from specdec.core.schedules import SCHEDULES
+    from specdec.core.verify import VERIFIERS
+
+    params = SamplingParams(temperature)
+    assert set(VERIFIERS) == set(registry.options("method/verifier"))
+    assert set(SCHEDULES) == set(registry.options("method/schedule"))
+    args = {"forced": {"acceptance": 0.5}}
+    for name in VERIFIERS:
+        try:
+            core = make_verifier(name, params, **args.get(name, {}))
+        except ValueError as err:  # a rule that does not serve this temperature refuses it either way
+            with pytest.raises(ValueError, match=str(err).split(";")[0]):
+                make_verifier(registry.build_verifier(name, args.get(name)), params)
+            continue
+        built = make_verifier(registry.build_verifier(name, args.get(name)), params)
+        assert type(core) is type(built) and vars(core).keys() == vars(built).keys(), name
+    for name in SCHEDULES:
+        assert type(make_schedule(name, 4)) is type(registry.build_schedule(name, 4)), name
