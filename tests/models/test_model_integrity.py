@@ -23,21 +23,6 @@ from specdec.models import (
 IDS = torch.tensor([[5, 9, 200, 3]])  # [1, T]
 
 
-@pytest.fixture
-def fake_gguf(tmp_path, monkeypatch):
-    """A GGUF whose 'conversion' builds a tiny random model (seed 5) in milliseconds; `calls` counts
-    conversions. The cache lives in tmp_path/cache."""
-    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
-    gguf = tmp_path / "Tiny-Model.Q8_0.gguf"
-    gguf.write_bytes(b"GGUF stand-in")
-    calls = []
-
-    def convert(path):
-        calls.append(path)
-        return tiny_random_model(seed=5), tiny_random_tokenizer(256)
-
-    monkeypatch.setattr(models, "_load_gguf", convert)
-    return gguf, calls
 
 
 def _logits(model, ids: torch.Tensor) -> torch.Tensor:
