@@ -134,15 +134,8 @@ def test_unrelated_draft_still_matches_the_baseline(tmp_path):
     assert s["acceptance_rate"] < 0.2 and s["matches_baseline"] == 1.0
 
 
-def test_method_and_baseline_alternate_which_goes_first(tmp_path, monkeypatch):
-    calls = []
-    real = experiment.run_batch
-
-    def spy(decoder, role, batch, *args):
-        calls.append((batch[0].prompt_id, role))
-        return real(decoder, role, batch, *args)
-
-    monkeypatch.setattr(experiment, "run_batch", spy)
+def test_method_and_baseline_alternate_which_goes_first(batch_calls, tmp_path):
+    calls = batch_calls
     _run(tmp_path, "data.limit=2", "data.categories=[qa]")
     assert [role for _, role in calls] == ["draft", "autoregressive", REFERENCE, "autoregressive", REFERENCE, "draft"]
     assert calls[0][0] == calls[1][0] == calls[2][0] != calls[3][0] == calls[4][0] == calls[5][0]

@@ -146,7 +146,7 @@ def repeated_run(tmp_path_factory):
     return experiment.run(cfg, out)
 
 
-def test_repeats_run_every_prompt_n_times_and_rotate_the_order(repeated_run, tmp_path, monkeypatch):
+def test_repeats_run_every_prompt_n_times_and_rotate_the_order(batch_calls, repeated_run, tmp_path):
     rows = [json.loads(line) for line in (repeated_run.out_dir / "results.jsonl").read_text().splitlines()]
     units = {(r["method"], r["repeat"], r["prompt_id"]) for r in rows}
     assert len(units) == len(rows) == 3 * 4 * len({r["method"] for r in rows})
@@ -154,14 +154,7 @@ def test_repeats_run_every_prompt_n_times_and_rotate_the_order(repeated_run, tmp
     by = {(r["method"], r["repeat"], r["prompt_id"]): r["output_token_ids"] for r in rows}
     assert all(by[(m, k, p)] == by[(m, 0, p)] for m, k, p in units)
 
-    calls = []
-    real = experiment.run_batch
-
-    def spy(decoder, role, batch, *args):
-        calls.append((batch[0].prompt_id, role))
-        return real(decoder, role, batch, *args)
-
-    monkeypatch.setattr(experiment, "run_batch", spy)
+    calls = batch_calls
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=[*TINY, "method=ngram", "data.limit=1", "data.categories=[qa]",
                                            "generation.max_new_tokens=4", "repeats=2", "engine.exact_greedy=false"])

@@ -114,15 +114,8 @@ def test_every_variant_is_validated_before_any_model_loads(tmp_path, monkeypatch
         experiment.run(_cfg("method=ngram", "grid.method.num_speculative_tokens=[2,0]"), tmp_path / "run")
 
 
-def test_a_grid_runs_every_variant_beside_one_baseline_prompt_by_prompt(tmp_path, monkeypatch):
-    calls = []
-    real = experiment.run_batch
-
-    def spy(decoder, role, batch, *args):
-        calls.append((batch[0].prompt_id, role))
-        return real(decoder, role, batch, *args)
-
-    monkeypatch.setattr(experiment, "run_batch", spy)
+def test_a_grid_runs_every_variant_beside_one_baseline_prompt_by_prompt(batch_calls, tmp_path):
+    calls = batch_calls
     s = experiment.run(_cfg("method=ngram", "grid.methods=[ngram,suffix]", "grid.method.num_speculative_tokens=[2,8]"),
                        tmp_path).summary
     variants = [f"{m}[num_speculative_tokens={k}]" for m in ("ngram", "suffix") for k in (2, 8)]
