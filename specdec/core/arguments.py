@@ -13,7 +13,7 @@ import inspect
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-__all__ = ["build_named", "check_args", "scalar_types", "takes", "type_problem", "wrong_types"]
+__all__ = ["build_named", "check_args", "check_arguments", "scalar_types", "takes", "type_problem", "wrong_types"]
 
 
 def check_args(target: Any, label: str, args_key: str, given: Iterable[str], passed: Iterable[str] = (),
@@ -88,6 +88,16 @@ def wrong_types(target: Any, values: Mapping) -> tuple[str, str] | None:
     return None
 
 
+def check_arguments(target: Any, label: str, key: str, args: Mapping, passed: Iterable[str] = (),
+                    fixed: Iterable[str] = (), structure: Iterable[str] = ()) -> None:
+    """The user's `<key>_args` against what `target` takes: names and required ones (`check_args`),
+    then scalar types (`wrong_types`); a ValueError names the first argument that cannot work."""
+    check_args(target, label, f"{key}_args", args, passed, fixed, structure)
+    wrong = wrong_types(target, args)
+    if wrong:
+        raise ValueError(f"{key}_args.{wrong[0]}: {wrong[1]}")
+
+
 def build_named(kind: str, table: Mapping[str, Callable], name: str, args: Mapping | None = None,
                 **passed: Any) -> Any:
     """`table[name](**passed, **args)`, with `args` (the user's `<kind>_args`) checked first; a name
@@ -95,8 +105,5 @@ def build_named(kind: str, table: Mapping[str, Callable], name: str, args: Mappi
     if name not in table:
         raise ValueError(f"unknown {kind} {name!r}; choose one of: {', '.join(sorted(table))}")
     factory, args = table[name], dict(args or {})
-    check_args(factory, f"{kind}={name}", f"{kind}_args", args, passed)
-    wrong = wrong_types(factory, args)
-    if wrong:
-        raise ValueError(f"{kind}_args.{wrong[0]}: {wrong[1]}")
+    check_arguments(factory, f"{kind}={name}", kind, args, passed)
     return factory(**passed, **args)

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from specdec.core.arguments import check_args, takes, type_problem, wrong_types  # noqa: F401 (handed on)
+from specdec.core.arguments import check_args, check_arguments, takes, type_problem, wrong_types  # noqa: F401 (handed on)
 
 PACKAGE_CONF = "specdec.conf"
 
@@ -128,10 +128,7 @@ def resolve(folder: str, spec: Any, key: str, args: Mapping | None = None, passe
     offered = {k: v for k, v in (offered or {}).items() if takes(target, k)}  # settings have one name each
     fixed = [k for k in spec_node if not str(k).startswith("_")]
     nested = [k for k in fixed if isinstance(spec_node[k], Mapping) and "_target_" in spec_node[k]]
-    check_args(target, label, f"{key}_args", args, [*passed, *offered], fixed, nested)
-    wrong = wrong_types(target, args)
-    if wrong:
-        raise ValueError(f"{key}_args.{wrong[0]}: {wrong[1]}")
+    check_arguments(target, label, key, args, [*passed, *offered], fixed, nested)
     return spec_node, target, args, {k: v for k, v in offered.items() if v is not None}
 
 
