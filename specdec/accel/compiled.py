@@ -277,7 +277,7 @@ class _Capture:
     """Where the decoder's output (the output head's input, `[B, W, H]`) of a compiled pass goes:
     a forward hook on the decoder, installed once per decoder and kept, writes it here while
     `active`. The eager path registers a hook around each pass instead; a compiled graph runs the
-    hooks that were there when it was traced (dynamo does not guard on them), so this one is there
+    hooks that were there when it was traced (their guards: `_hook_guards`), so this one is there
     before the first pass that needs it and stays. One decoder, one hook: engines that share the
     model share it, and a pass that keeps no hidden states leaves it inactive."""
 
@@ -420,6 +420,16 @@ def _can_skip_guards() -> bool:
 
 
 _CAN_SKIP_GUARDS = _can_skip_guards()
+
+
+def _hook_guards(tracing: bool):
+    """Graphs that guard on the modules' hooks. Dynamo skips guards on a module's hooks while it has
+    none (`skip_nnmodule_hook_guards`). After a graph break, the model's own forward is a frame of its
+    own that does not see `_forward`'s `capture`; traced for a model before a `_Capture` hooked its
+    decoder, that frame's graph ran again after it, without the hook, and the pass captured nothing
+    (torch 2.7, a model shared by a plain engine and then an EAGLE one). Guards are built while
+    tracing, so a known call (`tracing` False), which runs a graph that exists, skips the patch."""
+    return torch._dynamo.config.patch(skip_nnmodule_hook_guards=False) if tracing else contextlib.nullcontext()
 
 
 def _graphs_compiled() -> int:
@@ -695,9 +705,9 @@ class _BucketedPasses:
             # Settings read only while compiling: a known entry, which runs a graph that exists, skips the
             # patch. `known` is read here, at the call, since a refused known call runs again unknown (below).
             backends = None if known else gemm_backends(self.device, self.dtype, self.autotune, rows)
-            with _unguarded(known), _compiling(self.freezing and self.backend == "inductor" and not known,
-                                               self.autotune and not known, backends), \
-                    grouped_attention(model):
+            compiling = _compiling(self.freezing and self.backend == "inductor" and not known,
+                                   self.autotune and not known, backends)
+            with _unguarded(known), _hook_guards(not known), compiling, grouped_attention(model):
                 return compiled(*args)
 
         # A call without a cache view (a `CompiledCall`'s) runs compiled but uncaptured, whatever the mode.
