@@ -70,6 +70,8 @@ class ModelConfig:
     seed: int = 0  # tiny_random only
     num_layers: int = 2  # tiny_random only
     vocab_size: int = 256  # tiny_random only
+    tp_size: int = 1  # target only: ranks the target's heads are split over (torchrun --nproc-per-node tp_size)
+    tp_check: bool = True  # target only, with tp_size > 1: check every pass that the ranks feed the same tokens
 
 
 @dataclass
@@ -540,9 +542,81 @@ def validate(cfg: DictConfig) -> None:
     for role in ("target", "draft"):
         if cfg[role].path == "tiny_random":
             _check_tiny(role, cfg[role])
+    _check_tensor_parallel(cfg)
     tracker = _check_part("logger.kind", "logger/kind", cfg.logger.kind,
                           offered={k: cfg.logger[k] for k in TRACKER_SETTINGS})
     _check_tracker_mode(tracker, cfg.logger.mode)
+
+
+def _check_tensor_parallel(cfg: DictConfig) -> None:
+    """`target.tp_size` > 1 shards the target over that many torchrun processes
+    (`specdec.core.tensor_parallel`): the launch, the target's heads, the device, and the parts that
+    would make the ranks decode apart (decisions from measured time, transformers' own loop) or that
+    do not run on sharded weights (compile, packed linear layers)."""
+    from specdec.core.errors import InputError
+    from specdec.core.tensor_parallel import check_heads, check_launch
+
+    _check_type("target.tp_size", cfg.target.tp_size, int)
+    _check_type("target.tp_check", cfg.target.tp_check, bool)
+    if cfg.draft.tp_size != 1:
+        _fail("draft.tp_size", f"the draft runs whole on every rank; only target.tp_size shards, got {cfg.draft.tp_size}")
+    tp = cfg.target.tp_size
+    if tp < 1:
+        _fail("target.tp_size", f"must be >= 1 (1: one process holds the whole target), got {tp}")
+    if tp == 1:
+        return
+    try:
+        check_launch(tp, "target.tp_size")
+        config = _model_config(cfg.target)
+        if config is not None:  # else the load checks the heads
+            check_heads(config, tp, key="target.tp_size")
+    except InputError as err:
+        _fail("target.tp_size", str(err))
+    if str(cfg.device).startswith("cuda:"):
+        _fail("device", f"{cfg.device} would put every rank of target.tp_size={tp} on one GPU; use device=cuda "
+                        "(each rank takes the GPU of its LOCAL_RANK), auto or cpu")
+    for key, value in (("compile", cfg.compile), ("engine.packed_linear", cfg.engine.packed_linear)):
+        if value == "on":
+            _fail(key, f"runs on whole weights, not the shards of target.tp_size={tp}; set {key}=off (auto is off "
+                       "with tp)")
+    from specdec.study.registry import build_schedule, target_of
+
+    for key, m in method_configs(cfg):
+        if m.decoder is not None:
+            _fail(f"{key}.decoder", f"{m.name} runs transformers' own decoding loop, whose draws specdec does not "
+                                    f"keep equal across the ranks of target.tp_size={tp}; compare specdec's methods")
+        timed = [f"{key}.schedule" for s in [build_schedule(m.schedule, max(m.num_speculative_tokens, 1),
+                                                            m.schedule_args)] if _timed(type(s))]
+        if m.proposer is not None and _timed(target_of(m.proposer._target_, f"{key}.proposer")):
+            timed.append(f"{key}.proposer")
+        if timed:
+            _fail(timed[0], f"{m.name} decides from time measured in this process, which differs from rank to rank: "
+                            f"with target.tp_size={tp} the ranks would draft differently and decode apart; use a "
+                            "schedule and proposer that decide from tokens alone (constant, heuristic, confidence)")
+
+
+def _timed(part: Any) -> bool:
+    """Whether a schedule or proposer class decides from measured time: the adaptive wing's do."""
+    return getattr(part, "__module__", "").startswith("specdec.adaptive")
+
+
+def _model_config(model_cfg: DictConfig) -> Any:
+    """The transformers config of a model, read without its weights; None where only loading it would
+    tell (a GGUF file)."""
+    from specdec.models import locate, tiny_random_model
+
+    spec = model_spec(model_cfg, "target")
+    if spec.path == "tiny_random":
+        import torch
+
+        with torch.device("meta"):
+            return tiny_random_model(num_layers=1, vocab_size=spec.vocab_size).config
+    source = locate(spec)
+    if isinstance(source, Path) and source.is_file():
+        return None
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(str(source))
 
 
 def _check_engine(cfg: DictConfig) -> None:

@@ -51,6 +51,7 @@ from specdec.core.decoding import Generation, SpeculativeDecoder
 from specdec.core.engine import Engine, resolve_device
 from specdec.core.errors import InputError, NoSpace
 from specdec.core.metrics import speedup
+from specdec.core.tensor_parallel import check_ranks_agree, guard_passes, is_main
 from specdec.models import check_tokenizers_compatible, describe_model, load_model
 from specdec.study import report
 from specdec.study.config import (
@@ -67,7 +68,7 @@ from specdec.study.registry import build_schedule, build_verifier
 from specdec.study.report import BASELINE, format_comparison, format_table, make_plots, summarize
 from specdec.study.results import PromptResult
 from specdec.study.run_dirs import check_no_results, release_run_dir
-from specdec.study.tracking import make_tracker, sigterm_raises, write_atomic, write_local_results
+from specdec.study.tracking import Tracker, make_tracker, sigterm_raises, write_atomic, write_local_results
 from specdec.study.variants import expand
 
 log = logging.getLogger("specdec")
@@ -157,7 +158,11 @@ def load_data(cfg: DictConfig) -> list[Prompt]:
 def build(cfg: DictConfig) -> Setup:
     """Load the models and make the decoders. The draft loads only if some method needs one."""
     target_spec = model_spec(cfg.target, "target")
-    target, tokenizer = load_model(target_spec)
+    device = cfg.device
+    if cfg.target.tp_size > 1:
+        target, tokenizer, device = load_sharded_target(target_spec, cfg)
+    else:
+        target, tokenizer = load_model(target_spec)
     models = {"target": describe_model(target_spec, target)}
     draft = None
     if any(m.needs_draft for _, m in method_configs(cfg)):
@@ -169,7 +174,7 @@ def build(cfg: DictConfig) -> Setup:
             draft, draft_tokenizer = load_model(draft_spec)
             check_tokenizers_compatible(tokenizer, draft_tokenizer, target, draft)
             models["draft"] = describe_model(draft_spec, draft)
-    engine = Engine(target, draft, device=cfg.device, dtype=cfg.dtype, passes=accelerated(cfg))
+    engine = Engine(target, draft, device=device, dtype=cfg.dtype, passes=accelerated(cfg))
     for described in models.values():
         described["dtype"] = str(engine.dtype).removeprefix("torch.")
     log.info("target %s, draft %s on %s (%s)", models["target"]["label"],
@@ -196,12 +201,50 @@ def build(cfg: DictConfig) -> Setup:
     return setup
 
 
+def load_sharded_target(spec, cfg: DictConfig) -> tuple[torch.nn.Module, object, torch.device]:
+    """(model, tokenizer, this rank's device) of a target sharded over `target.tp_size` torchrun
+    ranks (`specdec.core.tensor_parallel`). transformers shards a model as it reads a saved folder: a
+    GGUF file is read from its converted folder, a tiny random model is saved to a temporary one
+    first (each rank builds the same one from its seed). With `target.tp_check` every target pass
+    first checks that the ranks feed it the same tokens."""
+    import tempfile
+
+    from specdec.core.engine import resolve_dtype
+    from specdec.core.tensor_parallel import init, load_sharded
+    from specdec.models import _checkpoint_dir, check_finite_logits, tiny_random_model, tiny_random_tokenizer
+
+    tp = cfg.target.tp_size
+    device = init(tp, cfg.device)
+    dtype = resolve_dtype(cfg.dtype, device)
+    with tempfile.TemporaryDirectory(prefix="specdec-tp-") as folder:
+        if spec.path == "tiny_random":
+            # written file by file: under a process group `save_pretrained` writes on rank 0 alone
+            from safetensors.torch import save_file
+
+            model = tiny_random_model(seed=spec.seed, vocab_size=spec.vocab_size, num_layers=spec.num_layers)
+            model.config.save_pretrained(folder)
+            save_file(model.state_dict(), f"{folder}/model.safetensors", metadata={"format": "pt"})
+            tiny_random_tokenizer(spec.vocab_size).save_pretrained(folder)
+            source = folder
+        else:
+            source = _checkpoint_dir(spec)
+        model, tokenizer = load_sharded(source, tp, device, dtype)
+    check_finite_logits(model, f"target {spec.path or spec.gguf_file!r} (rank shard)")
+    if cfg.target.tp_check:
+        guard_passes(model, "target")
+    log.info("target sharded over %d ranks (tensor parallel), this rank on %s", tp, device)
+    return model, tokenizer, device
+
+
 def accelerated(cfg: DictConfig) -> Accelerated:
     """The engine's passes: the one place where `compile` and `engine` become `Accelerated`'s
     arguments. Its `compile` string folds in `engine.compile_options`: autotune as `autotune`,
     freeze_weights as `frozen` (validate refuses both at once), where passes compile at all
-    (`compile=auto` compiles on CUDA only, and leaves a CPU eager with either option)."""
+    (`compile=auto` compiles on CUDA only, and leaves a CPU eager with either option). A sharded
+    target (`target.tp_size` > 1) runs eagerly: compile and packed linear layers need whole weights."""
     options = cfg.engine.compile_options
+    if cfg.target.tp_size > 1:
+        return Accelerated(compile="off", cuda_graphs=options.cuda_graphs, packed_linear="off")
     mode = cfg.compile
     if mode != "off" and (options.autotune or options.freeze_weights):
         compiles = resolve_compile(mode, resolve_device(cfg.device))
@@ -317,6 +360,9 @@ def run_batch(decoder: SpeculativeDecoder, role: str, batch: list[Prompt], cfg: 
                   for j, p in enumerate(batch)]
         out = decoder.generate(inputs, max_new_tokens=g.max_new_tokens, temperature=g.temperature,
                                top_k=g.top_k, top_p=g.top_p, seed=seed + t, past=past, reserve=reserve)
+        # a sharded target's ranks must emit the same tokens (a no-op in one process)
+        check_ranks_agree(torch.tensor([i for row in out.output_ids for i in (*row, -1)]).reshape(1, -1),
+                          f"{role}, turn {t + 1} of prompts {', '.join(p.prompt_id for p in batch)}: the tokens emitted")
         generations.append(out)
         for j, p in enumerate(batch):
             histories[j].append((p.turns[t], out.texts[j]))
@@ -377,7 +423,7 @@ def measure(setup: Setup, prompts: list[Prompt], cfg: DictConfig, on_batch=None)
     method_name = " / ".join(setup.methods) or BASELINE
     rows: list[PromptResult] = []
     batches = make_batches(prompts, cfg.generation.batch_size)
-    disable = None if cfg.progress is None else not cfg.progress
+    disable = (None if cfg.progress is None else not cfg.progress) if is_main() else True
     with tqdm(total=len(prompts) * cfg.repeats, desc=f"{method_name} vs {BASELINE}", unit="prompt",
               disable=disable,
               file=sys.stderr, leave=False) as bar:
@@ -476,8 +522,14 @@ def run(cfg: DictConfig, out_dir: str | Path) -> ExperimentResult:
     except InputError:
         release_run_dir(out_dir)  # a refused run leaves no folder that looks like a failed one
         raise
-    check_no_results(out_dir, "out_dir")  # never over another run's results (specdec.study.run_dirs)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    # A sharded target's ranks all run the job; rank 0 alone writes results, W&B and the table, and the
+    # others log warnings only, into their own Hydra folder, removed at the end if nothing was logged.
+    main = is_main()
+    if main:
+        check_no_results(out_dir, "out_dir")  # never over another run's results (specdec.study.run_dirs)
+        out_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        log.setLevel(logging.WARNING)
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
@@ -489,7 +541,7 @@ def run(cfg: DictConfig, out_dir: str | Path) -> ExperimentResult:
     job_name, sweep_group = job_identity(method_name)
     lg = cfg.logger
     tracker = make_tracker(lg.kind, project=lg.project, entity=lg.entity, mode=lg.mode, tags=[*lg.tags, method_name],
-                           init_timeout=lg.init_timeout)
+                           init_timeout=lg.init_timeout) if main else Tracker()
     config = OmegaConf.to_container(cfg, resolve=True)
     info = run_info(cfg)
     saved: list[PromptResult] = []  # the rows of the last save that was written: what a failure leaves behind
@@ -503,6 +555,8 @@ def run(cfg: DictConfig, out_dir: str | Path) -> ExperimentResult:
         summary["complete"] = complete
         if error is not None:
             summary["error"] = error  # how the run ended early; a sweep marks the job failed
+        if not main:
+            return summary
         with _room_to_write(out_dir, saved):
             write_local_results(out_dir, None if rows is saved and saved else [r.to_dict() for r in rows], summary)
         saved[:] = rows
@@ -535,10 +589,13 @@ def run(cfg: DictConfig, out_dir: str | Path) -> ExperimentResult:
             else:
                 tracker.log_summary(partial, [r.to_dict() for r in saved], {})
             raise
-        plots = _plots(summary, out_dir) if cfg.plots else {}
         table = format_table(summary)
         if len(method_names) > 1 or reference:  # exact greedy's reference is a row of its own
             table += "\n\n" + format_comparison(summary)
+        if not main:
+            release_run_dir(out_dir)
+            return ExperimentResult(out_dir, summary, rows, None, table)
+        plots = _plots(summary, out_dir) if cfg.plots else {}
         with _room_to_write(out_dir, rows):
             write_atomic({out_dir / "table.md": table + "\n",
                           out_dir / "table.csv": report.csv_text(report.table_rows(summary))})
