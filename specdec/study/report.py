@@ -293,10 +293,15 @@ def _exact_greedy_notes(blocks: dict[str, MethodResults]) -> list[tuple[str, str
             if b.exact_greedy is not None and b.exact_greedy.startswith("not applied")]
 
 
+# The methods that are other engines (transformers' generate(), vLLM), by name: the comparison's last
+# table puts each specdec method's tokens/s over theirs.
+ANCHORS = ("hf_", "vllm")
+
+
 def format_comparison(summary: dict) -> str:
     """One line per method measured in the run (experiment=vs_hf and other `compare` presets):
     tokens/s, speedup over the shared baseline, tau, alpha, measured / predicted speedup; then the
-    ratios of each specdec method's tokens/s to each `hf_*` anchor's."""
+    ratios of each specdec method's tokens/s to each anchor's (`hf_*`, `vllm*`)."""
     blocks = _blocks(summary)
     head = ["method", "tok/s", "speedup", "per-prompt median (min-max)", "tau", "alpha", "predicted",
             "measured/predicted", "steps", "reused cache tokens", "lossless"]
@@ -311,8 +316,8 @@ def format_comparison(summary: dict) -> str:
     lines = [_cache_policy(summary), "", *markdown_table(head, cells, left=(0, len(head) - 1))]
     if any(b.overall.num_repeats for b in blocks.values()):
         lines += ["", legend(summary.get("repeats", 1))]
-    anchors = [n for n in blocks if n.startswith("hf_")]
-    ours = [n for n in blocks if not n.startswith("hf_")]
+    anchors = [n for n in blocks if n.startswith(ANCHORS)]
+    ours = [n for n in blocks if not n.startswith(ANCHORS)]
     if anchors:
         rows = [[name, *(_fmt(_ratio(blocks[name].overall.tokens_per_s, blocks[a].overall.tokens_per_s), ".2f", "x")
                          for a in anchors)] for name in ours]

@@ -1,0 +1,192 @@
+"""vLLM as an anchor (`specdec.study.peers`, `scripts/vllm_worker.py`).
+
+The worker runs in a separate interpreter that finds `vllm`. Here that package is a stand-in written
+by the test (transformers' greedy generate behind vLLM's `LLM`, `SamplingParams` and `get_metrics`
+names, with speculative counters that follow a rule the test knows), so the real worker script and
+the real host side run end to end, through the experiment harness too. The same checks against the
+real vLLM run where `SPECDEC_VLLM_PYTHON` points at its environment (`test_real_vllm_...`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from specdec.core.decoding import SpeculativeDecoder
+from specdec.core.errors import InvalidInput, MissingInput
+from specdec.models import tiny_random_model, tiny_random_tokenizer
+from specdec.study import experiment
+from specdec.study.peers import VLLMAnchor, speculative_config
+from tests.conftest import RAGGED_PROMPTS, make_engine
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+
+STAND_IN = '''
+"""A stand-in for vLLM: transformers' greedy generate, vLLM's names, counters that follow a rule."""
+import types
+
+import torch
+from transformers import AutoModelForCausalLM
+
+__version__ = "0.0-stand-in"
+
+
+class SamplingParams:
+    def __init__(self, max_tokens, temperature=0.0, top_k=-1, top_p=1.0, seed=None, stop_token_ids=None,
+                 ignore_eos=False):
+        self.max_tokens, self.temperature, self.stop_token_ids = max_tokens, temperature, stop_token_ids
+
+
+class _Metric:
+    def __init__(self, name, value=0, values=None):
+        self.name, self.value, self.values = name, value, values
+
+
+class LLM:
+    def __init__(self, model, dtype="auto", seed=0, disable_log_stats=True, max_model_len=None,
+                 speculative_config=None, **engine_args):
+        if engine_args.get("fail"):
+            raise ValueError("the stand-in was told to fail")
+        self.model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+        self.k = (speculative_config or {}).get("num_speculative_tokens", 0)
+        self.drafts = self.draft_tokens = self.accepted = 0
+        self.per_pos = [0] * self.k
+
+    def generate(self, prompts, params, use_tqdm=False):
+        ids = torch.tensor([prompts[0]["prompt_token_ids"]])
+        with torch.inference_mode():
+            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=params.max_tokens,
+                                      do_sample=False, eos_token_id=params.stop_token_ids, pad_token_id=0)
+        new = out[0, ids.shape[1]:].tolist()
+        if self.k:  # the rule: one draft of k per two new tokens, its first token accepted
+            drafts = len(new) // 2
+            self.drafts += drafts
+            self.draft_tokens += drafts * self.k
+            self.accepted += drafts
+            self.per_pos[0] += drafts
+        return [types.SimpleNamespace(outputs=[types.SimpleNamespace(token_ids=new)])]
+
+    def get_metrics(self):
+        if not self.k:
+            return []
+        return [_Metric("vllm:spec_decode_num_drafts", self.drafts),
+                _Metric("vllm:spec_decode_num_draft_tokens", self.draft_tokens),
+                _Metric("vllm:spec_decode_num_accepted_tokens", self.accepted),
+                _Metric("vllm:spec_decode_num_accepted_tokens_per_pos", values=list(self.per_pos))]
+'''
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """The tiny target saved as a folder, as vLLM loads a model."""
+    path = tmp_path_factory.mktemp("tiny_target")
+    tiny_random_model(seed=0, eos_token_id=None).save_pretrained(path)
+    tiny_random_tokenizer().save_pretrained(path)
+    return path
+
+
+@pytest.fixture
+def stand_in(tmp_path, monkeypatch):
+    """An interpreter whose `vllm` is the stand-in (this python with the stand-in on its path)."""
+    package = tmp_path / "stand_in" / "vllm"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(STAND_IN)
+    repo = str(Path(__file__).resolve().parents[2])
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(package.parent), repo, os.environ.get("PYTHONPATH", "")]))
+    return sys.executable
+
+
+def test_plain_decoding_equals_specdecs_greedy_tokens(folder, stand_in):
+    model = tiny_random_model(seed=0, eos_token_id=None)
+    engine = make_engine(model)
+    ours = SpeculativeDecoder(engine).generate(RAGGED_PROMPTS, max_new_tokens=12)
+    anchor = VLLMAnchor(engine, python=stand_in, model_path=str(folder))
+    try:
+        theirs = anchor.generate(RAGGED_PROMPTS, max_new_tokens=12)
+    finally:
+        anchor.close()
+    assert theirs.output_ids == ours.output_ids
+    assert [r.steps for r in theirs.stats.rows] == [11, 11, 11]  # one pass per token after the prefill
+    assert theirs.reports["vllm"]["version"] == "0.0-stand-in" and theirs.reports["vllm"]["startup_s"] > 0
+    assert theirs.stats.cpu_s > 0 and all(r.wall_s > 0 for r in theirs.stats.rows)
+
+
+def test_speculative_counters_become_specdecs(folder, stand_in):
+    """The stand-in's rule for 12 new tokens: 6 drafts of k = 3, one accepted each. Emitted 11 (the
+    prefill's token is no step's), accepted 6, so 5 passes; tau = 11 / 5."""
+    engine = make_engine(tiny_random_model(seed=0, eos_token_id=None))
+    anchor = VLLMAnchor(engine, num_speculative_tokens=3, python=stand_in, speculative="ngram",
+                        model_path=str(folder))
+    try:
+        out = anchor.generate(RAGGED_PROMPTS[:2], max_new_tokens=12)
+        again = anchor.generate(RAGGED_PROMPTS[:1], max_new_tokens=12)  # counters are per row, not cumulative
+    finally:
+        anchor.close()
+    for row in [*out.stats.rows, *again.stats.rows]:
+        assert (row.steps, row.proposed, row.accepted, row.emitted) == (5, 18, 6, 11)
+        assert row.accepted_at == [6, 0, 0] and row.proposed_at == [6, 6, 6] and row.reached_at == [6, 6, 0]
+    assert out.stats.total.mean_accepted_length == pytest.approx(11 / 5)
+    assert anchor.name == "vllm_ngram" and out.reports["vllm"]["speculative"]["prompt_lookup_max"] == 4
+
+
+def test_the_anchor_runs_in_the_harness_beside_specdecs_methods(folder, stand_in, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_VLLM_PYTHON", stand_in)
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=[
+            "~experiment", f"target.path={folder}", "logger=none", "data.limit=1", "generation.max_new_tokens=6",
+            "plots=false", "warmup=false", "dtype=float32", "method=ngram", "+method@compare.vllm_ngram=vllm_ngram",
+            "+method@compare.vllm=vllm"])
+    experiment.run(cfg, tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    methods = summary["methods"]
+    assert {"ngram", "vllm", "vllm_ngram"} <= set(methods)
+    for name in ("vllm", "vllm_ngram"):
+        assert methods[name]["overall"]["matches_baseline"] == 1.0  # greedy: the baseline's tokens on every prompt
+    assert methods["vllm_ngram"]["overall"]["proposed"] > 0
+
+
+def test_bad_set_ups_are_refused_before_anything_starts(folder, stand_in, monkeypatch):
+    engine = make_engine(tiny_random_model(seed=0, eos_token_id=None))
+    monkeypatch.delenv("SPECDEC_VLLM_PYTHON", raising=False)
+    with pytest.raises(MissingInput, match="SPECDEC_VLLM_PYTHON"):
+        VLLMAnchor(engine, model_path=str(folder))
+    with pytest.raises(MissingInput, match="cannot run"):
+        VLLMAnchor(engine, python="/no/such/python", model_path=str(folder))
+    with pytest.raises(MissingInput, match="target as a folder"):
+        VLLMAnchor(engine, python=stand_in)  # a model built in memory has no folder
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))  # this python, no stand-in
+    with pytest.raises(MissingInput, match="has no vllm installed"):
+        VLLMAnchor(engine, python=sys.executable, model_path=str(folder))
+    with pytest.raises(MissingInput, match="drafter"):
+        speculative_config("eagle3", 4)
+    with pytest.raises(InvalidInput, match="vLLM's methods here"):
+        speculative_config("medusa", 4)
+    with pytest.raises(InvalidInput, match=">= 1"):
+        speculative_config("ngram", 0)
+
+
+def test_a_failing_worker_says_why(folder, stand_in):
+    engine = make_engine(tiny_random_model(seed=0, eos_token_id=None))
+    anchor = VLLMAnchor(engine, python=stand_in, model_path=str(folder), engine_args={"fail": True})
+    with pytest.raises(RuntimeError, match="the stand-in was told to fail"):
+        anchor.generate(RAGGED_PROMPTS[:1], max_new_tokens=4)
+    assert anchor.worker is None
+
+
+@pytest.mark.skipif(not os.environ.get("SPECDEC_VLLM_PYTHON"), reason="SPECDEC_VLLM_PYTHON does not name vLLM's "
+                    "environment (docs/peers.md says how to make one)")
+@pytest.mark.slow
+def test_real_vllm_plain_decoding_equals_specdecs_greedy_tokens(folder):
+    engine = make_engine(tiny_random_model(seed=0, eos_token_id=None))
+    ours = SpeculativeDecoder(engine).generate(RAGGED_PROMPTS, max_new_tokens=12)
+    anchor = VLLMAnchor(engine, model_path=str(folder), dtype="float32")
+    try:
+        theirs = anchor.generate(RAGGED_PROMPTS, max_new_tokens=12)
+    finally:
+        anchor.close()
+    assert theirs.output_ids == ours.output_ids
