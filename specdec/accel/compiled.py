@@ -31,7 +31,9 @@ on the block's columns; padding slots see only themselves), and is an input of t
 shape is fixed by the buckets. Passes that keep the target's hidden states for a drafter return
 them from the graph at the bucketed width, through a forward hook on the decoder installed once
 per model (`_Capture`); they are stored in the cache at the positions the keys went to, padding at
-scratch positions, exactly as an eager ragged pass stores its padding's.
+scratch positions, exactly as an eager ragged pass stores its padding's. Passes of a model that
+keeps several layers' hidden states (EAGLE-3's taps, `CachedModel.keep_hidden_states(layers)`) run
+eagerly: the compiled forward declines them.
 
 EAGLE's drafter (one decoder layer over a cache of its own) compiles the same way: `CompiledModule`
 runs any module that takes `[B, T, ...]` inputs, positions, a mask and a cache at the same width and
@@ -757,8 +759,12 @@ class CompiledForward(_BucketedPasses):
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, advance: list[int] | None = None, keep: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None, block_mask: torch.Tensor | None = None) -> torch.Tensor | None:
-        """`CachedModel.forward`'s contract, compiled; None when this pass runs eagerly instead."""
+        """`CachedModel.forward`'s contract, compiled; None when this pass runs eagerly instead (a
+        model that keeps several layers' hidden states, EAGLE-3's taps, always does)."""
         owner, cache = self.model, self.model.cache
+        if getattr(owner, "_hidden_layers", None) is not None:
+            self.eager_calls += 1
+            return None
         b, t = tokens.shape
         w = self.width(t)  # a token tree's too: trees of other sizes share their bucket's graph
         counts = list(advance) if advance is not None else [t] * b

@@ -20,7 +20,7 @@ import torch
 
 from specdec.core.attention import SLIDING, AttentionLayout, grouped_attention
 from specdec.core.cache import RowCache
-from specdec.core.decoder_stack import hidden_source
+from specdec.core.decoder_stack import decoder_stack, hidden_source
 from specdec.core.device import to_device
 from specdec.core.types import CompiledPasses, Passes
 
@@ -138,6 +138,7 @@ class CachedModel:
         self.name = name
         self.layout = AttentionLayout.of(model)
         self._hidden_source: torch.nn.Module | None = None  # set by keep_hidden_states
+        self._hidden_layers: list[int] | None = None  # the taps, where keep_hidden_states names layers
         self.cache: RowCache | None = None
         self.compiled: CompiledPasses | None = None  # set by the engine's passes where they compile
         cfg = model.config.get_text_config(decoder=True)  # a multimodal wrapper's language model
@@ -227,24 +228,67 @@ class CachedModel:
         the model, not the checkpoint."""
         return hidden_source(self.model, self.name)
 
-    def keep_hidden_states(self) -> None:
-        """From now on every pass also stores the model's last hidden states (the output head's
-        input, at every position fed, whatever `keep` says) in the cache, beside the keys and
-        values: drafters that read the target's features get them from the scoring pass itself,
-        with no second pass."""
+    def keep_hidden_states(self, layers: list[int] | None = None) -> None:
+        """From now on every pass also stores hidden states in the cache, beside the keys and values
+        (at every position fed, whatever `keep` says): drafters that read the target's features get
+        them from the scoring pass itself, with no second pass.
+
+        layers: None keeps the model's last hidden states (the output head's input), `[B, T, H]`.
+        A list keeps, per pass, the concatenation in ascending order of the residual stream entering
+        decoder layer i for each i (transformers' `output_hidden_states[i]`; i == N, the number of
+        layers, is the final normed output), `[B, T, n * H]`: EAGLE-3's taps. Under `compile=on`, the
+        passes of a model that keeps several taps run eagerly (the compiled forward declines them)."""
         self._hidden_source = self.hidden_source()
+        if layers is None:
+            self._hidden_layers = None
+            return
+        layers = [int(i) for i in layers]
+        if not layers or layers != sorted(set(layers)) or layers[0] < 0 or layers[-1] > self.num_layers:
+            raise ValueError(f"{self.name}: the hidden-state taps {layers} must be distinct ascending layer "
+                             f"indices in [0, {self.num_layers}] (the model has {self.num_layers} layers)")
+        if decoder_stack(self._hidden_source) is None:
+            raise ValueError(f"{self.name}: {type(self.model).__name__}'s decoder has no list of layers to "
+                             "tap; drafters that read several layers (EAGLE-3) cannot use it")
+        self._hidden_layers = layers
+
+    def _tap_hooks(self, taps: dict[int, torch.Tensor]) -> list:
+        """Hooks that put, for each kept layer i, the residual stream entering layer i (or the
+        decoder's output, for i == N) into `taps[i]` during one call."""
+        layers = decoder_stack(self._hidden_source)[1]
+
+        def entering(i: int):
+            def hook(module, args, kwargs):
+                taps[i] = args[0] if args else kwargs["hidden_states"]
+            return hook
+
+        hooks = [layers[i].register_forward_pre_hook(entering(i), with_kwargs=True)
+                 for i in self._hidden_layers if i < self.num_layers]
+        if self._hidden_layers[-1] == self.num_layers:
+            hooks.append(self._hidden_source.register_forward_hook(
+                lambda module, args, out: taps.__setitem__(self.num_layers, out[0])))
+        return hooks
 
     def _call(self, tokens, positions, mask, keep) -> torch.Tensor:
-        """The model call; with `keep_hidden_states`, a hook on the decoder stores its output for the
-        duration of this call only (the model object may be shared with other callers)."""
+        """The model call; with `keep_hidden_states`, hooks (on the decoder, or on the kept layers)
+        store the hidden states for the duration of this call only (the model object may be shared
+        with other callers)."""
         with grouped_attention(self.model):
             if self._hidden_source is None:
                 return self.layout.call(self.model, tokens, positions, self.cache, mask, keep)
-            hook = self._hidden_source.register_forward_hook(lambda module, args, out: self.cache.store_hidden(out[0]))
+            if self._hidden_layers is None:
+                hooks = [self._hidden_source.register_forward_hook(
+                    lambda module, args, out: self.cache.store_hidden(out[0]))]
+            else:
+                taps: dict[int, torch.Tensor] = {}
+                hooks = self._tap_hooks(taps)
             try:
-                return self.layout.call(self.model, tokens, positions, self.cache, mask, keep)
+                logits = self.layout.call(self.model, tokens, positions, self.cache, mask, keep)
             finally:
-                hook.remove()
+                for hook in hooks:
+                    hook.remove()
+            if self._hidden_layers is not None:
+                self.cache.store_hidden(torch.cat([taps[i] for i in self._hidden_layers], dim=-1))
+            return logits
 
     @torch.inference_mode()
     def keep_path(self, roots: list[int], path: list[list[int]]) -> None:
