@@ -885,10 +885,22 @@ def _check_proposer_part(key: str, m: DictConfig, cfg: DictConfig, label: str, c
     if "heads_path" not in spec:
         return
     kind = getattr(cls, "name", m.name)
-    heads = _check_heads(_setting_key(key, m, label, spec, "heads_path"), spec.heads_path, key, m, cfg, kind, optional)
-    if heads is None:
-        return
-    meta, vocab, reduced = _checkpoint_vocab(heads)
+    meta = {}
+    if hasattr(cls, "heads_info"):  # a drafter of a published format (EAGLE-3): its own reader checks it
+        where = _setting_key(key, m, label, spec, "heads_path")
+        if optional and not spec.heads_path:
+            return
+        path = spec.heads_path
+        try:
+            vocab, reduced = cls.heads_info(str(resolve_path(path)) if path and path != "embedded" else path)
+        except (ValueError, OSError, ImportError) as err:
+            _fail(where, str(err).removeprefix(f"{where}=").removeprefix("method.heads_path="))
+    else:
+        heads = _check_heads(_setting_key(key, m, label, spec, "heads_path"), spec.heads_path, key, m, cfg, kind,
+                             optional)
+        if heads is None:
+            return
+        meta, vocab, reduced = _checkpoint_vocab(heads)
     reduced = " (the checkpoint reduced the vocabulary)" if reduced else ""
     params = inspect.signature(cls).parameters
     topk = spec.get("topk", params["topk"].default if "topk" in params else None)

@@ -53,6 +53,11 @@ def test_every_config_composes_and_validates(override, monkeypatch, tmp_path):
     if override == "data=hf":  # hf has no default source: give it a local file
         (tmp_path / "prompts.jsonl").write_text('{"text": "Hello?"}\n')
         cfg.data.path = str(tmp_path / "prompts.jsonl")
+    if override == "method=eagle3":  # no EAGLE-3 drafter ships for the embedded target: the refusal says what to set
+        with pytest.raises(ConfigError, match=r"^method.heads_path: method=eagle3 needs a drafter: set "
+                                              r"method.heads_path=<folder>"):
+            validate(cfg)
+        return
     validate(cfg)
 
 
@@ -439,9 +444,9 @@ def _refused_before_any_model_loads(overrides: list[str], message: str, monkeypa
      r"^method.tree: .* but method=ngram does not read it .*: NgramProposer takes no tree .*; method=medusa reads it$"),
     ([*TINY, "method=ngram", "method.heads_path=/no/such/heads.safetensors"],
      r"^method.heads_path: is set to '/no/such/heads.safetensors', but method=ngram does not read it \(it would be "
-     r"ignored\): NgramProposer takes no heads_path .*; method=eagle, hybrid or medusa read it$"),
+     r"ignored\): NgramProposer takes no heads_path .*; method=eagle, eagle3, hybrid or medusa read it$"),
     ([*TINY, "method=autoregressive", "method.heads_path=embedded"],
-     r"^method.heads_path: .* method=autoregressive drafts nothing \(plain decoding\); method=eagle, hybrid or "),
+     r"^method.heads_path: .* method=autoregressive drafts nothing \(plain decoding\); method=eagle, eagle3, hybrid or "),
     ([*TINY, "method=hf_prompt_lookup", "method.tree=[[0]]"], r"^method.tree: .* HFPromptLookup takes no tree"),
     # the proposer given its own checkpoint, and the method another
     ([*TINY, "method=eagle", f"method.proposer.{TINY_EAGLE.removeprefix('method.')}", "method.heads_path=/my.pt"],
