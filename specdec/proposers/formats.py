@@ -393,8 +393,16 @@ def _read_eagle3(path: Path, fmt: str, config: dict, tensors: dict[str, torch.Te
                  "layer_ids": layer_ids, "layer_ids_source": source_ids, "num_layers": num_layers, **flags,
                  "attention_bias": "layers.0.self_attn.q_proj.bias" in tensors,
                  "mlp_bias": "layers.0.mlp.gate_proj.bias" in tensors}
+    embed = tensors.get("embed_tokens.weight")
+    if embed is not None and bool(embed.isnan().any()):
+        del tensors["embed_tokens.weight"]
+        notes.append("embed_tokens holds NaN (the speculators package saves embeddings it never loaded so): "
+                     "dropped, the target's are used")
     if "embed_tokens.weight" not in tensors:
         notes.append("no embed_tokens: the target's embeddings are used")
+    if bool(lm_head.isnan().any()):
+        raise InvalidInput(f"{path}: {fmt} tensor lm_head.weight holds NaN (expected trained weights; the speculators "
+                           f"package saves an lm_head it never loaded from its verifier so)")
     return DrafterFiles(path=path, format=fmt, kind="eagle3", config=canonical, tensors=tensors, notes=notes)
 
 

@@ -134,6 +134,17 @@ def test_speculators_layer_ids_are_kept_and_the_residual_default_is_recorded(tmp
     assert not any("norm_before_residual" in n for n in said.notes)
 
 
+def test_speculators_unloaded_embeddings_are_dropped_and_an_unloaded_head_refused(tmp_path):
+    """The package initialises embed_tokens and lm_head to NaN and saves them so when no verifier
+    filled them."""
+    tensors = {**eagle3_tensors("layers.0."), "embed_tokens.weight": torch.full((V, H), float("nan"))}
+    files = read_drafter(speculators_eagle3(tmp_path / "a", tensors))
+    assert "embed_tokens.weight" not in files.tensors and any("NaN" in n for n in files.notes)
+    tensors["lm_head.weight"] = torch.full((VD, H), float("nan"))
+    with pytest.raises(InvalidInput, match=r"lm_head\.weight holds NaN"):
+        read_drafter(speculators_eagle3(tmp_path / "b", tensors))
+
+
 def test_speculators_norm_before_fc_and_fc_norm_need_their_tensors(tmp_path):
     tensors = {**eagle3_tensors("layers.0."), "input_norm.weight": rand(3 * H)}
     files = read_drafter(speculators_eagle3(tmp_path / "a", tensors, norm_before_fc=True))
