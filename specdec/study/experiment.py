@@ -485,6 +485,8 @@ def run_info(cfg: DictConfig, setup: Setup | None = None) -> dict:
         info["score_width"] = setup.reference.score_width if setup.reference is not None else 1
         if not setup.cache_reuse:
             info["cache_reuse_blocked_by"] = setup.cannot_reuse_cache
+    if cfg.target.tp_size > 1:  # the target's layers were split over this many ranks: timings are not one device's
+        info["target_tp_size"] = cfg.target.tp_size
     return info
 
 

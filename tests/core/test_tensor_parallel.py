@@ -4,9 +4,9 @@ tiny random models; the ranks agree; a rank that draws differently is caught at 
 left to hang; an experiment under torchrun writes its results from rank 0 alone; and the config
 refuses what cannot work before any model loads.
 
-This file is also the script torchrun runs (`python tests/core/test_tensor_parallel.py decode <dir>`):
-each rank writes what it decoded to `<dir>/rank<r>.json`, and the test compares the files with the
-same decoding in the test's own process.
+This file is also the script torchrun runs (`python tests/core/test_tensor_parallel.py <dir>`): each
+rank writes what it decoded, and what a deliberately diverging generation raised, to
+`<dir>/rank<r>.json`; the tests compare the files with the same decoding in the test's own process.
 """
 
 from __future__ import annotations
@@ -67,9 +67,9 @@ def save_models(folder: Path) -> None:
     tiny_random_model(seed=1, num_layers=1, eos_token_id=None).save_pretrained(folder / "draft")
 
 
-def worker(mode: str, folder: Path) -> None:
-    """What each torchrun rank runs: `decode` writes every method's tokens; `diverge` seeds rank 1's
-    generations differently and records the error its first disagreeing pass raises."""
+def worker(folder: Path) -> None:
+    """What each torchrun rank runs: every method's tokens, the shape of its cache, then one generation
+    that rank 1 seeds differently, with the error its first disagreeing pass raises."""
     from transformers import AutoModelForCausalLM
 
     from specdec.core import tensor_parallel as tp
@@ -78,19 +78,16 @@ def worker(mode: str, folder: Path) -> None:
     target, _ = tp.load_sharded(str(folder / "target"), 2, device, torch.float32)
     draft = AutoModelForCausalLM.from_pretrained(folder / "draft", dtype=torch.float32).eval()
     record = {"rank": tp.rank(), "local_heads": list(tp.local_heads(target))}
-    if mode == "decode":
-        record["tokens"] = decode_all(target, draft)
-        engine = Engine(target, draft, device="cpu", dtype="float32")
-        decoder_of("draft", engine).generate(PROMPTS, max_new_tokens=4)
-        record["cache_shape"] = list(engine.target.cache.layers[0].keys.shape)
-    else:
-        tp.guard_passes(target)
-        engine = Engine(target, draft, device="cpu", dtype="float32")
-        try:
-            decoder_of("draft", engine).generate(PROMPTS, max_new_tokens=NEW_TOKENS, temperature=1.0,
-                                                 seed=SEED + tp.rank())
-        except tp.RanksDivergedError as err:
-            record["error"] = str(err)
+    record["tokens"] = decode_all(target, draft)
+    engine = Engine(target, draft, device="cpu", dtype="float32")
+    decoder_of("draft", engine).generate(PROMPTS, max_new_tokens=4)
+    record["cache_shape"] = list(engine.target.cache.layers[0].keys.shape)
+    tp.guard_passes(target)
+    try:
+        decoder_of("draft", engine).generate(PROMPTS, max_new_tokens=NEW_TOKENS, temperature=1.0,
+                                             seed=SEED + tp.rank())
+    except tp.RanksDivergedError as err:
+        record["error"] = str(err)
     (folder / f"rank{tp.rank()}.json").write_text(json.dumps(record))
 
 
@@ -107,7 +104,7 @@ def torchrun(*args: str, cwd: Path | None = None, timeout: int = 240) -> subproc
 def sharded_run(tmp_path_factory) -> tuple[Path, list[dict]]:
     folder = tmp_path_factory.mktemp("tp")
     save_models(folder)
-    torchrun(str(HERE), "decode", str(folder))
+    torchrun(str(HERE), str(folder))
     return folder, [json.loads((folder / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
@@ -152,13 +149,12 @@ def test_sampling_ranks_draw_alike_and_as_one_process(sharded_run):
     assert zero["draft@1.0"] != zero["draft@0.0"]  # it sampled
 
 
-def test_a_rank_that_draws_differently_is_caught(tmp_path):
+def test_a_rank_that_draws_differently_is_caught(sharded_run):
     """Rank 1 seeds its generator apart: both ranks raise at the first pass fed different tokens,
     rather than decoding on apart or hanging in a collective."""
-    save_models(tmp_path)
-    torchrun(str(HERE), "diverge", str(tmp_path))
-    for r in (0, 1):
-        error = json.loads((tmp_path / f"rank{r}.json").read_text()).get("error", "")
+    _, ranks = sharded_run
+    for record in ranks:
+        error = record.get("error", "")
         assert "rank 1 holds other tokens than rank 0" in error, error
         assert "target pass" in error
 
@@ -175,7 +171,7 @@ def test_an_experiment_writes_from_rank_zero_only(tmp_path):
     assert len(results) == 1 and results[0].name.endswith("_0"), folders
     assert not [f for f in tmp_path.glob("outputs/*") if f.name.endswith("_1")]
     summary = json.loads((results[0] / "summary.json").read_text())
-    assert summary["complete"] and summary["num_prompts"] > 0
+    assert summary["complete"] and summary["num_prompts"] > 0 and summary["target_tp_size"] == 2
     assert summary["matches_baseline"] == 1.0  # greedy: every prompt's tokens are plain decoding's
 
 
@@ -236,4 +232,4 @@ def test_config_takes_tp_under_torchrun(as_torchrun):
 
 
 if __name__ == "__main__":
-    worker(sys.argv[1], Path(sys.argv[2]))
+    worker(Path(sys.argv[1]))
