@@ -307,3 +307,17 @@ def test_a_missing_drafter_names_what_to_pass(target, path):
 def test_topk_beyond_the_draft_vocabulary_is_refused(target):
     with pytest.raises(InvalidInput, match="proposes from 8 tokens"):
         Eagle3Proposer(Engine(target, dtype="float32"), drafter_files(target, draft_vocab=8), topk=9)
+
+
+@pytest.mark.parametrize("dialect", ["speculators", "safeailab"])
+def test_a_published_folder_drafts_as_the_files_it_was_written_from(small_target, tmp_path, dialect):
+    from specdec.proposers import export
+
+    files = drafter_files(small_target, draft_vocab=12)
+    getattr(export, f"export_{dialect}")(files, tmp_path)
+    prompts = [[t % 16 for t in p] for p in RAGGED_PROMPTS]
+    engine = Engine(small_target, dtype="float32")
+    runs = [SpeculativeDecoder(engine, Eagle3Proposer(engine, source, **SHAPES[0]), num_speculative_tokens=4)
+            .generate(prompts, max_new_tokens=20) for source in (files, str(tmp_path))]
+    assert runs[0].output_ids == runs[1].output_ids
+    assert [r.accepted for r in runs[0].stats.rows] == [r.accepted for r in runs[1].stats.rows]
