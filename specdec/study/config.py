@@ -593,6 +593,10 @@ def _check_tensor_parallel(cfg: DictConfig) -> None:
             _fail(timed[0], f"{m.name} decides from time measured in this process, which differs from rank to rank: "
                             f"with target.tp_size={tp} the ranks would draft differently and decode apart; use a "
                             "schedule and proposer that decide from tokens alone (constant, heuristic, confidence)")
+        if m.proposer is not None and "heads_path" in m.proposer:
+            _fail(f"{key}.proposer", f"{m.name} drafts through the target's output head, whose weights are split over "
+                                     f"the ranks of target.tp_size={tp} (`specdec.proposers.heads.OutputHead` reads them "
+                                     "whole); use a draft model, layer skipping or a lookup (n-gram, suffix) with tp")
 
 
 def _timed(part: Any) -> bool:
@@ -1032,6 +1036,11 @@ def _validate_method(key: str, m: DictConfig, cfg: DictConfig, params: Any) -> N
     for label, (cls, spec) in given.items():
         _check_arguments(label, cls, spec)
     _check_read(key, m, given)
+    if m.decoder is not None and hasattr(given[f"{key}.decoder"][0], "check_setup"):  # an anchor out of process
+        try:
+            given[f"{key}.decoder"][0].check_setup(m.decoder, m.num_speculative_tokens, cfg.target.path)
+        except (ValueError, FileNotFoundError) as err:  # InvalidInput, MissingInput
+            _fail(f"{key}.decoder", str(err))
     if any(getattr(cls, "drafts_trees", False) for cls, _ in parts.values()):
         _check_tree_verifier(key, m, verifier, params)
     for label, (cls, spec) in parts.items():

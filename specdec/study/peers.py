@@ -97,14 +97,28 @@ class VLLMAnchor:
     lossless = True
     continues_cache = False  # every turn is a request of its own; vLLM's prefix cache is its business
 
+    @staticmethod
+    def check_setup(spec, k: int, target_path: str | None) -> None:
+        """What the config's validation asks before any model loads: vLLM's environment, the method and
+        its drafter, and a target vLLM can load (the embedded model's converted folder, a folder, or
+        `model_path`). `spec`: the method's `decoder` node."""
+        speculative_config(spec.get("speculative"), k, spec.get("drafter"), spec.get("prompt_lookup_min", 1),
+                           spec.get("prompt_lookup_max", 4))
+        check_python(spec.get("python"))
+        folder = spec.get("model_path") or target_path
+        if folder != "embedded" and not (folder and Path(folder).expanduser().is_dir()):
+            raise MissingInput(f"vLLM loads the target from a folder; target.path={target_path} is none: use "
+                               "target=embedded or target.path=<folder>, or set method.decoder.model_path=<folder>")
+
     def __init__(self, engine: Engine, num_speculative_tokens: int = 0, tokenizer=None, eos_token_id=None,
                  python: str | None = None, speculative: str | None = None, drafter: str | None = None,
                  prompt_lookup_min: int = 1, prompt_lookup_max: int = 4, model_path: str | None = None,
                  dtype: str | None = None, threads: int = 1, max_model_len: int | None = None,
                  engine_args: dict | None = None, startup_timeout_s: float = 900.0, **_ignored):
-        self.engine, self.tokenizer, self.k = engine, tokenizer, num_speculative_tokens
+        self.engine, self.tokenizer = engine, tokenizer
         self.spec = speculative_config(speculative, num_speculative_tokens, drafter, prompt_lookup_min,
                                        prompt_lookup_max)
+        self.k = num_speculative_tokens if self.spec else 0  # plain decoding drafts nothing, whatever k says
         self.name = f"vllm_{speculative}" if speculative else "vllm"
         self.speculative = self.spec is not None
         self.python = check_python(python)

@@ -106,6 +106,12 @@ def test_every_method_runs_on_tiny_models(method, tmp_path):
         with pytest.raises(ConfigError, match=r"^method.heads_path: method=eagle3 needs a drafter"):
             _run(tmp_path, f"method={method}")
         return
+    if method.startswith("vllm"):  # vLLM's own environment and a target folder: tests/study/test_peers.py
+        from specdec.study.config import ConfigError
+
+        with pytest.raises(ConfigError, match=r"^method.decoder: .*(SPECDEC_VLLM_PYTHON|from a folder)"):
+            _run(tmp_path, f"method={method}")
+        return
     result = _run(tmp_path, f"method={method}", *METHOD_OVERRIDES.get(method, []))
     s = result.summary
     assert s["method"] == method and s["num_prompts"] == 6

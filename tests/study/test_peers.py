@@ -181,12 +181,37 @@ def test_a_failing_worker_says_why(folder, stand_in):
 @pytest.mark.skipif(not os.environ.get("SPECDEC_VLLM_PYTHON"), reason="SPECDEC_VLLM_PYTHON does not name vLLM's "
                     "environment (docs/peers.md says how to make one)")
 @pytest.mark.slow
-def test_real_vllm_plain_decoding_equals_specdecs_greedy_tokens(folder):
-    engine = make_engine(tiny_random_model(seed=0, eos_token_id=None))
-    ours = SpeculativeDecoder(engine).generate(RAGGED_PROMPTS, max_new_tokens=12)
-    anchor = VLLMAnchor(engine, model_path=str(folder), dtype="float32")
+@pytest.mark.parametrize("speculative", [None, "ngram"])
+def test_real_vllm_greedy_tokens_equal_specdecs(tmp_path, speculative):
+    """vLLM itself, plain and with n-gram speculation: specdec's greedy tokens, and counters that add
+    up. The model has 64-wide heads: vLLM's CPU attention has no kernel for the tiny model's 16."""
+    model = tiny_random_model(seed=0, eos_token_id=None, hidden_size=128, num_heads=2, num_kv_heads=1)
+    model.save_pretrained(tmp_path)
+    tiny_random_tokenizer().save_pretrained(tmp_path)
+    engine = make_engine(model)
+    prompts = [[5, 6, 7, 5, 6, 7, 5, 6], [3, 4]]
+    ours = SpeculativeDecoder(engine).generate(prompts, max_new_tokens=16)
+    anchor = VLLMAnchor(engine, num_speculative_tokens=3 if speculative else 0, speculative=speculative,
+                        model_path=str(tmp_path), dtype="float32")
     try:
-        theirs = anchor.generate(RAGGED_PROMPTS, max_new_tokens=12)
+        theirs = anchor.generate(prompts, max_new_tokens=16)
     finally:
         anchor.close()
     assert theirs.output_ids == ours.output_ids
+    for row in theirs.stats.rows:
+        assert row.steps + row.accepted == row.emitted == 15 and row.accepted <= row.proposed
+
+
+def test_validation_refuses_a_target_vllm_cannot_load_before_any_model_loads(stand_in, monkeypatch):
+    from specdec.study.config import ConfigError, validate
+
+    monkeypatch.setenv("SPECDEC_VLLM_PYTHON", stand_in)
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=["~experiment", "target=tiny_random", "method=vllm_ngram"])
+    with pytest.raises(ConfigError, match=r"^method.decoder: vLLM loads the target from a folder; "
+                                          r"target.path=tiny_random is none"):
+        validate(cfg)
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=["~experiment", "method=vllm", "method.decoder.speculative=eagle3"])
+    with pytest.raises(ConfigError, match=r"^method.decoder: .*needs the drafter's folder"):
+        validate(cfg)
