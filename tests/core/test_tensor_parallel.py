@@ -208,6 +208,8 @@ def test_config_refuses_tp_without_torchrun(monkeypatch):
     (["method.schedule=cost_aware"], r"method.schedule: .*measured in this process"),
     (["method=hybrid", "method.heads_path=null"], r"method.proposer: .*measured in this process"),
     (["method=hf_generate"], r"method.decoder: .*transformers' own decoding loop"),
+    *[([f"method={kind}", f"method.heads_path={HERE.parents[1] / 'assets' / f'tiny_random_{kind}.safetensors'}"],
+       rf"method.proposer: {kind} drafts through the target's output head") for kind in ("medusa", "eagle")],
     (["compile=on"], r"compile: runs on whole weights"),
 ])
 def test_config_refuses_what_cannot_run_sharded(as_torchrun, overrides, message):
