@@ -23,7 +23,7 @@ import atexit
 import json
 import os
 import subprocess
-import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -130,6 +130,7 @@ class VLLMAnchor:
         self._checks = SpeculativeDecoder(engine, tokenizer=tokenizer, eos_token_id=eos_token_id)
         self.eos_ids = sorted(self._checks.eos_ids)
         self.worker: subprocess.Popen | None = None
+        self.log = Path(os.devnull)  # the worker's log file, once it starts
         self.started: dict = {}
 
     # ---- the worker
@@ -142,8 +143,11 @@ class VLLMAnchor:
         return env
 
     def _start(self) -> None:
-        self.worker = subprocess.Popen([self.python, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                       stderr=sys.stderr, text=True, env=self._environment())
+        # vLLM logs a great deal (a line per weight it casts): its log goes to a file, named in any error
+        self.log = Path(tempfile.mkstemp(prefix=f"{self.name}_worker_", suffix=".log")[1])
+        with self.log.open("w") as log:
+            self.worker = subprocess.Popen([self.python, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                           stderr=log, text=True, env=self._environment())
         atexit.register(self.close)
         self.started = self._ask(self.setup, self.startup_timeout_s)
         if not self.started.get("ready"):
@@ -160,12 +164,16 @@ class VLLMAnchor:
         line = self.worker.stdout.readline()
         if not line:
             code = self.worker.wait(timeout=timeout_s)
-            raise RuntimeError(f"vLLM's worker exited ({code}) without answering; its log is above")
+            raise RuntimeError(f"vLLM's worker exited ({code}) without answering; {self._log_tail()}")
         answer = json.loads(line)
         if "error" in answer:
             self.close()
-            raise RuntimeError(f"vLLM's worker failed: {answer['error']}")
+            raise RuntimeError(f"vLLM's worker failed: {answer['error']}; {self._log_tail()}")
         return answer
+
+    def _log_tail(self, lines: int = 15) -> str:
+        tail = self.log.read_text(errors="replace").splitlines()[-lines:] if self.log.is_file() else []
+        return f"its log is {self.log}, ending:\n" + "\n".join(tail)
 
     def close(self) -> None:
         if self.worker is not None and self.worker.poll() is None:
@@ -212,7 +220,7 @@ class VLLMAnchor:
         state = AnchorState(owner=self, tokens=[p + o for p, o in zip(ids, outputs)], caches=[None] * len(ids))
         return Generation(outputs, ids, stats, state=state, texts=texts, lossless=self.lossless,
                           verifier="greedy" if params.greedy else "speculative_sampling",
-                          reports={"vllm": {"startup_s": self.started.get("startup_s"),
+                          reports={"vllm": {"startup_s": self.started.get("startup_s"), "log": str(self.log),
                                             "version": self.started.get("vllm"), "speculative": self.spec}})
 
     def _row(self, answer: dict) -> RowStats:
