@@ -889,16 +889,19 @@ def _check_proposer_part(key: str, m: DictConfig, cfg: DictConfig, label: str, c
     if "heads_path" not in spec:
         return
     kind = getattr(cls, "name", m.name)
-    meta = {}
-    if hasattr(cls, "heads_info"):  # a drafter of a published format (EAGLE-3): its own reader checks it
+    meta, info = {}, None
+    if hasattr(cls, "heads_info"):  # a drafter of a published format: its own reader checks it
         where = _setting_key(key, m, label, spec, "heads_path")
         if optional and not spec.heads_path:
             return
         path = spec.heads_path
-        try:
-            vocab, reduced = cls.heads_info(str(resolve_path(path)) if path and path != "embedded" else path)
+        try:  # None: not a published drafter's folder (eagle's, medusa's), a checkpoint checked below
+            info = cls.heads_info(str(resolve_path(path)) if path and path != "embedded" else path)
         except (ValueError, OSError, ImportError) as err:
             _fail(where, str(err).removeprefix(f"{where}=").removeprefix("method.heads_path="))
+    if info is not None:
+        vocab, reduced, *more = info  # (tokens, reduced) or with {"num_heads": K}
+        meta = more[0] if more else {}
     else:
         heads = _check_heads(_setting_key(key, m, label, spec, "heads_path"), spec.heads_path, key, m, cfg, kind,
                              optional)
