@@ -277,7 +277,7 @@ def exact_greedy_state(decoder, cfg: DictConfig) -> str:
     if not cfg.engine.exact_greedy or cfg.generation.temperature != 0:
         return "off"
     if not isinstance(decoder, SpeculativeDecoder):
-        return "not applied: transformers' own decoding loop"
+        return f"not applied: {getattr(decoder, 'engine_name', 'transformers')}'s own decoding loop"
     if decoder.exact_greedy_blocked is not None:
         return f"not applied: {decoder.exact_greedy_blocked}"
     return "on" if decoder.exact_greedy else "off"

@@ -96,6 +96,7 @@ class VLLMAnchor:
 
     lossless = True
     continues_cache = False  # every turn is a request of its own; vLLM's prefix cache is its business
+    engine_name = "vLLM"  # whose decoding loop it is, in the run's messages
 
     @staticmethod
     def check_setup(spec, k: int, target_path: str | None) -> None:
