@@ -51,10 +51,14 @@ METHOD_COLOURS = {
     "layer_skip": "#009e73",
     "medusa": "#882255",
     "eagle": "#332288",
+    "eagle3": "#6699cc",
     "hybrid": "#117733",
     "hf_assisted": "#44aa99",
     "hf_prompt_lookup": "#ddcc77",
     "hf_generate": "#aa4499",
+    "vllm": "#4d4d4d",
+    "vllm_ngram": "#f0c571",
+    "vllm_suffix": "#e08b5a",
 }
 # For any other name: a hue picked by the name's hash, away from the greys.
 _EXTRA = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf",
