@@ -30,27 +30,89 @@ did not make a step faster (experiments/gpu/LOG.md, "Output heads").
 
 Nodes are deterministic choices (a one-hot q), so greedy verification gives the target's greedy
 output and recursive rejection sampling keeps its distribution at any temperature.
+
+`heads_path` is a specdec checkpoint (a file, `scripts/train_heads.py`), or a published EAGLE-1/2
+drafter's folder (SafeAILab's `yuhuili/EAGLE-*`, HASS), which `formats.read_drafter` reads as kind
+`eagle`. A published drafter runs SafeAILab's forward (`eagle/model/cnets1.py`; /work/shared
+FORMATS.md, section 1.2), which differs from specdec's own in four ways, all read from the tensors:
+its layers are Llama decoder layers built from its config (as many as the tensors hold), whatever
+the target's class; `fc` has a bias where the file has `fc.bias`; layer 0 has no input norm; and
+there is no final norm, the last layer's output goes straight into the target's output head. Its
+embeddings are the file's `embed_tokens` where it has them, else the target's.
 """
 
 from __future__ import annotations
 
 import copy
 import inspect
+from pathlib import Path
+from typing import Any
 
 import torch
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 from specdec.core.attention import AttentionLayout, grouped_attention
 from specdec.core.cache import RowCache
 from specdec.core.decoder_stack import decoder_stack
 from specdec.core.device import to_device
 from specdec.core.engine import Engine, overlay_columns
-from specdec.core.errors import InvalidInput
+from specdec.core.errors import InvalidInput, MissingInput
 from specdec.core.tree import TokenTree, TreeProposal
 from specdec.proposers.base import Proposal
 from specdec.proposers.heads import OutputHead, load_checkpoint
 
-# The drafter's single layer attends to all of its positions (whatever the target's layers do).
+# The drafter's layers attend to all of their positions (whatever the target's layers do).
 _LAYOUT = AttentionLayout("eagle", ("full_attention",), None, "cache")
+
+HEADS_HINT = ("a specdec checkpoint (scripts/train_heads.py kind=eagle) or a published EAGLE-1/2 drafter's folder "
+              "(config.json and its weights: SafeAILab's EAGLE-*, HASS) trained for this target")
+
+
+def is_published(heads_path: Any) -> bool:
+    """Whether `heads_path` names a published drafter (a folder, or files already read: an object
+    with `config` and `tensors`) rather than a specdec checkpoint file (or `embedded`)."""
+    if hasattr(heads_path, "config") and hasattr(heads_path, "tensors"):
+        return True
+    return heads_path is not None and str(heads_path) not in ("", "embedded") and \
+        Path(str(heads_path)).expanduser().is_dir()
+
+
+def read_files(heads_path: Any, kind: str, hint: str):
+    """The published drafter at `heads_path` (`formats.read_drafter`), or files already read; refuses
+    a drafter of another kind, naming the method that runs it."""
+    if hasattr(heads_path, "config") and hasattr(heads_path, "tensors"):
+        files = heads_path
+    else:
+        from specdec.proposers.formats import read_drafter
+
+        files = read_drafter(Path(str(heads_path)).expanduser())
+    got = getattr(files, "kind", kind)
+    if got != kind:
+        raise InvalidInput(f"method.heads_path={getattr(files, 'path', heads_path)} holds a {got} drafter "
+                           f"({getattr(files, 'format', got)}), not a {kind} one; use method={got} for it, or {hint}")
+    return files
+
+
+def _llama_config(config: dict) -> LlamaConfig:
+    """The transformers config of a published EAGLE-1/2 drafter's Llama layers, from the canonical
+    config of `formats.read_drafter` (kind `eagle`)."""
+    heads = config["num_attention_heads"]
+    rope = {"rope_type": "default", "rope_theta": float(config.get("rope_theta") or 10000.0)}
+    scaling = config.get("rope_scaling")
+    if scaling:
+        rope.update({k: v for k, v in scaling.items() if k != "type"})
+        rope["rope_type"] = scaling.get("rope_type") or scaling.get("type") or "default"
+    llama = LlamaConfig(
+        hidden_size=config["hidden_size"], num_attention_heads=heads,
+        num_key_value_heads=config.get("num_key_value_heads") or heads,
+        head_dim=config.get("head_dim") or config["hidden_size"] // heads,
+        intermediate_size=config["intermediate_size"], rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+        rope_parameters=rope, max_position_embeddings=config.get("max_position_embeddings", 2048),
+        vocab_size=config["vocab_size"], attention_bias=bool(config.get("attention_bias", False)),
+        mlp_bias=bool(config.get("mlp_bias", False)), num_hidden_layers=config["num_layers"])
+    llama._attn_implementation = "sdpa"
+    return llama
 
 
 def _rotary_arguments(rotary: torch.nn.Module | None, layer_type: str | None) -> dict | None:
@@ -96,15 +158,24 @@ def _check_layout(model: torch.nn.Module, decoder: torch.nn.Module, config) -> t
 
 
 class EagleDrafter(torch.nn.Module):
-    """fc: [2H -> H] over (token embedding, feature); one decoder layer of the target's class; a norm.
+    """fc: [2H -> H] over (token embedding, feature); decoder layers; a final norm.
 
-    Built from the target model: a layer of its last decoder layer's class and kind, a copy of its
-    final norm, its rotary class and its language model's config, so the drafter has the target's
-    attention shape and positions. `init_from_target` starts the layer and norm as the target's last
-    ones and fc as "pass the feature through"."""
+    specdec's own drafter (`config` None) is built from the target model: one layer of its last
+    decoder layer's class and kind, a copy of its final norm, its rotary class and its language
+    model's config, so the drafter has the target's attention shape and positions.
+    `init_from_target` starts the layer and norm as the target's last ones and fc as "pass the
+    feature through".
 
-    def __init__(self, target_model: torch.nn.Module, init_from_target: bool = True):
+    A published EAGLE-1/2 drafter (`config`: the canonical config of `formats.read_drafter`, kind
+    `eagle`; `from_files` checks it against the target and loads its tensors) is SafeAILab's:
+    `num_layers` Llama decoder layers (`layers.{i}`) built from that config, fc with a bias where
+    `fc_bias`, no input norm in layer 0, no final norm (`norm` is the identity)."""
+
+    def __init__(self, target_model: torch.nn.Module, init_from_target: bool = True, config: dict | None = None):
         super().__init__()
+        if config is not None:
+            self._build_published(config)
+            return
         decoder = target_model.get_decoder()
         # A multimodal wrapper's language model (GOT-OCR2's Qwen2) is built from its text config, which has
         # the sizes the top-level config lacks.
@@ -152,11 +223,67 @@ class EagleDrafter(torch.nn.Module):
         """embeds, features: [B, T, H]; positions: [B, T]; mask: additive [B, 1, T, kv] or None
         (causal, for training) -> predicted next features [B, T, H]."""
         x = self.fc(torch.cat([embeds, features], dim=-1).to(self.fc.weight.dtype))
-        out = self.layer(x, attention_mask=mask, position_ids=positions, use_cache=cache is not None,
-                         position_embeddings=self.rotary(x, positions, **self._rotary_args),
-                         **{n: {} if n == "shared_kv_states" else None for n in self._extra},
-                         **{self._cache_kwarg: cache})
-        return self.norm(out[0] if isinstance(out, tuple) else out)
+        rotary = self.rotary(x, positions, **self._rotary_args)
+        for layer in (self.layers if hasattr(self, "layers") else (self.layer,)):
+            out = layer(x, attention_mask=mask, position_ids=positions, use_cache=cache is not None,
+                        position_embeddings=rotary, **{n: {} if n == "shared_kv_states" else None for n in self._extra},
+                        **{self._cache_kwarg: cache})
+            x = out[0] if isinstance(out, tuple) else out
+        return self.norm(x)
+
+    def _build_published(self, config: dict) -> None:
+        """SafeAILab's EAGLE-1/2 drafter from the canonical config: `fc` (its bias where `fc_bias`),
+        `layers.{i}` Llama decoder layers (layer 0 without input_layernorm), no final norm."""
+        llama = _llama_config(config)
+        h = config["hidden_size"]
+        self.fc = torch.nn.Linear(2 * h, h, bias=bool(config.get("fc_bias", False)))
+        self.layers = torch.nn.ModuleList(LlamaDecoderLayer(llama, layer_idx=i) for i in range(config["num_layers"]))
+        self.layers[0].input_layernorm = torch.nn.Identity()  # cnets1.py: `if self.index != 0` around it
+        for layer in self.layers:  # SafeAILab's qkv_bias puts a bias on q, k and v, never on o_proj
+            layer.self_attn.o_proj.bias = None
+        self.norm = torch.nn.Identity()  # the last layer's output goes straight into the target's head
+        self.rotary = LlamaRotaryEmbedding(llama)
+        self.cache_layers = len(self.layers)
+        self._rotary_args, self._cache_kwarg, self._extra = {}, "cache", []
+
+    @classmethod
+    def from_files(cls, files: Any, target_model: torch.nn.Module) -> EagleDrafter:
+        """The published drafter of `files` (a `DrafterFiles` of kind `eagle`: `config`, `tensors`),
+        checked against the target before anything drafts: its hidden size and vocabulary must be
+        the target's (it reads the target's features and ends in the target's output head), and its
+        tensors must be the Llama layers its config builds. `embed_tokens.weight` (when the file
+        has it) becomes `embed_tokens`, which the proposer uses in place of the target's embeddings;
+        `d2t` (an FR-Spec token map) becomes `vocab_ids`, the target ids the drafter proposes."""
+        where = getattr(files, "path", "the drafter")
+        config, tensors = dict(files.config), dict(files.tensors)
+        text = target_model.config.get_text_config(decoder=True)
+        want = {"hidden_size": text.hidden_size, "vocab_size": target_model.get_output_embeddings().out_features}
+        wrong = {k: (config.get(k), v) for k, v in want.items() if config.get(k) != v}
+        if wrong:
+            said = ", ".join(f"{k}={got} where the target has {v}" for k, (got, v) in wrong.items())
+            raise InvalidInput(f"method.heads_path={where}: the EAGLE drafter does not fit this target ({said}); it "
+                               f"reads the target's final hidden states and ends in its output head; use {HEADS_HINT}")
+        embed = tensors.pop("embed_tokens.weight", None)
+        if embed is not None and tuple(embed.shape) != (want["vocab_size"], want["hidden_size"]):
+            raise InvalidInput(f"method.heads_path={where}: embed_tokens.weight has shape {tuple(embed.shape)}, not the "
+                               f"target's [{want['vocab_size']}, {want['hidden_size']}]; use {HEADS_HINT}")
+        d2t = tensors.pop("d2t", None)
+        tensors.pop("layers.0.input_layernorm.weight", None)  # some exports carry it; SafeAILab's forward skips it
+        drafter = cls(target_model, init_from_target=False, config=config)
+        missing, unexpected = drafter.load_state_dict(tensors, strict=False)
+        if missing or unexpected:
+            raise InvalidInput(f"method.heads_path={where}: the tensors are not the Llama decoder layers of SafeAILab's "
+                               f"EAGLE drafter that its config builds (missing {sorted(missing)}, unexpected "
+                               f"{sorted(unexpected)}); layers of another kind do not run here; use {HEADS_HINT}")
+        if embed is not None:
+            drafter.embed_tokens = torch.nn.Embedding.from_pretrained(embed, freeze=True)
+        if d2t is not None:
+            ids = torch.arange(d2t.numel()) + d2t.long()
+            if d2t.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= want["vocab_size"]:
+                raise InvalidInput(f"method.heads_path={where}: d2t maps the drafter's tokens outside the target's "
+                                   f"{want['vocab_size']} (or is empty); use a token map of this target's ids")
+            drafter.register_buffer("vocab_ids", ids)
+        return drafter
 
 
 class EagleProposer:
@@ -176,17 +303,25 @@ class EagleProposer:
                              f"{budget}, {topk}, {width}, {depth}")
         self.engine, target = engine, engine.target
         target.hidden_source()  # a target without usable hidden states is refused before the file is read
-        tensors, meta = load_checkpoint(heads_path, "eagle", target.model)
-        self.drafter = EagleDrafter(target.model, init_from_target=False)
-        self.drafter.load_state_dict({k: v for k, v in tensors.items() if k != "vocab_ids"})
+        if is_published(heads_path):
+            self.drafter = EagleDrafter.from_files(read_files(heads_path, "eagle", HEADS_HINT), target.model)
+            vocab_ids = getattr(self.drafter, "vocab_ids", None)
+        else:
+            if heads_path is None or heads_path == "":
+                raise MissingInput(f"method=eagle needs a drafter: set method.heads_path=<path>, {HEADS_HINT}")
+            tensors, meta = load_checkpoint(heads_path, "eagle", target.model)
+            self.drafter = EagleDrafter(target.model, init_from_target=False)
+            self.drafter.load_state_dict({k: v for k, v in tensors.items() if k != "vocab_ids"})
+            vocab_ids = tensors.get("vocab_ids")
         self.drafter.to(engine.device, engine.dtype).eval()
-        self.head = OutputHead.of(target.model, tensors.get("vocab_ids"))
+        self.head = OutputHead.of(target.model, vocab_ids)
         vocab = self.head.weight.shape[0]
         if topk > vocab:  # topk would fail at the first step
             raise InvalidInput(f"method.proposer.topk={topk}: the drafter proposes from {vocab} tokens"
-                               f"{' (the checkpoint reduced the vocabulary)' if self.head.vocab_ids is not None else ''}; "
+                               f"{' (the drafter reduced the vocabulary)' if self.head.vocab_ids is not None else ''}; "
                                f"use a topk of at most {vocab}")
-        self.embed = target.model.get_input_embeddings()
+        own = getattr(self.drafter, "embed_tokens", None)
+        self.embed = own if own is not None else target.model.get_input_embeddings()
         self.budget, self.topk, self.width, self.depth = budget, topk, width, depth
         self.num_nodes = budget
         self.target = target
@@ -194,6 +329,17 @@ class EagleProposer:
         target.keep_hidden_states()
         # compile=on: the drafter's passes compile at the target's buckets, with its backend
         self.compiled = engine.compiled("eagle drafter", self.drafter, "module")
+
+    @staticmethod
+    def heads_info(heads_path: Any) -> tuple[int, bool] | None:
+        """For the config's checks before any model loads: (tokens the drafter proposes from, whether
+        that is a reduced vocabulary) of a published drafter's folder, refusing what `read_files` and
+        the reader refuse; None for a specdec checkpoint, which the config checks from its header."""
+        if not is_published(heads_path):
+            return None
+        files = read_files(heads_path, "eagle", HEADS_HINT)
+        vocab = files.config.get("draft_vocab_size") or files.config["vocab_size"]
+        return vocab, vocab != files.config["vocab_size"]
 
     def reset(self, state) -> None:
         # Room for the sequence plus the drafted levels, which are scratch beyond the valid length.
