@@ -34,6 +34,8 @@ Definitions (DESIGN.md's vocabulary), for a group of prompts (a category, or all
   first token) and compares with the baseline's measured tokens/s: the end-to-end prediction
   (experiments/measurement/LOG.md, "2. The cost model, checked with forced acceptance"). At batch
   size 1: with batches a row's ttft_s is its batch's.
+- speedup_over_fastest_plain: per method, tokens/s over the fastest plain decoding the run measured
+  (`fastest_plain`: specdec's baseline, exact greedy's reference, or an anchor: `hf_generate`, `vllm`).
 - matches_baseline (greedy only): the fraction of prompts whose output tokens equal the baseline's, or,
   where exact greedy widened the run's scoring passes, those of plain decoding at that width (the
   `exact_greedy_reference` row, `autoregressive[exact greedy, width W]`). Speedups are always over
@@ -125,8 +127,23 @@ def summarize(rows: list[PromptResult], methods: str | list[str], info: dict, gr
         summary["exact_greedy_reference"] = reference
         summary["exact_greedy_cost"] = _ratio(blocks[BASELINE].overall.tokens_per_s,
                                               blocks[reference].overall.tokens_per_s)
+    summary.update(_over_fastest_plain(blocks))
     summary["methods"] = {name: block.to_dict() for name, block in blocks.items()}
     return summary
+
+
+def _over_fastest_plain(blocks: dict[str, MethodResults]) -> dict:
+    """Speedups over the fastest plain decoding the run measured, whichever engine ran it (specdec's
+    baseline, exact greedy's reference, `hf_generate`, `vllm`): a method that only removes overhead
+    looks better over a slow baseline than it is. Plain: a method that drafted nothing."""
+    plain = {name: b.overall.tokens_per_s for name, b in blocks.items()
+             if b.overall.proposed == 0 and b.overall.steps and math.isfinite(b.overall.tokens_per_s)}
+    if not plain:
+        return {}
+    fastest = max(plain, key=plain.get)
+    return {"fastest_plain": fastest, "fastest_plain_tokens_per_s": plain[fastest],
+            "speedup_over_fastest_plain": {name: _ratio(b.overall.tokens_per_s, plain[fastest])
+                                           for name, b in blocks.items()}}
 
 
 def _tokens_checked(block: MethodResults, results: list[PromptResult], reference: list[PromptResult]) -> MethodResults:
@@ -316,6 +333,12 @@ def format_comparison(summary: dict) -> str:
     lines = [_cache_policy(summary), "", *markdown_table(head, cells, left=(0, len(head) - 1))]
     if any(b.overall.num_repeats for b in blocks.values()):
         lines += ["", legend(summary.get("repeats", 1))]
+    fastest = summary.get("fastest_plain")
+    if fastest and fastest != BASELINE:
+        over = summary["speedup_over_fastest_plain"]
+        lines += ["", f"Fastest plain decoding in this run: {fastest}, {_fmt(summary['fastest_plain_tokens_per_s'], '.1f')} "
+                      "tok/s. Over it: " + ", ".join(f"{name} {_fmt(x, '.2f', 'x')}" for name, x in over.items()
+                                                     if name != fastest) + "."]
     anchors = [n for n in blocks if n.startswith(ANCHORS)]
     ours = [n for n in blocks if not n.startswith(ANCHORS)]
     if anchors:

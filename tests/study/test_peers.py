@@ -215,3 +215,22 @@ def test_validation_refuses_a_target_vllm_cannot_load_before_any_model_loads(sta
         cfg = compose("config", overrides=["~experiment", "method=vllm", "method.decoder.speculative=eagle3"])
     with pytest.raises(ConfigError, match=r"^method.decoder: .*needs the drafter's folder"):
         validate(cfg)
+
+
+def test_speedups_are_also_over_the_fastest_plain_decoding_in_the_run():
+    """A run whose vLLM decodes faster than specdec's baseline: the summary names it and puts every
+    method's tokens/s over it; the comparison says so under its table."""
+    from specdec.study.report import _over_fastest_plain, format_comparison
+    from specdec.study.results import MethodResults, MethodSummary
+
+    def block(tokens_per_s: float, proposed: int) -> MethodResults:
+        return MethodResults(overall=MethodSummary(tokens_per_s=tokens_per_s, proposed=proposed, steps=10))
+
+    blocks = {"ngram": block(30.0, 8), "autoregressive": block(20.0, 0), "vllm": block(40.0, 0),
+              "vllm_ngram": block(50.0, 9)}  # the fastest of all drafts: not plain decoding
+    over = _over_fastest_plain(blocks)
+    assert over["fastest_plain"] == "vllm" and over["fastest_plain_tokens_per_s"] == 40.0
+    assert over["speedup_over_fastest_plain"] == {"ngram": 0.75, "autoregressive": 0.5, "vllm": 1.0,
+                                                  "vllm_ngram": 1.25}
+    summary = {"methods": {n: b.to_dict() for n, b in blocks.items()}, **over}
+    assert "Fastest plain decoding in this run: vllm, 40.0 tok/s. Over it: ngram 0.75x" in format_comparison(summary)
