@@ -12,6 +12,7 @@ cover the verifier.
 """
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -315,3 +316,35 @@ def test_heads_info_reads_folders_and_leaves_checkpoints_to_the_config(target, t
     folder = write(tmp_path / "d", eagle_config(target), eagle_tensors(target))
     assert EagleProposer.heads_info(str(folder)) == (256, False)
     assert EagleProposer.heads_info("embedded") is None and EagleProposer.heads_info(None) is None
+
+
+
+# --- the config: method=eagle method.heads_path=<folder> ----------------------------------------
+
+
+def run_config(*overrides):
+    """The experiment config on the tiny random target (seed 0: `target` here) with `overrides`."""
+    from hydra import compose, initialize_config_dir
+
+    conf = Path(__file__).resolve().parents[2] / "conf"
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        return compose("config", overrides=["~experiment", "target=tiny_random", "logger=none", *overrides])
+
+
+def test_a_folder_runs_as_method_heads_path_and_a_broken_one_is_refused_before_any_model_loads(target, tmp_path):
+    from specdec.study import experiment
+    from specdec.study.config import ConfigError, validate
+
+    folder = write(tmp_path / "d", eagle_config(target), eagle_tensors(target, layers=2))
+    cfg = run_config("method=eagle", f"method.heads_path={folder}", "data.limit=1", "generation.max_new_tokens=8")
+    validate(cfg)
+    experiment.run(cfg, tmp_path / "run")
+    rows = [json.loads(line) for line in (tmp_path / "run" / "results.jsonl").read_text().splitlines()]
+    drafted = {(r["prompt_id"], r["repeat"]): r for r in rows if r["method"] == "eagle"}
+    plain = {(r["prompt_id"], r["repeat"]): r["output_text"] for r in rows if r["method"] == "autoregressive"}
+    assert drafted and all(r["proposed"] > 0 and r["output_text"] == plain[key] for key, r in drafted.items())
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match=r"^method.heads_path: .*holds no weights"):
+        validate(run_config("method=eagle", f"method.heads_path={tmp_path / 'empty'}"))
+    with pytest.raises(ConfigError, match=r"^method.proposer.topk: is 300, but the drafter proposes from 256 tokens"):
+        validate(run_config("method=eagle", f"method.heads_path={folder}", "method.proposer.topk=300"))

@@ -244,3 +244,24 @@ def test_an_eagle_folder_is_refused_naming_its_method(target, tmp_path):
 def test_missing_heads_name_what_to_pass(target, path):
     with pytest.raises(InputError, match="method=medusa needs heads: set method.heads_path="):
         MedusaProposer(Engine(target, dtype="float32"), path)
+
+
+# --- the config: method=medusa method.heads_path=<folder> ---------------------------------------
+
+
+def test_a_folder_runs_as_method_heads_path_and_a_tree_too_deep_is_refused_before_any_model_loads(target, tmp_path):
+    from specdec.study import experiment
+    from specdec.study.config import ConfigError, validate
+    from tests.proposers.test_published_eagle import run_config
+
+    blocks, outs = head_tensors(target, heads=2, layers=2)
+    folder = write_fasterdecoding(tmp_path / "d", blocks, outs, 2)
+    cfg = run_config("method=medusa", f"method.heads_path={folder}", "data.limit=1", "generation.max_new_tokens=8")
+    validate(cfg)
+    experiment.run(cfg, tmp_path / "run")
+    rows = [json.loads(line) for line in (tmp_path / "run" / "results.jsonl").read_text().splitlines()]
+    drafted = {(r["prompt_id"], r["repeat"]): r for r in rows if r["method"] == "medusa"}
+    plain = {(r["prompt_id"], r["repeat"]): r["output_text"] for r in rows if r["method"] == "autoregressive"}
+    assert drafted and all(r["proposed"] > 0 and r["output_text"] == plain[key] for key, r in drafted.items())
+    with pytest.raises(ConfigError, match=r"^method.tree: is 3 deep but the checkpoint has 2 heads"):
+        validate(run_config("method=medusa", f"method.heads_path={folder}", "method.tree=[[0],[0,0],[0,0,0]]"))
