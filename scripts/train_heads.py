@@ -1,5 +1,5 @@
-"""Train drafting heads (Medusa, or an EAGLE-style drafter) for a target on its own continuations of
-prompts this project writes.
+"""Train drafting heads (Medusa, an EAGLE-style drafter, or an EAGLE-3 drafter) for a target on its own
+continuations of prompts this project writes, and of conversations read from local files.
 
     python scripts/train_heads.py [key=value ...]        # config: conf/train_heads.yaml
 
@@ -8,6 +8,8 @@ trains and the heads' held-out agreement with the target after every epoch, then
 prompts with the trained heads against plain decoding (interleaved) and writes:
 
 - `out` (a safetensors file): the checkpoint, which `method=<medusa|eagle> method.heads_path=<out>` loads;
+  with kind=eagle3, the folder `out` less its `.safetensors` suffix, in the `speculators` format
+  (`method=eagle3 method.heads_path=<folder>`, or `vllm serve <folder>`);
 - `out` with `.json`: the report (data sizes, seed, command, curves, timings, decoding check),
   also in the Hydra run folder; with `logger=wandb` the same numbers and curves go to W&B.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import random
 import sys
 from pathlib import Path
@@ -32,6 +35,8 @@ from specdec.core.engine import Engine
 from specdec.core.errors import InvalidInput, reported
 from specdec.models import ModelSpec, cache_dir, load_model
 from specdec.proposers.eagle import EagleDrafter, EagleProposer
+from specdec.proposers.eagle3 import Eagle3Proposer
+from specdec.proposers.export import export_speculators
 from specdec.proposers.heads import (
     OutputHead,
     frequent_tokens,
@@ -43,6 +48,17 @@ from specdec.proposers.medusa import DEFAULT_TREE, MedusaHeads, MedusaProposer
 from specdec.study.config import resolve_path
 from specdec.study.data import build_turn_input, load_builtin, load_spec_bench
 from specdec.study.tracking import TRACKER_SETTINGS, make_tracker
+from specdec.train.eagle3_training import (
+    TrainingTimeTest,
+    conversation_requests,
+    draft_vocab,
+    make_drafter,
+    read_conversations,
+    tap_features,
+    train_eagle3,
+    ttt_accuracy,
+    ttt_sequence,
+)
 from specdec.train.head_training import (
     FamilyPlan,
     check_disjoint,
@@ -61,6 +77,7 @@ from specdec.train.script_checks import (
     check_cache_folder,
     check_choice,
     check_dtype,
+    check_out_dir,
     check_out_file,
     check_out_spares_target,
     checked,
@@ -76,7 +93,8 @@ from specdec.train.training import (
 )
 
 log = logging.getLogger("train_heads")
-METHODS = ("medusa", "eagle")
+METHODS = ("medusa", "eagle", "eagle3")
+EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the verifier a speculators folder names for target=embedded
 DEFAULT_RANKS = 1 + max(rank for path in DEFAULT_TREE for rank in path)  # what the decoding check's tree reads of a head
 FAMILIES = ("written", "math", "qa", "follow_ups", "passages", "code", "derived")
 
@@ -110,6 +128,18 @@ def check_config(cfg: DictConfig) -> None:
         if cfg.heads.vocab is not None and cfg.eagle.topk > cfg.heads.vocab:
             raise InvalidInput(f"eagle.topk={cfg.eagle.topk}: the drafter proposes from its heads.vocab={cfg.heads.vocab} "
                                "tokens; at most that many")
+    elif cfg.kind == "eagle3":
+        e3 = cfg.eagle3
+        for key in ("budget", "topk", "width", "depth", "steps", "draft_vocab_size"):
+            check_at_least(f"eagle3.{key}", e3[key], 1)
+        check_at_least("eagle3.decay", e3.decay, 0, integer=False, strict=True)
+        if e3.topk > e3.draft_vocab_size:
+            raise InvalidInput(f"eagle3.topk={e3.topk}: the drafter proposes from its eagle3.draft_vocab_size="
+                               f"{e3.draft_vocab_size} tokens; at most that many")
+        ids = e3.layer_ids
+        if ids is not None and (not ids or list(ids) != sorted(set(ids)) or min(ids) < 0):
+            raise InvalidInput(f"eagle3.layer_ids={list(ids)}: distinct ascending output_hidden_states indices "
+                               "(0..N for an N-layer target), or null for [2, N//2, N-3]")
     elif cfg.heads.vocab is not None and cfg.heads.vocab < DEFAULT_RANKS:
         raise InvalidInput(f"heads.vocab={cfg.heads.vocab}: Medusa's default tree takes each head's {DEFAULT_RANKS} "
                            f"likeliest tokens; at least {DEFAULT_RANKS}")
@@ -123,6 +153,12 @@ def check_config(cfg: DictConfig) -> None:
     check_choice("train.autocast", t.autocast, (None, "bfloat16", "float16"))
     check_at_least("train.unroll", t.unroll, 1)
     check_at_least("train.noise", t.noise, 0, integer=False)
+    check_at_least("prompts.conversation_turns", p.get("conversation_turns", 1), 1)
+    check_at_least("prompts.max_conversations", p.get("max_conversations"), 1, optional=True)
+    for file in _conversation_files(cfg):
+        if not resolve_path(file).is_file():
+            raise InvalidInput(f"prompts.conversations: {file} is not a file; give local .json or .jsonl files of "
+                               "conversations (ShareGPT's `conversations` or the `messages` list)")
     check_at_least("eval.prompts", cfg.eval.prompts, 1)
     if cfg.eval.prompts > p.held_out:
         raise InvalidInput(f"eval.prompts={cfg.eval.prompts}: the decoding check uses held-out prompts only; "
@@ -131,12 +167,31 @@ def check_config(cfg: DictConfig) -> None:
     check_dtype("dtype", cfg.dtype)
     check_at_least("threads", cfg.threads, 1, optional=True)
     out = resolve_path(cfg.out)
-    check_out_file(out, ".safetensors", cfg.overwrite, companion="report .json")
     target = cfg.target.path
     keep = resolve_path(target) if target and target not in ("embedded", "tiny_random") else None
-    check_out_spares_target(out, keep, (".json",), is_checkpoint)
+    if cfg.kind == "eagle3":
+        check_out_dir(_eagle3_folder(out), cfg.overwrite, keep)
+    else:
+        check_out_file(out, ".safetensors", cfg.overwrite, companion="report .json")
+        check_out_spares_target(out, keep, (".json",), is_checkpoint)
     if cfg.generation.cache:
         check_cache_folder(cache_dir() / "train_heads")
+
+
+def _conversation_files(cfg: DictConfig) -> list[str]:
+    files = cfg.prompts.get("conversations")
+    if not files:
+        return []
+    return [files] if isinstance(files, str) else list(files)
+
+
+def _eagle3_folder(out: Path) -> Path:
+    """kind=eagle3 writes a folder: `out` less a `.safetensors` suffix (the default out's)."""
+    return out.with_suffix("") if out.suffix == ".safetensors" else out
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
 
 
 def run(cfg: DictConfig) -> dict:
@@ -173,6 +228,7 @@ def run(cfg: DictConfig) -> dict:
         check_disjoint(texts, evaluation)
         random.Random(cfg.seed).shuffle(texts)
         raw = None
+    conv_texts, conv_raw = _conversation_data(cfg, engine, tokenizer, eos, evaluation)
     held_n = cfg.prompts.held_out
     if not 0 < held_n < len(texts):
         raise InvalidInput(f"prompts.held_out={held_n} must be in [1, {len(texts) - 1}] for {len(texts)} prompts")
@@ -182,15 +238,31 @@ def run(cfg: DictConfig) -> dict:
         raw = _continuations(cfg, engine, prompt_ids, eos)
     else:
         prompt_ids = [e.tokens[: e.start].tolist() for e in raw]
+    texts, raw = texts + conv_texts, raw + conv_raw  # conversations train only: held-out prompts come first
+    prompt_ids += [e.tokens[: e.start].tolist() for e in conv_raw]
     examples = [truncate(e, cfg.train.max_seq_len) for e in raw]
     starts = [e.start for e in examples]
     examples = [Example(e.tokens, 1) for e in examples]  # hidden states at every position
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     autocast = cfg.train.autocast if target.dtype == torch.float32 else None
-    teacher_targets(target, examples, cfg.train.max_tokens, pad, cfg.progress, autocast)
+    if cfg.kind == "eagle3":
+        layer_ids = list(cfg.eagle3.layer_ids) if cfg.eagle3.layer_ids is not None else None
+        text = target.config.get_text_config(decoder=True)
+        if layer_ids is not None and max(layer_ids) > text.num_hidden_layers:
+            raise InvalidInput(f"eagle3.layer_ids={layer_ids}: the target has {text.num_hidden_layers} layers "
+                               f"(taps 0..{text.num_hidden_layers})")
+        from specdec.proposers.eagle3 import default_layer_ids
+
+        layer_ids = layer_ids or default_layer_ids(text.num_hidden_layers)
+        features = tap_features(target, examples, layer_ids, cfg.train.max_tokens, pad, cfg.progress, autocast)
+    else:
+        teacher_targets(target, examples, cfg.train.max_tokens, pad, cfg.progress, autocast)
     train = examples[held_n:]
     train_tokens = sum(len(e.tokens) - s for e, s in zip(train, starts[held_n:]))
     phase("data")
+    if cfg.kind == "eagle3":
+        return _run_eagle3(cfg, engine, texts, prompt_ids, examples, features, starts, held_n, layer_ids,
+                           train_tokens, eos, phase)
 
     # 3. vocabulary, 4. training
     vocab_size = target.get_output_embeddings().out_features
@@ -245,6 +317,88 @@ def run(cfg: DictConfig) -> dict:
     log.info("heads saved to %s (use them with method=%s method.heads_path=%s); %.0f s in all",
              out, cfg.kind, cfg.out, report["total_s"])
     return report
+
+
+def _run_eagle3(cfg, engine, texts, prompt_ids, examples, features, starts, held_n, layer_ids, train_tokens, eos,
+                phase) -> dict:
+    """kind=eagle3 from the taps on: the draft vocabulary, the training-time test, the speculators
+    folder, the decoding check and the report (rank 0 alone writes under torchrun)."""
+    target, times = engine.target.model, phase.times
+    e3 = cfg.eagle3
+    vocab_size = target.get_output_embeddings().out_features
+    train_text = [e.tokens[s:] for e, s in zip(examples[held_n:], starts[held_n:])]
+    vocab_ids, d2t, t2d = draft_vocab(train_text, e3.draft_vocab_size, vocab_size)
+    covered = sum(int(t2d[x].sum()) for x in train_text) / max(sum(len(x) for x in train_text), 1)
+    log.info("draft vocabulary: %d tokens, %.1f%% of the training answers' tokens", len(vocab_ids), 100 * covered)
+    drafter = make_drafter(target, layer_ids, vocab_ids, d2t)
+    sequences = [ttt_sequence(e, f, s, cfg.train.prompt_labels) if len(e.tokens) > 2 else None
+                 for e, f, s in zip(examples, features, starts)]
+    held = [x for x in sequences[:held_n] if x is not None]
+    train = [x for x in sequences[held_n:] if x is not None]
+    ttt = TrainingTimeTest(drafter, target.get_input_embeddings(), OutputHead.of(target, vocab_ids, torch.float32),
+                           t2d, e3.steps, e3.decay)
+    curve = [ttt_accuracy(ttt, held, cfg.train.max_tokens)]
+    log.info("held out before training: top-1 per step %s", curve[-1]["top1_per_step"])
+
+    def on_epoch(epoch: int) -> None:
+        curve.append(ttt_accuracy(ttt, held, cfg.train.max_tokens))
+        log.info("held out after epoch %d: top-1 per step %s", epoch + 1, curve[-1]["top1_per_step"])
+
+    losses = train_eagle3(ttt, train, cfg.train.epochs, cfg.train.lr, cfg.train.max_tokens, cfg.seed, cfg.progress,
+                          cfg.train.autocast, on_epoch)
+    per_epoch = max(len(losses) // cfg.train.epochs, 1)
+    loss_by_epoch = [sum(losses[i : i + per_epoch]) / len(losses[i : i + per_epoch])
+                     for i in range(0, per_epoch * cfg.train.epochs, per_epoch)]
+    log.info("loss by epoch: %s", [round(x, 3) for x in loss_by_epoch])
+    phase("train")
+    if _rank() != 0:
+        return {"loss_steps": losses}
+
+    folder = _eagle3_folder(resolve_path(cfg.out))
+    path = str(cfg.target.path)
+    verifier = EMBEDDED_HUB_ID if path == "embedded" else None if path == "tiny_random" else str(resolve_path(path))
+    saved = (drafter.config, {n: t.to(torch.bfloat16) if t.is_floating_point() else t
+                              for n, t in drafter.state_dict().items()})
+    report_file = folder.with_suffix(".json")
+    report_file.unlink(missing_ok=True)  # overwrite=true: never an old report beside a new drafter
+    export_speculators(saved, folder, verifier, speculative_tokens=e3.depth)
+    phase("save")
+
+    proposer = Eagle3Proposer(engine, str(folder), e3.budget, e3.topk, e3.width, e3.depth, layer_ids)
+    check = _decode_check(engine, proposer, e3.depth, prompt_ids[: min(cfg.eval.prompts, held_n)],
+                          cfg.eval.max_new_tokens, eos)
+    log.info("decoding held-out prompts: %s", check)
+    phase("decode_check")
+    report = {"kind": "eagle3", "folder": str(folder), "target": path, "seed": cfg.seed, "layer_ids": layer_ids,
+              "draft_vocab_size": len(vocab_ids), "draft_vocab_coverage": round(covered, 4),
+              "train_prompts": len(train), "train_tokens": train_tokens, "held_out_prompts": held_n,
+              "command": " ".join(sys.argv), "prompts": texts, "loss_by_epoch": loss_by_epoch, "loss_steps": losses,
+              "held_out_curve": curve, "decode_check": check, "seconds": times,
+              "total_s": round(sum(times.values()), 1), "config": OmegaConf.to_container(cfg, resolve=True)}
+    text = json.dumps(report, indent=2)
+    report_file.write_text(text)
+    run_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else folder.parent
+    (run_dir / "train_report.json").write_text(text)
+    log.info("drafter saved to %s (use it with method=eagle3 method.heads_path=%s); %.0f s in all",
+             folder, folder, report["total_s"])
+    return report
+
+
+def _conversation_data(cfg: DictConfig, engine, tokenizer, eos, evaluation: list[str]) -> tuple[list[str], list[Example]]:
+    """The conversations of `prompts.conversations` (local JSON/JSONL files), each user turn among
+    the first `prompts.conversation_turns` answered again by the target after the file's earlier
+    turns: (user turns, examples)."""
+    files = _conversation_files(cfg)
+    if not files:
+        return [], []
+    limit = cfg.prompts.get("max_conversations")
+    conversations = [c for f in files for c in read_conversations(resolve_path(f), limit)]
+    requests = conversation_requests(conversations, cfg.prompts.get("conversation_turns", 1))
+    check_disjoint([turn for _, history, user in requests for turn in [*(u for u, _ in history), user]], evaluation)
+    ids = [build_turn_input(tokenizer, history, user, system) for system, history, user in requests]
+    log.info("conversations: %d from %d files, %d turns for the target to answer", len(conversations), len(files),
+             len(requests))
+    return [user for _, _, user in requests], _continuations(cfg, engine, ids, eos)
 
 
 def _train_medusa(cfg, target, examples, starts, held_n, head, index):
