@@ -23,7 +23,7 @@ from specdec.core.engine import Engine
 from specdec.core.errors import InputError, InvalidInput
 from specdec.models import tiny_random_model
 from specdec.proposers.eagle import EagleProposer
-from tests.conftest import RAGGED_PROMPTS
+from tests.conftest import RAGGED_PROMPTS, make_engine
 
 INTERMEDIATE = 96  # the drafter's MLP width, not the target's (128): the layers are built from the file's config
 
@@ -246,6 +246,17 @@ def test_greedy_trees_equal_plain_greedy(small_target, tmp_path, layers, embed, 
     assert out.output_ids == ref.output_ids and out.lossless
     assert sum(r.accepted for r in out.stats.rows) > 0  # drafts were accepted: the caches were compacted
 
+
+def test_compiled_drafting_equals_plain_greedy(small_target, tmp_path):
+    """compile=on compiles the published drafter's passes (several layers, its own embeddings) too."""
+    folder = write(tmp_path / "d", eagle_config(small_target), eagle_tensors(small_target, 2, embed=True))
+    prompts = [[t % 16 for t in p] for p in RAGGED_PROMPTS]
+    ref = SpeculativeDecoder(make_engine(small_target)).generate(prompts, max_new_tokens=16)
+    engine = make_engine(small_target, compile="on")
+    proposer = EagleProposer(engine, str(folder), budget=10, topk=3, width=3, depth=4)
+    assert proposer.compiled is not None
+    out = SpeculativeDecoder(engine, proposer, num_speculative_tokens=3).generate(prompts, max_new_tokens=16)
+    assert out.output_ids == ref.output_ids and sum(r.accepted for r in out.stats.rows) > 0
 
 def test_a_token_map_restricts_the_drafts_to_its_ids(small_target, tmp_path):
     folder = write(tmp_path / "d", eagle_config(small_target), eagle_tensors(small_target))

@@ -24,7 +24,7 @@ from specdec.core.engine import Engine
 from specdec.core.errors import InputError, InvalidInput
 from specdec.models import tiny_random_model
 from specdec.proposers.medusa import MedusaProposer
-from tests.conftest import RAGGED_PROMPTS
+from tests.conftest import RAGGED_PROMPTS, make_engine
 
 
 @pytest.fixture(scope="module")
@@ -205,6 +205,18 @@ def test_greedy_trees_equal_plain_greedy(small_target, tmp_path, dialect, batch)
     assert out.output_ids == ref.output_ids and out.lossless
     assert sum(r.accepted for r in out.stats.rows) > 0  # drafts were accepted: the cache was compacted
 
+
+def test_compiled_guesses_equal_plain_greedy(small_target, tmp_path):
+    """compile=on compiles the published heads with their own output heads ([K, V', H]) too."""
+    blocks, outs = head_tensors(small_target, heads=3, layers=2)
+    folder = write_fasterdecoding(tmp_path / "d", blocks, outs, 2)
+    prompts = [[t % 16 for t in p] for p in RAGGED_PROMPTS]
+    ref = SpeculativeDecoder(make_engine(small_target)).generate(prompts, max_new_tokens=16)
+    engine = make_engine(small_target, compile="on")
+    proposer = MedusaProposer(engine, str(folder), tree=[[0], [1], [0, 0], [1, 0]])
+    assert proposer.compiled is not None
+    out = SpeculativeDecoder(engine, proposer, num_speculative_tokens=2).generate(prompts, max_new_tokens=16)
+    assert out.output_ids == ref.output_ids and sum(r.accepted for r in out.stats.rows) > 0
 
 # --- refusals ----------------------------------------------------------------------------------
 
