@@ -31,6 +31,12 @@ from specdec.core.errors import InvalidInput, MissingInput
 from specdec.core.files import write_whole
 
 
+def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    """A weight as one tensor: a tensor-parallel target's (`target.tp_size`) is a DTensor split over the
+    ranks, which the drafters' own matrix products cannot take; every rank gathers the same whole one."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
 class OutputHead:
     """The target's output head restricted to `vocab_ids` (all tokens when None), frozen.
 
@@ -50,8 +56,8 @@ class OutputHead:
            dtype: torch.dtype | None = None) -> OutputHead:
         """`target_model`'s head, its rows `vocab_ids` (checked against the vocabulary), in `dtype`."""
         head = target_model.get_output_embeddings()
-        weight = head.weight.detach()
-        bias = head.bias.detach() if getattr(head, "bias", None) is not None else None
+        weight = _whole(head.weight.detach())
+        bias = _whole(head.bias.detach()) if getattr(head, "bias", None) is not None else None
         if vocab_ids is not None:
             if int(vocab_ids.max()) >= weight.shape[0]:
                 raise InvalidInput(f"the checkpoint's vocabulary reaches token {int(vocab_ids.max())} but the "

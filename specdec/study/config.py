@@ -593,10 +593,6 @@ def _check_tensor_parallel(cfg: DictConfig) -> None:
             _fail(timed[0], f"{m.name} decides from time measured in this process, which differs from rank to rank: "
                             f"with target.tp_size={tp} the ranks would draft differently and decode apart; use a "
                             "schedule and proposer that decide from tokens alone (constant, heuristic, confidence)")
-        if m.proposer is not None and "heads_path" in m.proposer:
-            _fail(f"{key}.proposer", f"{m.name} drafts through the target's output head, whose weights are split over "
-                                     f"the ranks of target.tp_size={tp} (`specdec.proposers.heads.OutputHead` reads them "
-                                     "whole); use a draft model, layer skipping or a lookup (n-gram, suffix) with tp")
 
 
 def _timed(part: Any) -> bool:

@@ -28,13 +28,16 @@ HERE = Path(__file__).resolve()
 PROMPTS = [[5, 9, 17, 33, 5, 9, 17], [7, 8, 9, 10, 11, 12, 13, 14, 15, 7, 8]]
 NEW_TOKENS = 24
 SEED = 3
-METHODS = ("autoregressive", "draft", "self", "ngram", "suffix", "suffix_tree", "layer_skip")
+METHODS = ("autoregressive", "draft", "self", "ngram", "suffix", "suffix_tree", "layer_skip", "medusa", "eagle")
+ASSETS = HERE.parents[1] / "assets"  # heads trained for the tiny target
 
 
 def decoder_of(method: str, engine: Engine) -> SpeculativeDecoder:
     """One decoder per method, on an engine whose draft is a separate model (`self`: the target)."""
     from specdec.proposers.draft_model import DraftModelProposer
+    from specdec.proposers.eagle import EagleProposer
     from specdec.proposers.layer_skip import LayerSkipProposer
+    from specdec.proposers.medusa import MedusaProposer
     from specdec.proposers.ngram import NgramProposer
     from specdec.proposers.suffix import SuffixProposer, SuffixTreeProposer
 
@@ -43,7 +46,10 @@ def decoder_of(method: str, engine: Engine) -> SpeculativeDecoder:
     proposer = {"draft": lambda: DraftModelProposer(engine), "self": lambda: DraftModelProposer(engine),
                 "ngram": lambda: NgramProposer(engine), "suffix": lambda: SuffixProposer(engine),
                 "suffix_tree": lambda: SuffixTreeProposer(engine, budget=6),
-                "layer_skip": lambda: LayerSkipProposer(engine, exit_layer=1)}[method]()
+                "layer_skip": lambda: LayerSkipProposer(engine, exit_layer=1),
+                "medusa": lambda: MedusaProposer(engine, str(ASSETS / "tiny_random_medusa.safetensors")),
+                "eagle": lambda: EagleProposer(engine, str(ASSETS / "tiny_random_eagle.safetensors"), budget=6,
+                                               topk=3, width=2, depth=3)}[method]()
     return SpeculativeDecoder(engine, proposer, num_speculative_tokens=3)
 
 
@@ -208,8 +214,6 @@ def test_config_refuses_tp_without_torchrun(monkeypatch):
     (["method.schedule=cost_aware"], r"method.schedule: .*measured in this process"),
     (["method=hybrid", "method.heads_path=null"], r"method.proposer: .*measured in this process"),
     (["method=hf_generate"], r"method.decoder: .*transformers' own decoding loop"),
-    *[([f"method={kind}", f"method.heads_path={HERE.parents[1] / 'assets' / f'tiny_random_{kind}.safetensors'}"],
-       rf"method.proposer: {kind} drafts through the target's output head") for kind in ("medusa", "eagle")],
     (["compile=on"], r"compile: runs on whole weights"),
 ])
 def test_config_refuses_what_cannot_run_sharded(as_torchrun, overrides, message):
