@@ -1044,6 +1044,11 @@ def _validate_method(key: str, m: DictConfig, cfg: DictConfig, params: Any) -> N
         _check_tree_verifier(key, m, verifier, params)
     for label, (cls, spec) in parts.items():
         _check_proposer_part(key, m, cfg, label, cls, spec, optional=hybrid)
+        if hasattr(cls, "check_target"):  # a drafter inside the target's own files (MTP): they must hold it
+            try:
+                cls.check_target(cfg.target)
+            except (ValueError, OSError) as err:
+                _fail("target.path", str(err))
     if m.needs_draft and cfg.draft.path is None:
         _fail("draft", f"{key}={m.name} needs a draft model but draft=none; "
                        "set draft=self, draft=tiny_random or draft.path=<model>")
