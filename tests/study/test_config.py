@@ -58,6 +58,11 @@ def test_every_config_composes_and_validates(override, monkeypatch, tmp_path):
                                               r"method.heads_path=<folder>"):
             validate(cfg)
         return
+    if override == "method=mtp":  # the embedded target is a GGUF file: no MTP weights; the refusal names target.path
+        with pytest.raises(ConfigError, match=r"^target.path: method=mtp reads the MTP weights from the target's "
+                                              r"safetensors; .* is a GGUF file"):
+            validate(cfg)
+        return
     if override.startswith("method=vllm"):  # vLLM runs in an environment of its own: none is named here
         monkeypatch.delenv("SPECDEC_VLLM_PYTHON", raising=False)
         with pytest.raises(ConfigError, match=r"^method.decoder: method=vllm runs vLLM out of process: set "
