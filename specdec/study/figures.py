@@ -52,6 +52,7 @@ METHOD_COLOURS = {
     "medusa": "#882255",
     "eagle": "#332288",
     "eagle3": "#6699cc",
+    "mtp": "#aa3377",
     "hybrid": "#117733",
     "hf_assisted": "#44aa99",
     "hf_prompt_lookup": "#ddcc77",
