@@ -304,6 +304,10 @@ def test_sampling_keeps_the_targets_distribution(sampling_target, cls, fits):
 # --- refusals ------------------------------------------------------------------------------------
 
 
+def test_the_configs_check_reads_the_folder_before_any_model_loads(deepseek):
+    check_target_spec(SimpleNamespace(path=str(deepseek.folder), gguf_file=None))  # its MTP layer is there
+
+
 def test_a_target_from_no_folder_is_refused(deepseek):
     config = copy.deepcopy(deepseek.model.config)
     config._name_or_path = ""
