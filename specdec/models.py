@@ -39,6 +39,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -297,16 +298,36 @@ def _from_pretrained(source: str) -> tuple[PreTrainedModel, PreTrainedTokenizerB
         # config.json is there (`locate`), so what it, the weights or the tokenizer hold is wrong
         raise InvalidInput(f"{source!r} is not a model transformers can load: {first_line(err).rstrip('.')}. A directory written by "
                            "`save_pretrained` holds config.json, the weights and the tokenizer.") from err
-    _check_loading_info(source, info)
+    _check_loading_info(source, info, model.config.get_text_config(decoder=True))
     return model, tokenizer
 
 
-def _check_loading_info(source: str, info: dict) -> None:
+# Multi-token-prediction layers that a checkpoint holds beside the model, which transformers' classes do
+# not load (DeepSeek-V3's `model.layers.{N + k}`, Qwen3-Next's `mtp.*`, MiMo's `model.mtp_layers.*`): not
+# a sign of another model where config.json declares them (`num_nextn_predict_layers`,
+# `mtp_num_hidden_layers`). `method=mtp` reads them from the files itself (`specdec.proposers.mtp`).
+_MTP_KEY = re.compile(r"^(model\.)?(mtp\.|mtp_layers\.)|^model\.layers\.(\d+)\.")
+
+
+def _mtp_key(key: str, config) -> bool:
+    """Whether `key` is a weight of the MTP layers `config` (a language model's) declares."""
+    declared = getattr(config, "num_nextn_predict_layers", None) or getattr(config, "mtp_num_hidden_layers", None)
+    match = _MTP_KEY.match(key)
+    if not declared or match is None:
+        return False
+    layers = getattr(config, "num_hidden_layers", 0)
+    return match.group(3) is None or layers <= int(match.group(3)) < layers + declared
+
+
+def _check_loading_info(source: str, info: dict, config=None) -> None:
     """Weights that config.json does not describe: transformers initialises missing ones at random
-    and drops unexpected ones with a printed report, and the run would go on with another model."""
+    and drops unexpected ones with a printed report, and the run would go on with another model.
+    Unexpected keys of the MTP layers that `config` declares are the exception (`_mtp_key`)."""
     for kind, what in (("missing_keys", "has no weights for"), ("unexpected_keys", "has weights config.json does not describe:"),
                        ("mismatched_keys", "has weights of other shapes than config.json says for")):
         keys = sorted(str(k[0] if isinstance(k, tuple) else k) for k in info.get(kind) or ())
+        if kind == "unexpected_keys":
+            keys = [k for k in keys if not _mtp_key(k, config)]
         if keys:
             more = f" and {len(keys) - 3} more" if len(keys) > 3 else ""
             raise InvalidInput(f"{source!r} {what} {', '.join(keys[:3])}{more}: its config.json and weights "

@@ -371,3 +371,24 @@ def test_a_cache_folder_that_cannot_be_made_says_to_set_specdec_cache(fake_gguf,
     with pytest.raises(InputError, match="set SPECDEC_CACHE to a writable folder"):
         load_model(ModelSpec(gguf_file=str(gguf)))
     assert not calls
+
+
+@pytest.mark.parametrize("declared", [0, 1])
+def test_extra_layers_load_only_as_the_mtp_layers_config_json_declares(tmp_path, declared):
+    """A checkpoint with one layer past `num_hidden_layers`: the MTP layer DeepSeek-V3's layout ships
+    (which transformers drops and `method=mtp` reads) where config.json declares one
+    (`num_nextn_predict_layers`), else weights of another model, refused as before."""
+    import json
+
+    from specdec.core.errors import InputError
+
+    directory = _saved(tmp_path / "m")
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1,
+                                                       "num_nextn_predict_layers": declared}))
+    if declared:
+        model, _ = load_model(ModelSpec(path=str(directory)))
+        assert model.config.num_hidden_layers == 1
+    else:
+        with pytest.raises(InputError, match="does not describe.*model.layers.1"):
+            load_model(ModelSpec(path=str(directory)))
