@@ -205,19 +205,15 @@ def target_folder(model: torch.nn.Module) -> Path:
                        f"process, tiny_random, or a path that is gone); use {HINT}")
 
 
-def check_target_spec(target: Any) -> None:
-    """For the config's checks before any model loads: the target of `target` (a `target.*` config:
-    path, gguf_file) is a folder, or a cached hub id, whose shards hold MTP weights."""
+def check_target_files(source: Path | str) -> None:
+    """For the config's checks before any model loads: the target's files hold MTP weights. `source`:
+    where its config resolved to (`specdec.models.locate`): a folder, a GGUF file, a cached hub id, or
+    "tiny_random" (built in process)."""
     from transformers import AutoConfig
 
-    from specdec.models import ModelSpec, locate
-
-    path = target.get("path") if hasattr(target, "get") else target.path
-    gguf = target.get("gguf_file") if hasattr(target, "get") else target.gguf_file
-    if path == "tiny_random":
+    if source == "tiny_random":
         raise InvalidInput(f"method=mtp reads the MTP weights from the target's folder; target=tiny_random is built "
                            f"in process and has none; use {HINT}")
-    source = locate(ModelSpec(path=path, gguf_file=gguf))
     if isinstance(source, Path) and source.is_file():
         raise InvalidInput(f"method=mtp reads the MTP weights from the target's safetensors; {source} is a GGUF file "
                            f"(converted without them); use {HINT}")
@@ -412,9 +408,9 @@ class MTPProposer:
         target.keep_hidden_states()
 
     @staticmethod
-    def check_target(target: Any) -> None:
-        """The config's check before any model loads (`target`: the `target.*` config)."""
-        check_target_spec(target)
+    def check_target(source: Path | str) -> None:
+        """The config's check before any model loads (`check_target_files`)."""
+        check_target_files(source)
 
     def reset(self, state) -> None:
         # The drafted tokens sit where the target scores them, so its room is the drafter's, plus scratch.

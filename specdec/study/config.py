@@ -1045,8 +1045,12 @@ def _validate_method(key: str, m: DictConfig, cfg: DictConfig, params: Any) -> N
     for label, (cls, spec) in parts.items():
         _check_proposer_part(key, m, cfg, label, cls, spec, optional=hybrid)
         if hasattr(cls, "check_target"):  # a drafter inside the target's own files (MTP): they must hold it
+            from specdec.models import ModelSpec, locate
+
             try:
-                cls.check_target(cfg.target)
+                path = cfg.target.path
+                cls.check_target(path if path == "tiny_random" else
+                                 locate(ModelSpec(path=path, gguf_file=cfg.target.get("gguf_file"))))
             except (ValueError, OSError) as err:
                 _fail("target.path", str(err))
     if m.needs_draft and cfg.draft.path is None:

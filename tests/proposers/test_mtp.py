@@ -25,7 +25,7 @@ from specdec.core.engine import Engine
 from specdec.core.errors import InputError, InvalidInput, MissingInput
 from specdec.core.sampling import SamplingParams, probabilities
 from specdec.proposers.base import Proposal
-from specdec.proposers.mtp import DEEPSEEK, QWEN3_NEXT, MTPDrafter, MTPProposer, check_target_spec, find_mtp
+from specdec.proposers.mtp import DEEPSEEK, QWEN3_NEXT, MTPDrafter, MTPProposer, check_target_files, find_mtp
 from tests.conftest import RAGGED_PROMPTS
 from tests.stats import chi_square_pvalue
 
@@ -305,7 +305,7 @@ def test_sampling_keeps_the_targets_distribution(sampling_target, cls, fits):
 
 
 def test_the_configs_check_reads_the_folder_before_any_model_loads(deepseek):
-    check_target_spec(SimpleNamespace(path=str(deepseek.folder), gguf_file=None))  # its MTP layer is there
+    check_target_files(deepseek.folder)  # its MTP layer is there
 
 
 def test_a_target_from_no_folder_is_refused(deepseek):
@@ -315,7 +315,7 @@ def test_a_target_from_no_folder_is_refused(deepseek):
     with pytest.raises(InvalidInput, match=r"came from no folder"):
         MTPProposer(Engine(built, dtype="float32"))
     with pytest.raises(InvalidInput, match=r"target=tiny_random is built in process"):
-        check_target_spec(SimpleNamespace(path="tiny_random", gguf_file=None))
+        check_target_files("tiny_random")
 
 
 def _rewrite(folder: Path, change) -> None:
@@ -360,7 +360,7 @@ def test_layers_the_config_declares_but_the_shards_lack_are_named(tmp_path):
     with pytest.raises(MissingInput, match=r"model.safetensors.index.json has no key model.layers.3.eh_proj.weight"):
         MTPProposer(Engine(target, dtype="float32"))
     with pytest.raises(InputError, match=r"has no key model.layers.3.eh_proj.weight"):
-        check_target_spec(SimpleNamespace(path=str(tmp_path), gguf_file=None))
+        check_target_files(tmp_path)
 
 
 def test_a_target_without_mtp_weights_is_refused(tmp_path):
@@ -387,3 +387,23 @@ def test_qwen3_next_without_fc_names_the_key(tmp_path):
     target = load_target(tmp_path)[0]
     with pytest.raises(InvalidInput, match=r"has no key mtp.fc.weight"):
         MTPDrafter.from_files(find_mtp(tmp_path, target.config), target)
+
+
+def test_the_runs_validation_checks_the_targets_folder(deepseek, tmp_path):
+    """`method=mtp` with a target folder: validation resolves the folder and reads its index before any
+    model loads; a folder without MTP weights is refused under `target.path`."""
+    from hydra import compose, initialize_config_dir
+
+    from specdec.models import tiny_random_model
+    from specdec.study.config import ConfigError, validate
+
+    conf = str(Path(__file__).resolve().parents[2] / "conf")
+    tiny_random_model(seed=0).save_pretrained(tmp_path / "plain")
+    for folder, ok in ((deepseek.folder, True), (tmp_path / "plain", False)):
+        with initialize_config_dir(config_dir=conf, version_base="1.3"):
+            cfg = compose("config", overrides=["~experiment", "method=mtp", f"target.path={folder}", "draft=none"])
+        if ok:
+            validate(cfg)
+        else:
+            with pytest.raises(ConfigError, match=r"^target.path: .*MTP"):
+                validate(cfg)
