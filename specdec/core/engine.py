@@ -22,6 +22,7 @@ from specdec.core.attention import SLIDING, AttentionLayout, grouped_attention
 from specdec.core.cache import RowCache
 from specdec.core.decoder_stack import decoder_stack, hidden_source
 from specdec.core.device import to_device
+from specdec.core.errors import InvalidInput
 from specdec.core.types import CompiledPasses, Passes
 
 
@@ -237,12 +238,22 @@ class CachedModel:
         A list keeps, per pass, the concatenation in ascending order of the residual stream entering
         decoder layer i for each i (transformers' `output_hidden_states[i]`; i == N, the number of
         layers, is the final normed output), `[B, T, n * H]`: EAGLE-3's taps. Under `compile=on`, the
-        passes of a model that keeps several taps run eagerly (the compiled forward declines them)."""
+        passes of a model that keeps several taps run eagerly (the compiled forward declines them).
+
+        One model keeps one kind: a second drafter on this engine that asks for another (EAGLE's last
+        hidden states beside EAGLE-3's taps) is refused, since the first one's would be overwritten."""
+        layers = None if layers is None else [int(i) for i in layers]
+        if self._hidden_source is not None and layers != self._hidden_layers:
+            def kind(taps: list[int] | None) -> str:
+                return "its last hidden states" if taps is None else f"the taps {taps}"
+
+            raise InvalidInput(f"{self.name} already keeps {kind(self._hidden_layers)} for another drafter; one engine "
+                               f"keeps one kind, and {kind(layers)} were asked for: measure these drafters in "
+                               "separate runs (e.g. eagle and eagle3)")
         self._hidden_source = self.hidden_source()
         if layers is None:
             self._hidden_layers = None
             return
-        layers = [int(i) for i in layers]
         if not layers or layers != sorted(set(layers)) or layers[0] < 0 or layers[-1] > self.num_layers:
             raise ValueError(f"{self.name}: the hidden-state taps {layers} must be distinct ascending layer "
                              f"indices in [0, {self.num_layers}] (the model has {self.num_layers} layers)")

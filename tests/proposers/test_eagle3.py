@@ -6,6 +6,7 @@ sampling with a reduced draft vocabulary keeps the target's distribution (and a 
 scattered to the wrong token ids fails the same test); drafters that do not fit the target are
 refused, and a missing drafter is named."""
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -21,6 +22,8 @@ from specdec.proposers.base import Proposal
 from specdec.proposers.eagle3 import Eagle3Drafter, Eagle3Proposer, default_layer_ids
 from tests.conftest import RAGGED_PROMPTS
 from tests.stats import chi_square_pvalue
+
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
 
 SHAPES = [dict(budget=10, topk=3, width=3, depth=4), dict(budget=6, topk=2, width=1, depth=6),
           dict(budget=1, topk=1, width=1, depth=1)]
@@ -321,3 +324,15 @@ def test_a_published_folder_drafts_as_the_files_it_was_written_from(small_target
             .generate(prompts, max_new_tokens=20) for source in (files, str(tmp_path))]
     assert runs[0].output_ids == runs[1].output_ids
     assert [r.accepted for r in runs[0].stats.rows] == [r.accepted for r in runs[1].stats.rows]
+
+
+def test_eagle_and_eagle3_on_one_engine_are_refused_by_name(target, tmp_path):
+    """One model keeps one kind of hidden states: EAGLE-3's taps would overwrite EAGLE's last hidden
+    states (a shape error at the first draft). The second drafter is refused when it is built."""
+    from specdec.proposers.eagle import EagleProposer
+
+    engine = Engine(target, dtype="float32")
+    EagleProposer(engine, str(ASSETS / "tiny_random_eagle.safetensors"))
+    with pytest.raises(InvalidInput, match=r"already keeps its last hidden states for another drafter; .*the taps"):
+        Eagle3Proposer(engine, drafter_files(target))
+    engine.target.keep_hidden_states()  # the same kind again: fine
