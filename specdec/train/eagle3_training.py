@@ -46,7 +46,7 @@ from specdec.core.decoder_stack import decoder_stack, hidden_source
 from specdec.core.errors import InvalidInput, MissingInput
 from specdec.proposers.eagle3 import Eagle3Drafter, default_layer_ids
 from specdec.proposers.heads import OutputHead, frequent_tokens
-from specdec.train.head_training import _optimise, _pad_stack
+from specdec.train.head_training import _optimise, _pad_stack, length_groups
 from specdec.train.training import Example, _autocast, _batches, _pad
 
 # ---------------------------------------------------------------- 1. conversations
@@ -291,16 +291,7 @@ def ttt_sequence(example: Example, features: dict, continuation_start: int, prom
 def ttt_batches(sequences: list[dict], max_tokens: int, rng: random.Random, rank: int = 0, world: int = 1):
     """Padded batches of similar lengths (at most `max_tokens` padded positions), shuffled; with
     `world` > 1 every rank takes every world-th batch, all ranks the same number of them."""
-    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]["tokens"]))
-    groups, cur = [], []
-    for i in order:
-        if cur and (len(cur) + 1) * len(sequences[i]["tokens"]) > max_tokens:
-            groups.append(cur)
-            cur = []
-        cur.append(i)
-    if cur:
-        groups.append(cur)
-    rng.shuffle(groups)
+    groups = length_groups(sequences, max_tokens, rng)
     groups = groups[: len(groups) // world * world][rank::world] if world > 1 else groups
     out = []
     for group in groups:

@@ -374,10 +374,12 @@ def _pad_stack(items: list[torch.Tensor], value: float) -> torch.Tensor:
     return out
 
 
-def _eagle_batches(sequences: list[dict], max_tokens: int, rng: random.Random):
+def length_groups(sequences: list[dict], max_tokens: int, rng: random.Random) -> list[list[int]]:
+    """Indices of `sequences` in batches of similar lengths (`tokens`), each at most `max_tokens`
+    padded positions, in an order shuffled by `rng`."""
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]["tokens"]))
     groups, cur = [], []
-    for i in order:  # similar lengths together, at most max_tokens padded positions
+    for i in order:
         if cur and (len(cur) + 1) * len(sequences[i]["tokens"]) > max_tokens:
             groups.append(cur)
             cur = []
@@ -385,7 +387,11 @@ def _eagle_batches(sequences: list[dict], max_tokens: int, rng: random.Random):
     if cur:
         groups.append(cur)
     rng.shuffle(groups)
-    for group in groups:
+    return groups
+
+
+def _eagle_batches(sequences: list[dict], max_tokens: int, rng: random.Random):
+    for group in length_groups(sequences, max_tokens, rng):
         items = [sequences[i] for i in group]
         valid = _pad_stack([torch.ones(len(x["tokens"]), dtype=torch.bool) for x in items], False)
         yield ({k: _pad_stack([x[k] for x in items], -100 if k == "labels" else 0) for k in items[0]}, valid)
