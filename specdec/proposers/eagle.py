@@ -60,7 +60,7 @@ from specdec.core.engine import Engine, overlay_columns
 from specdec.core.errors import InvalidInput, MissingInput
 from specdec.core.tree import TokenTree, TreeProposal
 from specdec.proposers.base import Proposal
-from specdec.proposers.heads import OutputHead, load_checkpoint
+from specdec.proposers.heads import OutputHead, load_checkpoint, unseen_positions
 
 # The drafter's layers attend to all of their positions (whatever the target's layers do).
 _LAYOUT = AttentionLayout("eagle", ("full_attention",), None, "cache")
@@ -384,11 +384,8 @@ class EagleProposer:
         rows = torch.arange(b, device=device)
 
         # 1. catch up on the positions the drafter has not seen, with the target's features
-        seen, upto = list(self.cache.lengths), self.target.lengths
-        counts = [u - s for u, s in zip(upto, seen)]
-        t = max(counts)
-        pos = to_device(seen, device)[:, None] + torch.arange(t, device=device)
-        pos = torch.minimum(pos, to_device(upto, device)[:, None] - 1)
+        upto = self.target.lengths
+        counts, pos = unseen_positions(list(self.cache.lengths), upto, device)
         features = self.target.cache.hidden[rows[:, None], pos]
         out = self._feed(state.tokens[rows[:, None], pos + 1], features, pos, counts)
         root = out[rows, to_device(counts, device) - 1]  # [B, H] predicted feature after the last token

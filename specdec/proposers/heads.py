@@ -27,6 +27,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
 
 from specdec.core.decoder_stack import final_logits, logit_transform
+from specdec.core.device import to_device
 from specdec.core.errors import InvalidInput, MissingInput
 from specdec.core.files import write_whole
 
@@ -78,6 +79,15 @@ class OutputHead:
     def token_ids(self, index: torch.Tensor) -> torch.Tensor:
         """Indices into the head's vocabulary -> token ids of the target's."""
         return index if self.vocab_ids is None else self.vocab_ids[index]
+
+
+def unseen_positions(seen: list[int], upto: list[int], device: torch.device) -> tuple[list[int], torch.Tensor]:
+    """What a drafter over the target's hidden states catches up on: per row, how many positions its
+    cache has not seen (`upto[b] - seen[b]`), and those positions `[B, max count]` (a shorter row's
+    repeat its last, to be dropped)."""
+    counts = [u - s for u, s in zip(upto, seen)]
+    pos = to_device(seen, device)[:, None] + torch.arange(max(counts), device=device)
+    return counts, torch.minimum(pos, to_device(upto, device)[:, None] - 1)
 
 
 def frequent_tokens(sequences: list[torch.Tensor], n: int, vocab_size: int) -> torch.Tensor:

@@ -58,6 +58,7 @@ from specdec.core.engine import Engine
 from specdec.core.errors import InvalidInput, MissingInput
 from specdec.core.sampling import greedy_tokens, probabilities, sample
 from specdec.proposers.base import Proposal
+from specdec.proposers.heads import unseen_positions
 
 DEEPSEEK, QWEN3_NEXT = "deepseek_v3", "qwen3_next"
 INDEX, SINGLE = "model.safetensors.index.json", "model.safetensors"
@@ -437,10 +438,8 @@ class MTPProposer:
             return Proposal.empty(b, device)
         rows = torch.arange(b, device=device)
         # Catch up on the positions not seen yet: x_{p+1} with the target's feature at p.
-        seen, upto = list(self.cache.lengths), self.target.lengths
-        counts = [u - s for u, s in zip(upto, seen)]
-        pos = to_device(seen, device)[:, None] + torch.arange(max(counts), device=device)
-        pos = torch.minimum(pos, to_device(upto, device)[:, None] - 1)
+        upto = self.target.lengths
+        counts, pos = unseen_positions(list(self.cache.lengths), upto, device)
         last = to_device(counts, device) - 1
         feedback, normed = self._feed(state.tokens[rows[:, None], pos + 1], self.target.cache.hidden[rows[:, None], pos],
                                       pos, counts, 0)
