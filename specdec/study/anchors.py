@@ -81,7 +81,26 @@ class AnchorState:
         return len(self.tokens)
 
 
-class HFGenerate:
+class RequestRoom:
+    """A decoder from another engine, as the harness sizes its requests: the engine grows its own caches
+    to the prompt, the answer and the k drafts a step holds past them (no padded scoring width), within
+    the context of the `SpeculativeDecoder` it keeps for its prompt checks (`_checks`)."""
+
+    k: int
+    _checks: SpeculativeDecoder
+
+    def positions_needed(self, prompt_len: int, max_new_tokens: int) -> int:
+        return prompt_len + max_new_tokens + self.k
+
+    def fits(self, positions: int) -> bool:
+        return self._checks.fits(positions)
+
+    @property
+    def context_length(self) -> int | None:
+        return self._checks.context_length
+
+
+class HFGenerate(RequestRoom):
     """`model.generate()` with the engine's target; subclasses add assisted / prompt-lookup args.
 
     Rows are generated one at a time: assisted generation and prompt lookup accept batch size 1
@@ -137,18 +156,6 @@ class HFGenerate:
                 except RuntimeError:  # a sliding-window layer past its window cannot be rolled back
                     pass
         return DynamicCache(config=self.engine.target.model.config.get_text_config(decoder=True)), 0
-
-    def positions_needed(self, prompt_len: int, max_new_tokens: int) -> int:
-        """Positions a request takes: transformers grows its caches to the prompt, the answer and the k
-        candidates an assisted step holds past them (no padded scoring width)."""
-        return prompt_len + max_new_tokens + self.k
-
-    def fits(self, positions: int) -> bool:
-        return self._checks.fits(positions)
-
-    @property
-    def context_length(self) -> int | None:
-        return self._checks.context_length
 
     def generate(self, prompts, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0, on_tokens=None, past=None, reserve: int = 0) -> Generation:

@@ -32,7 +32,7 @@ from specdec.core.engine import Engine
 from specdec.core.errors import InvalidInput, MissingInput
 from specdec.core.metrics import GenerationStats, RowStats
 from specdec.core.sampling import SamplingParams
-from specdec.study.anchors import AnchorState
+from specdec.study.anchors import AnchorState, RequestRoom
 
 WORKER = Path(__file__).resolve().parents[2] / "scripts" / "vllm_worker.py"
 # vLLM's speculative methods that this anchor sets up, and what each needs beside k.
@@ -103,7 +103,7 @@ def model_folder(engine: Engine, model_path: str | None) -> str:
     return str(Path(path).expanduser().resolve())
 
 
-class VLLMAnchor:
+class VLLMAnchor(RequestRoom):
     """vLLM, plain (`speculative=None`) or with one of its speculative methods, as a decoder."""
 
     lossless = True
@@ -202,17 +202,7 @@ class VLLMAnchor:
                 self.worker.kill()
         self.worker = None
 
-    # ---- the decoder's interface
-
-    def positions_needed(self, prompt_len: int, max_new_tokens: int) -> int:
-        return prompt_len + max_new_tokens + self.k
-
-    def fits(self, positions: int) -> bool:
-        return self._checks.fits(positions)
-
-    @property
-    def context_length(self) -> int | None:
-        return self._checks.context_length
+    # ---- the decoder's interface (its room: `RequestRoom`)
 
     def generate(self, prompts, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0, on_tokens=None, past=None, reserve: int = 0) -> Generation:
