@@ -15,13 +15,13 @@ import torch
 from specdec.core.decoding import SpeculativeDecoder
 from specdec.core.engine import CachedModel, Engine
 from specdec.core.errors import InputError, InvalidInput
-from specdec.core.sampling import SamplingParams, probabilities
+from specdec.core.sampling import SamplingParams
 from specdec.core.tree import TokenTree
 from specdec.models import tiny_random_model
 from specdec.proposers.base import Proposal
 from specdec.proposers.eagle3 import Eagle3Drafter, Eagle3Proposer, default_layer_ids
 from tests.conftest import RAGGED_PROMPTS
-from tests.stats import chi_square_pvalue
+from tests.stats import chi_square_pvalue, exact_joint_of_tokens_2_and_3
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 
@@ -229,16 +229,6 @@ def sampling_target():
     return tiny_random_model(seed=11, vocab_size=V, num_layers=3, eos_token_id=None, logit_std=1.5)
 
 
-def _exact_joint(model) -> torch.Tensor:
-    """P(t2, t3) after PROMPT, summed over t1, under the shaped target distribution: [V*V]."""
-    with torch.inference_mode():
-        grid = torch.cartesian_prod(torch.arange(V), torch.arange(V))
-        seqs = torch.cat([torch.tensor(PROMPT).expand(V * V, -1), grid], 1)
-        p = probabilities(model(seqs).logits[:, -3:], PARAMS)
-    joint = p[0, 0][:, None, None] * p[:, 1].view(V, V, V)[:, 0][:, :, None] * p[:, 2].view(V, V, V)
-    return joint.sum(0).flatten()
-
-
 class MisplacedQ(Eagle3Proposer):
     """Deliberately broken: puts the draft distribution at draft indices, not at the target's ids."""
 
@@ -265,7 +255,7 @@ def test_sampled_chains_with_a_reduced_vocabulary_keep_the_targets_distribution(
     assert 0.05 < out.stats.acceptance_rate < 0.95
     pairs = torch.tensor([o[1:3] for o in out.output_ids])
     counts = torch.bincount(pairs[:, 0] * V + pairs[:, 1], minlength=V * V)
-    p = chi_square_pvalue(counts, _exact_joint(sampling_target))
+    p = chi_square_pvalue(counts, exact_joint_of_tokens_2_and_3(sampling_target, PROMPT, PARAMS, V))
     assert p > 1e-3 if fits else p < 1e-6
 
 
@@ -278,7 +268,7 @@ def test_sampled_trees_keep_the_targets_distribution(sampling_target):
     assert out.lossless and out.verifier == "tree_sampling"
     pairs = torch.tensor([o[1:3] for o in out.output_ids])
     counts = torch.bincount(pairs[:, 0] * V + pairs[:, 1], minlength=V * V)
-    assert chi_square_pvalue(counts, _exact_joint(sampling_target)) > 1e-3
+    assert chi_square_pvalue(counts, exact_joint_of_tokens_2_and_3(sampling_target, PROMPT, PARAMS, V)) > 1e-3
 
 
 # --- refusals ----------------------------------------------------------------------------------

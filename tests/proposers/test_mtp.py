@@ -23,11 +23,11 @@ from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, Qwen3NextConfi
 from specdec.core.decoding import SpeculativeDecoder
 from specdec.core.engine import Engine
 from specdec.core.errors import InputError, InvalidInput, MissingInput
-from specdec.core.sampling import SamplingParams, probabilities
+from specdec.core.sampling import SamplingParams
 from specdec.proposers.base import Proposal
 from specdec.proposers.mtp import DEEPSEEK, QWEN3_NEXT, MTPDrafter, MTPProposer, check_target_files, find_mtp
 from tests.conftest import RAGGED_PROMPTS
-from tests.stats import chi_square_pvalue
+from tests.stats import chi_square_pvalue, exact_joint_of_tokens_2_and_3
 
 N_LAYERS = 2
 
@@ -270,16 +270,6 @@ def sampling_target(tmp_path_factory):
     return load_target(folder)[0]
 
 
-def _exact_joint(model) -> torch.Tensor:
-    """P(t2, t3) after PROMPT, summed over t1, under the shaped target distribution: [V*V]."""
-    with torch.inference_mode():
-        grid = torch.cartesian_prod(torch.arange(V), torch.arange(V))
-        seqs = torch.cat([torch.tensor(PROMPT).expand(V * V, -1), grid], 1)
-        p = probabilities(model(seqs).logits[:, -3:], PARAMS)
-    joint = p[0, 0][:, None, None] * p[:, 1].view(V, V, V)[:, 0][:, :, None] * p[:, 2].view(V, V, V)
-    return joint.sum(0).flatten()
-
-
 class ShiftedQ(MTPProposer):
     """Deliberately broken: hands the verifier the MTP head's distribution one token id off."""
 
@@ -297,7 +287,7 @@ def test_sampling_keeps_the_targets_distribution(sampling_target, cls, fits):
     assert 0.05 < out.stats.acceptance_rate < 0.95
     pairs = torch.tensor([o[1:3] for o in out.output_ids])
     counts = torch.bincount(pairs[:, 0] * V + pairs[:, 1], minlength=V * V)
-    p = chi_square_pvalue(counts, _exact_joint(sampling_target))
+    p = chi_square_pvalue(counts, exact_joint_of_tokens_2_and_3(sampling_target, PROMPT, PARAMS, V))
     assert p > 1e-3 if fits else p < 1e-6
 
 

@@ -11,7 +11,7 @@ import torch
 
 from specdec.core.decoding import SpeculativeDecoder
 from specdec.core.engine import Engine
-from specdec.core.sampling import SamplingParams, probabilities
+from specdec.core.sampling import SamplingParams
 from specdec.core.schedules import make_schedule
 from specdec.core.tree_verify import TreeVerifier
 from specdec.core.verify import SpeculativeSamplingVerifier
@@ -22,7 +22,7 @@ from specdec.proposers.layer_skip import LayerSkipProposer
 from specdec.proposers.ngram import NgramProposer
 from specdec.proposers.suffix import SuffixTreeProposer
 from tests.core.test_tree import SiblingsAgainstP
-from tests.stats import chi_square_pvalue
+from tests.stats import chi_square_pvalue, exact_joint_of_tokens_2_and_3
 
 V = 8
 # Every token of the small vocabulary but one appears, so prompt lookup nearly always matches.
@@ -41,20 +41,9 @@ def draft():
     return tiny_random_model(seed=12, vocab_size=V, num_layers=1, eos_token_id=None, logit_std=1.5)
 
 
-def _exact_joint(target, prompt: list[int]) -> torch.Tensor:
-    """P(t2, t3) = sum_t1 p(t1) p(t2|t1) p(t3|t1,t2) after `prompt`, over the shaped target
-    distribution: [V*V]."""
-    with torch.inference_mode():
-        grid = torch.cartesian_prod(torch.arange(V), torch.arange(V))  # [V*V, 2] (t1, t2)
-        seqs = torch.cat([torch.tensor(prompt).expand(V * V, -1), grid], 1)
-        p = probabilities(target(seqs).logits[:, -3:], PARAMS)
-    joint = p[0, 0][:, None, None] * p[:, 1].view(V, V, V)[:, 0][:, :, None] * p[:, 2].view(V, V, V)
-    return joint.sum(0).flatten()
-
-
 @pytest.fixture(scope="module")
 def expected(target):
-    return _exact_joint(target, PROMPT)
+    return exact_joint_of_tokens_2_and_3(target, PROMPT, PARAMS, V)
 
 
 def _sample_pairs(engine, proposer, schedule=None, k=2, verifier="auto", prompt=PROMPT):
@@ -127,7 +116,7 @@ def test_suffix_tree_sampling_is_lossless_and_a_broken_tree_verifier_is_caught(t
     # Siblings (deterministic, a one-hot q each) must be tried against what the siblings rejected
     # before them left of p; tried against p itself, the output's distribution shifts.
     engine = Engine(target, dtype="float32")
-    exact = _exact_joint(target, BRANCHING)
+    exact = exact_joint_of_tokens_2_and_3(target, BRANCHING, PARAMS, V)
     counts, stats = _sample_pairs(engine, SuffixTreeProposer(budget=6), k=2, prompt=BRANCHING)
     assert 0.05 < stats.acceptance_rate < 0.95
     assert chi_square_pvalue(counts, exact) > 1e-3
