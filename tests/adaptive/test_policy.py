@@ -22,15 +22,16 @@ from specdec.proposers.suffix import SuffixProposer, SuffixTreeProposer
 from tests.conftest import RAGGED_PROMPTS
 from tests.proposers.test_strategies_lossless import (  # noqa: F401
     BRANCHING,
+    PARAMS,
     N,
-    _exact_joint,
+    V,
     _sample_pairs,
     draft,
     expected,
     target,
 )
 from tests.proposers.test_tree_eagle import TINY_EAGLE
-from tests.stats import chi_square_pvalue
+from tests.stats import chi_square_pvalue, exact_joint_of_tokens_2_and_3
 
 SRC = "proposer"
 
@@ -652,4 +653,4 @@ def test_policy_sampling_with_suffix_trees_is_lossless(target):  # noqa: F811
     _fed(sched.planner, 0.5, lambda t: 0.01, b=N, source=sched.source)  # widths up to 3 told free
     counts, stats = _sample_pairs(engine, SuffixTreeProposer(budget=2), sched, k=2, prompt=BRANCHING)
     assert max(sched.history) == 2 and 0.05 < stats.acceptance_rate < 0.95
-    assert chi_square_pvalue(counts, _exact_joint(target, BRANCHING)) > 1e-3
+    assert chi_square_pvalue(counts, exact_joint_of_tokens_2_and_3(target, BRANCHING, PARAMS, V)) > 1e-3
