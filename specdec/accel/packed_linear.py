@@ -1,17 +1,21 @@
-"""A model's linear layers through oneDNN's packed float32 kernels on a CPU (`packed_linear=`).
+"""A model's linear layers through oneDNN's packed kernels on a CPU (`packed_linear=`).
 
-Eagerly, `nn.Linear` on a CPU calls MKL: one row is a matrix-vector product that streams the weight
-at the memory's pace, but two or more rows take a matrix-matrix path that streams it far slower.
-oneDNN's kernels on a weight packed once serve a few rows faster (`experiments/gpu/packed_linear.py`
-times every linear layer of the embedded SmolLM2 both ways; experiments/gpu/LOG.md, "This CPU in
-float32: packed linear layers"). A speculative step scores T = k + 1 tokens, so its verification
-costs what the second path costs: packing makes width cheaper, which is what speculation needs of
-the target pass.
+Eagerly, `nn.Linear` on a CPU calls MKL in float32 and oneDNN on an unpacked weight in bfloat16.
+In float32 one row is a matrix-vector product that streams the weight at the memory's pace, but two
+or more rows take a matrix-matrix path that streams it far slower. In bfloat16 every call reorders
+the weight for the kernel first. oneDNN's kernels on a weight packed once do neither
+(`experiments/gpu/packed_linear.py` times every linear layer of the embedded SmolLM2 both ways;
+experiments/gpu/LOG.md, "This CPU in float32: packed linear layers"; experiments/peers/LOG.md for
+bfloat16). A speculative step scores T = k + 1 tokens, so its verification costs what the second
+path costs: packing makes width cheaper, which is what speculation needs of the target pass; in
+bfloat16 it also makes plain decoding's one row about twice as fast.
 
-`PackedLinears(model)` is a context in which every float32 `nn.Linear` of `model` on the CPU calls
-`torch.ops.mkldnn._linear_pointwise` on a packed copy of its weight instead (another copy of the
-weights in memory) for inputs of two or more rows; one row keeps MKL's matrix-vector product, the
-path that streams the weight fastest, so plain decoding at batch 1 computes exactly what it did.
+`PackedLinears(model)` is a context in which every float32 or bfloat16 `nn.Linear` of `model` on the
+CPU calls `torch.ops.mkldnn._linear_pointwise` on a packed copy of its weight instead (another copy
+of the weights in memory). In float32, one row keeps MKL's matrix-vector product, the path that
+streams the weight fastest, so plain decoding at batch 1 computes exactly what it did. In bfloat16
+every width runs packed: the packed product equals the unpacked one bit for bit (both are oneDNN's
+kernels; tested), so no token changes.
 Packs are made on the first entry and remade where a weight changed since: another tensor, the same
 one written in place (its version counter), or new memory under the same tensor (`.data =`, as
 `model.to(bfloat16).to(float32)` does, often at the freed address and with the same version: the
@@ -22,7 +26,8 @@ swap is counted like the attention swap (`attention._Swap`): engines in other th
 model, and a layer goes back when its last holder leaves.
 
 A row's result through the packed product does not depend on how many rows are fed with it (tested);
-it differs from MKL's in the last bits, as MKL's one-row and many-row paths differ from each other.
+in float32 it differs from MKL's in the last bits, as MKL's one-row and many-row paths differ from
+each other.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from specdec.core.errors import InvalidInput
 
 PACKED_LINEAR_MODES = ("auto", "on", "off")
+PACKED_DTYPES = (torch.float32, torch.bfloat16)
 
 _LOCK = threading.Lock()
 _HELD: dict[int, int] = {}  # id(nn.Linear) -> holders of its swap
@@ -51,10 +57,10 @@ def available() -> bool:
 
 
 def resolve_packed_linear(mode: str | bool, device: torch.device, dtype: torch.dtype, compiled: bool) -> bool:
-    """Whether an engine's models run their linear layers packed. `auto`: on a CPU in float32 when
-    passes run eagerly (compiled graphs pack their weights themselves, at freezing), where it serves
-    two or more rows faster (module docstring); `on` insists, and says why where it cannot
-    apply; `off` keeps `nn.Linear` as it is."""
+    """Whether an engine's models run their linear layers packed. `auto`: on a CPU in float32, or in
+    bfloat16 where the CPU has bfloat16 units, when passes run eagerly (compiled graphs pack their
+    weights themselves, at freezing), where it serves rows faster (module docstring); `on` insists,
+    and says why where it cannot apply; `off` keeps `nn.Linear` as it is."""
     if mode is True:
         mode = "on"
     if mode is False:
@@ -66,8 +72,10 @@ def resolve_packed_linear(mode: str | bool, device: torch.device, dtype: torch.d
     why_not = None
     if device.type != "cpu":
         why_not = f"it is a CPU kernel and this engine runs on {device}"
-    elif dtype != torch.float32:
-        why_not = f"it packs float32 weights and this engine runs {str(dtype).removeprefix('torch.')}"
+    elif dtype not in PACKED_DTYPES:
+        why_not = f"it packs float32 and bfloat16 weights and this engine runs {str(dtype).removeprefix('torch.')}"
+    elif dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        why_not = "this CPU has no bfloat16 units (AVX512-BF16 or AMX) for oneDNN's bfloat16 kernels"
     elif compiled:
         why_not = "compiled passes pack their own weights (inductor's freezing); use compile=off"
     elif not available():
@@ -96,11 +104,11 @@ def _same_weight(key: tuple | None, held: tuple | None) -> bool:
 
 
 def _packable(module: torch.nn.Module) -> bool:
-    """A float32 CPU `nn.Linear` that computes what `nn.Linear.forward` does: a subclass with its own
-    forward (LoRA, quantized layers) would lose it to the packed product."""
+    """A float32 or bfloat16 CPU `nn.Linear` that computes what `nn.Linear.forward` does: a subclass
+    with its own forward (LoRA, quantized layers) would lose it to the packed product."""
     w = getattr(module, "weight", None)
     return (isinstance(module, torch.nn.Linear) and type(module).forward is torch.nn.Linear.forward
-            and isinstance(w, torch.Tensor) and w.dtype == torch.float32 and w.device.type == "cpu"
+            and isinstance(w, torch.Tensor) and w.dtype in PACKED_DTYPES and w.device.type == "cpu"
             and w.dim() == 2 and not w.is_mkldnn)
 
 
@@ -116,16 +124,19 @@ def _packed(module: torch.nn.Linear) -> torch.Tensor:
 
 
 def _packed_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """`nn.Linear.forward` through the packed weight: `x: [..., in]` -> `[..., out]`. One row (plain
-    decoding at batch 1), where autograd records, or an input that is not a float32 CPU tensor: the
-    layer's own forward (MKL's matrix-vector product, which one row gets no faster than)."""
-    if x.numel() == x.shape[-1] or torch.is_grad_enabled() or x.dtype != torch.float32 or x.device.type != "cpu":
+    """`nn.Linear.forward` through the packed weight: `x: [..., in]` -> `[..., out]`. Where autograd
+    records, or an input not of the weight's dtype on the CPU: the layer's own forward. One float32
+    row (plain decoding at batch 1) too: MKL's matrix-vector product, which one row gets no faster
+    than; one bfloat16 row runs packed (module docstring)."""
+    w = self.weight
+    if (torch.is_grad_enabled() or x.dtype != w.dtype or x.device.type != "cpu"
+            or (x.numel() == x.shape[-1] and w.dtype == torch.float32)):
         return torch.nn.Linear.forward(self, x)
     return torch.ops.mkldnn._linear_pointwise(x, self._specdec_packed, self.bias, "none", [], "")
 
 
 class PackedLinears:
-    """The swap of `model`'s float32 CPU linear layers to packed ones, for as long as it is held.
+    """The swap of `model`'s float32 and bfloat16 CPU linear layers to packed ones, for as long as it is held.
     Counted per layer, not per model: a view of another model's layers (layer skipping's draft)
     shares them, and a layer goes back when its last holder leaves. A layer whose `forward` another
     library has replaced (accelerate's hooks) is left alone."""

@@ -12,7 +12,8 @@ compile:       `off`, `on` (passes of up to 16 tokens through `torch.compile` at
                eager: experiments/gpu/LOG.md, "Runs 11-14".
 cuda_graphs:   under compile on CUDA: `trees` (inductor's CUDA graphs), `explicit` (captured per call
                shape by specdec) or `static`.
-packed_linear: `auto` (on where passes run eagerly in float32 on a CPU), `on` or `off`.
+packed_linear: `auto` (on where passes run eagerly on a CPU in float32, or bfloat16 with bfloat16
+               units), `on` or `off`.
 """
 
 from __future__ import annotations

@@ -188,7 +188,8 @@ class EngineConfig:
     overlap:       auto | on | off: queue step n+1 before reading step n (plain decoding, and a
                    greedy draft model under compile); auto is on for CUDA.
     packed_linear: auto | on | off: eager float32 passes on a CPU run linear layers of two or more
-                   rows through oneDNN's packed weights; auto is on where that applies.
+                   rows, bfloat16 ones every layer, through oneDNN's packed weights; auto is on
+                   where that applies.
     exact_greedy:  greedy runs score every target pass at one width (the run's largest k + 1) over
                    the whole cache buffer, so speculative output equals plain decoding bit for bit.
     """

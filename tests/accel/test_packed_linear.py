@@ -1,10 +1,13 @@
-"""packed_linear: a model's float32 CPU linear layers through oneDNN's packed weights inside
-`PackedLinears` (`specdec.accel.packed_linear`). The packed product matches `nn.Linear` to float32 rounding
-and a row's result does not depend on the rows fed with it; one row, autograd and anything outside
-the context run `nn.Linear` itself; holders are counted; a changed weight is repacked; `auto`
-resolves on only for eager float32 CPU engines; and greedy tokens through an Engine are the same
-with the layers packed and unpacked (plain decoding, a draft model, layer skipping, ragged batches).
+"""packed_linear: a model's float32 and bfloat16 CPU linear layers through oneDNN's packed weights
+inside `PackedLinears` (`specdec.accel.packed_linear`). The packed product matches `nn.Linear` to float32
+rounding (bit for bit in bfloat16) and a row's result does not depend on the rows fed with it; one
+float32 row, autograd and anything outside the context run `nn.Linear` itself; holders are counted; a
+changed weight is repacked; `auto` resolves on only for eager float32 and (with bfloat16 units)
+bfloat16 CPU engines; and greedy tokens through an Engine are the same with the layers packed and
+unpacked (plain decoding, a draft model, layer skipping, ragged batches).
 """
+
+import copy
 
 import pytest
 import torch
@@ -20,6 +23,8 @@ from specdec.proposers.layer_skip import LayerSkipProposer
 from tests.conftest import RAGGED_PROMPTS, load_script
 
 needs_kernel = pytest.mark.skipif(not available(), reason="this torch build has no oneDNN packed linear kernels")
+BF16_UNITS = available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+needs_bf16_units = pytest.mark.skipif(not BF16_UNITS, reason="this CPU has no bfloat16 units for oneDNN's kernels")
 
 CPU = torch.device("cpu")
 RTOL = 1e-5  # of the output's largest magnitude: float32 rounding, far below any real difference
@@ -91,6 +96,27 @@ def test_one_row_runs_nn_linear_itself():
             x = _rows(layer, 1)
             for shape in ((1, -1), (-1,), (1, 1, -1)):
                 assert torch.equal(layer(x.view(shape)), _linear(layer, x.view(shape))), f"{name} {shape}"
+
+
+@needs_bf16_units
+@torch.inference_mode()
+def test_bfloat16_rows_run_packed_and_equal_nn_linear_bit_for_bit():
+    """In bfloat16 every width runs packed, one row included, and computes exactly what the unpacked
+    layer does: switching packing on changes no token of a bfloat16 run."""
+    model = _model().to(torch.bfloat16)
+    with PackedLinears(model):
+        for name, layer in _layers(model).items():
+            assert _swapped(layer), name
+            x = _rows(layer, 12).to(torch.bfloat16)
+            packed = torch.ops.mkldnn._linear_pointwise(x, layer._specdec_packed, layer.bias, "none", [], "")
+            assert torch.equal(layer(x), packed), name  # the layer took the packed path
+            for n in (1, 2, 5, 12):
+                assert torch.equal(layer(x[:n]), _linear(layer, x[:n])), f"{name}: {n} rows"
+                assert torch.equal(layer(x[:n]), packed[:n]), f"{name}: {n} rows alone"
+            assert torch.equal(layer(x[:1].view(-1)), _linear(layer, x[:1].view(-1))), name
+            with pytest.raises(RuntimeError, match="same dtype"):  # another dtype: nn.Linear's own forward, which refuses
+                layer(x.float())
+    assert not any(_swapped(m) for m in model.modules())
 
 
 @needs_kernel
@@ -213,13 +239,14 @@ def test_resolve_packed_linear(monkeypatch):
     f32, bf16 = torch.float32, torch.bfloat16
     assert PACKED_LINEAR_MODES == ("auto", "on", "off")
     assert resolve_packed_linear("auto", CPU, f32, compiled=False) is available()
+    assert resolve_packed_linear("auto", CPU, bf16, compiled=False) is BF16_UNITS
     for mode in ("auto", "off", False):
-        assert resolve_packed_linear(mode, CPU, bf16, compiled=False) is False
+        assert resolve_packed_linear(mode, CPU, bf16, compiled=True) is False
         assert resolve_packed_linear(mode, CPU, f32, compiled=True) is False
         assert resolve_packed_linear(mode, torch.device("cuda"), f32, compiled=False) is False
         assert resolve_packed_linear(mode, CPU, torch.float16, compiled=False) is False
     assert resolve_packed_linear("off", CPU, f32, compiled=False) is False
-    for device, dtype, compiled, why in [(CPU, bf16, False, "bfloat16"), (CPU, f32, True, "compile=off"),
+    for device, dtype, compiled, why in [(CPU, torch.float16, False, "float16"), (CPU, f32, True, "compile=off"),
                                          (torch.device("cuda"), f32, False, "cuda")]:
         for mode in ("on", True):
             with pytest.raises(ValueError, match=f"packed_linear=on cannot apply: .*{why}"):
@@ -227,6 +254,11 @@ def test_resolve_packed_linear(monkeypatch):
     for bad in ("always", "ON", "", None, 1):
         with pytest.raises(ValueError, match="is not one of: auto, on, off"):
             resolve_packed_linear(bad, CPU, f32, compiled=False)
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)  # AVX2: bfloat16 emulated
+    assert resolve_packed_linear("auto", CPU, bf16, compiled=False) is False
+    assert resolve_packed_linear("auto", CPU, f32, compiled=False) is available()
+    with pytest.raises(ValueError, match="no bfloat16 units"):
+        resolve_packed_linear("on", CPU, bf16, compiled=False)
     monkeypatch.setattr(packed_linear, "available", lambda: False)  # a torch without oneDNN
     assert resolve_packed_linear("auto", CPU, f32, compiled=False) is False
     with pytest.raises(ValueError, match="no oneDNN"):
@@ -243,7 +275,7 @@ def test_resolve_on_engine_and_on_refused_before_models_move():
     assert Engine(model, dtype="float32", passes=Accelerated(compile="on")).passes.packed_linear is False
     other = tiny_random_model(seed=4, eos_token_id=None)
     with pytest.raises(ValueError, match="packed_linear=on cannot apply"):
-        Engine(other, dtype="bfloat16", passes=Accelerated(packed_linear="on"))
+        Engine(other, dtype="float16", passes=Accelerated(packed_linear="on"))
     assert next(other.parameters()).dtype == torch.float32  # refused before converting the model
     with pytest.raises(ValueError, match="packed_linear=on cannot apply"):
         Engine(other, dtype="float32", passes=Accelerated(compile="on", packed_linear="on"))
@@ -274,20 +306,24 @@ def _decode(engine, method: str, k: int, prompts, exact_greedy: bool):
 @pytest.mark.parametrize("method, k", [("plain", 0), ("draft", 4), ("layer_skip", 3)])
 @pytest.mark.parametrize("batch", ["single", "ragged"])
 @pytest.mark.parametrize("exact_greedy", [True, False])
-def test_greedy_tokens_equal_packed_and_unpacked(target, unrelated_draft, monkeypatch, method, k, batch, exact_greedy):
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=needs_bf16_units)])
+def test_greedy_tokens_equal_packed_and_unpacked(target, unrelated_draft, monkeypatch, method, k, batch, exact_greedy,
+                                                 dtype):
     """Lossless: the same greedy tokens with the layers packed as with nn.Linear, and speculative
-    output equal to plain decoding's with them packed."""
+    output equal to plain decoding's with them packed (in bfloat16 too, where one row runs packed)."""
     prompts = RAGGED_PROMPTS[:1] if batch == "single" else RAGGED_PROMPTS
     draft = unrelated_draft if method == "draft" else None
+    if dtype != "float32":  # the shared fixtures stay float32 for the other tests' engines
+        target, draft = copy.deepcopy(target), copy.deepcopy(draft)
     rows = _counting(monkeypatch)
-    unpacked = _decode(Engine(target, draft, dtype="float32", passes=Accelerated(packed_linear="off")), method, k, prompts, exact_greedy)
+    unpacked = _decode(Engine(target, draft, dtype=dtype, passes=Accelerated(packed_linear="off")), method, k, prompts, exact_greedy)
     assert not rows
-    engine = Engine(target, draft, dtype="float32", passes=Accelerated(packed_linear="on"))
+    engine = Engine(target, draft, dtype=dtype, passes=Accelerated(packed_linear="on"))
     packed = _decode(engine, method, k, prompts, exact_greedy)
     assert packed.output_ids == unpacked.output_ids
     assert all(len(o) == 20 for o in packed.output_ids)
     assert rows and max(rows) > 1, "nothing ran packed"
-    if method != "plain":
+    if method != "plain" and (dtype == "float32" or exact_greedy):  # bfloat16's widths round apart without exact greedy
         plain = _decode(engine, "plain", 0, prompts, exact_greedy)
         assert packed.output_ids == plain.output_ids
     assert not any(_swapped(m) or id(m) in packed_linear._HELD for m in target.modules())  # restored after
