@@ -220,7 +220,8 @@ def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
     """SDPA for grouped-query attention without copying the cache: `query: [B, H, T, D]` is viewed as
     `[B, Hkv, G*T, D]` (the G query heads that share a key head become G*T queries of it), `key, value:
     [B, Hkv, S, D]` are read as they are, the mask `attention_mask: [B, 1, T, S]` is repeated G times
-    along the queries. Each (head, query) pair computes what SDPA over repeated keys computes.
+    along the queries (for one query it broadcasts: no copy). Each (head, query) pair computes what
+    SDPA over repeated keys computes.
 
     Why: transformers' SDPA path repeats the keys and values to H heads first (`repeat_kv`, a copy of
     the whole cache per layer and pass) for several queries with a mask, and under dynamo always;
@@ -246,7 +247,7 @@ def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     query = query.reshape(b, h // groups, groups * t, d)
-    if attention_mask is not None:
+    if attention_mask is not None and t > 1:  # one query: [B, 1, 1, S] broadcasts over the G rows as it is
         attention_mask = attention_mask.repeat(1, 1, groups, 1)
     out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling)
     return out.reshape(b, h, t, -1).transpose(1, 2).contiguous(), None
