@@ -75,8 +75,9 @@ def measure(args: argparse.Namespace, modes: list[str], widths: list[int]) -> di
     torch.set_num_threads(1)
     model, _ = load_model(ModelSpec(path=args.model))
     engines = {mode: Engine(model, None, dtype=args.dtype, passes=Accelerated(compile="on" if mode == "concat" else mode)) for mode in modes}
-    if "concat" in engines:
-        engines["concat"].target.compiled = CompiledForward(engines["concat"].target, concat_linear=True)
+    for mode in compiled:  # `on` as inductor's default (nothing concatenated) beside `concat`
+        engines[mode].target.compiled = CompiledForward(engines[mode].target, autotune=mode == "autotune",
+                                                        concat_linear=mode == "concat")
     if args.narrowest is not None:
         for mode in compiled:
             engines[mode].target.compiled.narrowest = args.narrowest

@@ -325,6 +325,17 @@ def freezes(device: torch.device, backend: str) -> bool:
     return backend == "inductor" and device.type == "cpu"
 
 
+def concatenates(device: torch.device, dtype: torch.dtype, freezing: bool) -> bool:
+    """Whether a CPU's frozen graphs concatenate the linear layers that read one input (q/k/v,
+    gate/up; inductor's `cpp.enable_concat_linear`): in bfloat16 on a CPU with bfloat16 units, where
+    a one-token pass of the embedded SmolLM2 then costs 0.95x (32.6 against 34.2 ms, AMX; the
+    products stay on oneDNN's packed path, four a layer where there were seven). Without bfloat16
+    units the concatenated products cost 2.6x (AVX2): off, as in float32, where it was not measured
+    (experiments/gpu/LOG.md, "concatenated")."""
+    return (freezing and device.type == "cpu" and dtype == torch.bfloat16
+            and torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 _COMPILED: dict[tuple, object] = {}
 
 
@@ -534,19 +545,20 @@ class _BucketedPasses:
     freezing: inductor's weight freezing; None: where `freezes` says (a CPU). The eager backend
              ignores it.
     concat_linear: on a CPU, let freezing concatenate the linear layers that read one input (q/k/v,
-             gate/up) as it does on CUDA (inductor's `cpp.enable_concat_linear`, off by default);
-             a study's choice (experiments/gpu/widths.py `--modes off,on,concat`), not a default.
+             gate/up) as it does on CUDA (inductor's `cpp.enable_concat_linear`); None: where
+             `concatenates` says (bfloat16 with bfloat16 units). experiments/gpu/widths.py
+             `--modes off,on,concat` measures it.
     """
 
     def __init__(self, device: torch.device, dtype: torch.dtype, backend: str = "inductor",
                  cuda_graphs: str = "trees", graph_class=None, autotune: bool = False,
-                 freezing: bool | None = None, concat_linear: bool = False):
+                 freezing: bool | None = None, concat_linear: bool | None = None):
         check_cuda_graphs(cuda_graphs)
         self.backend = backend
         self.device = device
         self.autotune = autotune
         self.freezing = freezes(device, backend) if freezing is None else freezing
-        self.concat_linear = concat_linear
+        self.concat_linear = concatenates(device, dtype, self.freezing) if concat_linear is None else concat_linear
         self.dtype = dtype
         self.narrowest = narrowest_width(device, dtype, autotune)  # passes of fewer tokens are padded to it
         self.cuda_graphs = cuda_graphs
@@ -751,7 +763,7 @@ class CompiledForward(_BucketedPasses):
     path when it returns None)."""
 
     def __init__(self, model, backend: str = "inductor", cuda_graphs: str = "trees", graph_class=None,
-                 autotune: bool = False, freezing: bool | None = None, concat_linear: bool = False):
+                 autotune: bool = False, freezing: bool | None = None, concat_linear: bool | None = None):
         super().__init__(model.device, model.dtype, backend, cuda_graphs, graph_class, autotune, freezing,
                          concat_linear)
         self.model = model
@@ -918,7 +930,7 @@ class _ModulePasses(_BucketedPasses):
 
     def __init__(self, module: torch.nn.Module, model: torch.nn.Module, backend: str = "inductor",
                  cuda_graphs: str = "trees", graph_class=None, autotune: bool = False,
-                 freezing: bool | None = None, concat_linear: bool = False):
+                 freezing: bool | None = None, concat_linear: bool | None = None):
         first = next(module.parameters())
         super().__init__(first.device, first.dtype, backend, cuda_graphs, graph_class, autotune, freezing,
                          concat_linear)

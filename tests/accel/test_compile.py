@@ -19,6 +19,7 @@ from specdec.accel.compiled import (
     MIN_KV,
     CompiledForward,
     bucket,
+    concatenates,
     freezes,
     narrowest_width,
     resolve_compile,
@@ -590,6 +591,22 @@ def test_inductor_freezing_keeps_each_models_weights(target):
     for engine in engines.values():
         report = engine.compile_report()["target"]
         assert 0 < report["unguarded_calls"] and report["graphs"] <= report["shapes"]
+
+
+def test_concatenated_linear_layers_are_the_default_for_bfloat16_with_its_units(monkeypatch):
+    """`concatenates`: a CPU's frozen graphs concatenate q/k/v and gate/up in bfloat16 where the CPU
+    has bfloat16 units (measured to pay there), nowhere else unless asked."""
+    cpu, cuda, bf16, f32 = torch.device("cpu"), torch.device("cuda"), torch.bfloat16, torch.float32
+    for units in (True, False):
+        monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda units=units: units)
+        assert concatenates(cpu, bf16, freezing=True) is (units and torch.backends.mkldnn.is_available())
+        assert not concatenates(cpu, f32, freezing=True)
+        assert not concatenates(cpu, bf16, freezing=False)
+        assert not concatenates(cuda, bf16, freezing=True)  # inductor concatenates under CUDA freezing itself
+        engine = Engine(tiny_random_model(seed=1, eos_token_id=None), dtype="bfloat16", passes=Accelerated(compile="on"))
+        assert engine.target.compiled.concat_linear is concatenates(cpu, bf16, freezing=True)
+        assert engine.target.compiled.options()["concat_linear"] is engine.target.compiled.concat_linear
+        assert CompiledForward(engine.target, concat_linear=False).concat_linear is False  # asked: kept
 
 
 @pytest.mark.slow
