@@ -348,13 +348,14 @@ def allow_recompiles(limit: int = RECOMPILE_LIMIT) -> None:
 
 
 def _compiled(fn, device: torch.device, backend: str, cuda_graphs: str = "trees", autotune: bool = False,
-              freezing: bool = False, concat_linear: bool = False):
-    """One compiled `fn` per device type, backend, CUDA-graph mode, autotuning and freezing (dynamo
+              freezing: bool = False, concat_linear: bool = False, cpp_wrapper: bool = False):
+    """One compiled `fn` per device type, backend, CUDA-graph mode, autotuning, freezing and the
+    other inductor options (dynamo
     keeps one cache per code object; graphs for the target and the draft, and for each shape, are
     entries of it, each guarded on the compiled function it came from, so an autotuned or frozen graph
     and another of the same shape do not stand in for each other). On CUDA, `trees` compiles with inductor's CUDA-graph
     trees; `explicit` without them (specdec captures its own, `specdec.accel.cuda_graphs`)."""
-    key = (fn, device.type, backend, cuda_graphs, autotune, freezing, concat_linear)
+    key = (fn, device.type, backend, cuda_graphs, autotune, freezing, concat_linear, cpp_wrapper)
     if key not in _COMPILED:
         allow_recompiles()
         trees = device.type == "cuda" and backend == "inductor" and cuda_graphs == "trees"
@@ -370,7 +371,8 @@ def _compiled(fn, device: torch.device, backend: str, cuda_graphs: str = "trees"
             from torch._inductor import list_mode_options  # not imported by `import torch` in every release
 
             options = (list_mode_options(mode, dynamic=False) if mode else {}) | (
-                {"freezing": True} if freezing else {}) | ({"cpp.enable_concat_linear": True} if concat_linear else {})
+                {"freezing": True} if freezing else {}) | ({"cpp.enable_concat_linear": True} if concat_linear else {}) | (
+                {"cpp_wrapper": True} if cpp_wrapper else {})
             _COMPILED[key] = torch.compile(fn, backend=backend, options=options or None, dynamic=False)
     return _COMPILED[key]
 
@@ -548,17 +550,21 @@ class _BucketedPasses:
              gate/up) as it does on CUDA (inductor's `cpp.enable_concat_linear`); None: where
              `concatenates` says (bfloat16 with bfloat16 units). experiments/gpu/widths.py
              `--modes off,on,concat` measures it.
+    cpp_wrapper: inductor's `cpp_wrapper`: each graph's calls of its kernels from C++ instead of
+             Python. Plain decoding of the embedded SmolLM2 in bfloat16 on one CPU thread 1.065x
+             (32.7 against 30.7 tok/s), its graphs compiling 1.5x as long (experiments/peers/LOG.md).
     """
 
     def __init__(self, device: torch.device, dtype: torch.dtype, backend: str = "inductor",
                  cuda_graphs: str = "trees", graph_class=None, autotune: bool = False,
-                 freezing: bool | None = None, concat_linear: bool | None = None):
+                 freezing: bool | None = None, concat_linear: bool | None = None, cpp_wrapper: bool = False):
         check_cuda_graphs(cuda_graphs)
         self.backend = backend
         self.device = device
         self.autotune = autotune
         self.freezing = freezes(device, backend) if freezing is None else freezing
         self.concat_linear = concatenates(device, dtype, self.freezing) if concat_linear is None else concat_linear
+        self.cpp_wrapper = cpp_wrapper
         self.dtype = dtype
         self.narrowest = narrowest_width(device, dtype, autotune)  # passes of fewer tokens are padded to it
         self.cuda_graphs = cuda_graphs
@@ -588,7 +594,8 @@ class _BucketedPasses:
     def options(self) -> dict:
         """How this caller compiles, for the compiled callers a proposer adds beside it."""
         return {"backend": self.backend, "cuda_graphs": self.cuda_graphs, "graph_class": self.graph_class,
-                "autotune": self.autotune, "freezing": self.freezing, "concat_linear": self.concat_linear}
+                "autotune": self.autotune, "freezing": self.freezing, "concat_linear": self.concat_linear,
+                "cpp_wrapper": self.cpp_wrapper}
 
     def report(self) -> dict:
         """Graphs compiled (recompilations included), passes run compiled / eagerly (of which
@@ -713,7 +720,7 @@ class _BucketedPasses:
         entry = _entry(fn, args)
         known = SKIP_KNOWN_GUARDS and entry in self._entries and entry not in self._guarded and _CAN_SKIP_GUARDS
         compiled = _compiled(fn, self.device, self.backend, self.cuda_graphs, self.autotune, self.freezing,
-                             self.concat_linear)
+                             self.concat_linear, self.cpp_wrapper)
 
         def call(*args):
             # Settings read only while compiling: a known entry, which runs a graph that exists, skips the
@@ -763,9 +770,10 @@ class CompiledForward(_BucketedPasses):
     path when it returns None)."""
 
     def __init__(self, model, backend: str = "inductor", cuda_graphs: str = "trees", graph_class=None,
-                 autotune: bool = False, freezing: bool | None = None, concat_linear: bool | None = None):
+                 autotune: bool = False, freezing: bool | None = None, concat_linear: bool | None = None,
+                 cpp_wrapper: bool = False):
         super().__init__(model.device, model.dtype, backend, cuda_graphs, graph_class, autotune, freezing,
-                         concat_linear)
+                         concat_linear, cpp_wrapper)
         self.model = model
 
     @torch.inference_mode()
@@ -930,10 +938,10 @@ class _ModulePasses(_BucketedPasses):
 
     def __init__(self, module: torch.nn.Module, model: torch.nn.Module, backend: str = "inductor",
                  cuda_graphs: str = "trees", graph_class=None, autotune: bool = False,
-                 freezing: bool | None = None, concat_linear: bool | None = None):
+                 freezing: bool | None = None, concat_linear: bool | None = None, cpp_wrapper: bool = False):
         first = next(module.parameters())
         super().__init__(first.device, first.dtype, backend, cuda_graphs, graph_class, autotune, freezing,
-                         concat_linear)
+                         concat_linear, cpp_wrapper)
         self.module, self.model = module, model
 
 

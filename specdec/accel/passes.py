@@ -12,6 +12,7 @@ compile:       `off`, `on` (passes of up to 16 tokens through `torch.compile` at
                eager: experiments/gpu/LOG.md, "Runs 11-14".
 cuda_graphs:   under compile on CUDA: `trees` (inductor's CUDA graphs), `explicit` (captured per call
                shape by specdec) or `static`.
+cpp_wrapper:   under compile, each graph calls its kernels from C++ (inductor's `cpp_wrapper`).
 packed_linear: `auto` (on where passes run eagerly on a CPU in float32, or bfloat16 with bfloat16
                units), `on` or `off`.
 """
@@ -44,13 +45,14 @@ class Accelerated:
     Values are checked here, before any model moves; what they resolve to on the engine's device
     and dtype is settled by `attach` (one engine per object)."""
 
-    def __init__(self, compile: str | bool = "off", cuda_graphs: str = "trees", packed_linear: str | bool = "auto"):
+    def __init__(self, compile: str | bool = "off", cuda_graphs: str = "trees", packed_linear: str | bool = "auto",
+                 cpp_wrapper: bool = False):
         if compile not in (*COMPILE_MODES, True, False):
             raise ValueError(f"compile={compile!r} is not one of: {', '.join(COMPILE_MODES)}")
         if packed_linear not in (*PACKED_LINEAR_MODES, True, False):
             raise ValueError(f"packed_linear={packed_linear!r} is not one of: {', '.join(PACKED_LINEAR_MODES)}")
         check_cuda_graphs(cuda_graphs)
-        self.mode, self.cuda_graphs, self.packed_mode = compile, cuda_graphs, packed_linear
+        self.mode, self.cuda_graphs, self.packed_mode, self.cpp_wrapper = compile, cuda_graphs, packed_linear, cpp_wrapper
         self.engine = None
         self.compile = self.autotune = self.packed_linear = False
         self.freezing = frozen_weights(compile)
@@ -71,7 +73,7 @@ class Accelerated:
             for m in (engine.target, engine.draft):
                 if m is not None:
                     m.compiled = CompiledForward(m, cuda_graphs=self.cuda_graphs, autotune=self.autotune,
-                                                 freezing=self.freezing)
+                                                 freezing=self.freezing, cpp_wrapper=self.cpp_wrapper)
 
     def compiled(self, what, kind: str, like):
         """`what` compiled with the options of `like`'s compiled passes (a `CachedModel` whose passes

@@ -249,7 +249,8 @@ def accelerated(cfg: DictConfig) -> Accelerated:
     if mode != "off" and (options.autotune or options.freeze_weights):
         compiles = resolve_compile(mode, resolve_device(cfg.device))
         mode = ("autotune" if options.autotune else "frozen") if compiles else "off"
-    return Accelerated(compile=mode, cuda_graphs=options.cuda_graphs, packed_linear=cfg.engine.packed_linear)
+    return Accelerated(compile=mode, cuda_graphs=options.cuda_graphs, packed_linear=cfg.engine.packed_linear,
+                       cpp_wrapper=options.cpp_wrapper)
 
 
 def set_exact_greedy(methods: list, on: bool) -> int:

@@ -572,6 +572,19 @@ def test_inductor_greedy_equals_eager(target, unrelated_draft):
 
 
 @pytest.mark.slow
+def test_inductor_cpp_wrapper_greedy_equals_eager(target):
+    """`cpp_wrapper=True` (engine.compile_options.cpp_wrapper): the graphs call their kernels from C++,
+    plain decoding and k = 4 of a draft over the target itself, ragged batch, float32."""
+    engine = Engine(target, target, dtype="float32", passes=Accelerated(compile="on", cpp_wrapper=True))
+    assert engine.target.compiled.cpp_wrapper
+    for k in (0, 4):
+        eager = _generate(make_engine(target, "self", compile="off"), k, RAGGED_PROMPTS, max_new_tokens=12)
+        wrapped = _generate(engine, k, RAGGED_PROMPTS, max_new_tokens=12)
+        assert wrapped.output_ids == eager.output_ids, f"k={k}"
+    assert engine.compile_report()["target"]["graphs"] > 0
+
+
+@pytest.mark.slow
 def test_inductor_freezing_keeps_each_models_weights(target):
     """On a CPU the weights are frozen into the graph: a second model of the same shape with other
     weights must get graphs of its own (dynamo guards on the weights' identity), not the first

@@ -699,7 +699,7 @@ def test_the_engine_file_holds_the_schemas_defaults():
     assert written == {**defaults, "compile_options": options}
     cfg = _compose([])
     assert cfg.compile == "auto" and cfg.engine.overlap == "auto" and cfg.engine.exact_greedy is True
-    for option in ("autotune", "freeze_weights", "cuda_graphs"):  # each option names its study
+    for option in ("autotune", "freeze_weights", "cpp_wrapper", "cuda_graphs"):  # each option names its study
         line = next(x for x in (CONF / "engine" / "default.yaml").read_text().splitlines() if x.strip().startswith(option))
         assert option in line
     assert (CONF / "engine" / "default.yaml").read_text().count("LOG.md#") >= 4
@@ -740,6 +740,19 @@ def test_compile_and_its_options_become_the_engines_passes(overrides, device, re
     passes = experiment.accelerated(cfg)
     passes.settle(torch.device(device), torch.float32)
     assert passes.describe() == {"compile": resolved, "packed_linear": "off"}
+
+
+def test_cpp_wrapper_reaches_the_compiled_passes():
+    """`engine.compile_options.cpp_wrapper=true` becomes each compiled caller's option, and a caller a
+    proposer adds beside the target's (`options()`) inherits it."""
+    from specdec.core.engine import Engine
+    from specdec.models import tiny_random_model
+
+    for value in (True, False):
+        cfg = _compose([*TINY, "compile=on", f"engine.compile_options.cpp_wrapper={value}"])
+        engine = Engine(tiny_random_model(seed=2, eos_token_id=None), dtype="float32", passes=experiment.accelerated(cfg))
+        assert engine.target.compiled.cpp_wrapper is value
+        assert engine.target.compiled.options()["cpp_wrapper"] is value
 
 
 def test_the_engines_switches_reach_the_run(tmp_path):
