@@ -39,7 +39,7 @@ def main() -> None:
     engine = Engine(target, None, device="cpu", dtype="bfloat16", passes=passes)
     if args.mode == "on-apart":
         engine.target.compiled = CompiledForward(engine.target, concat_linear=False)
-    decoder = SpeculativeDecoder(engine, tokenizer=tokenizer)
+    decoder = SpeculativeDecoder(engine, tokenizer=tokenizer, exact_greedy=False)  # one token wide, as the baseline
     ids = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True)
     ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
     start = time.perf_counter()
