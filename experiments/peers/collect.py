@@ -6,8 +6,10 @@ One row per method and run: tokens/s, speedup over specdec's plain decoding and 
 decoding of the run, tau, alpha, the fraction of prompts with the tokens of specdec's plain decoding,
 vLLM's start-up, and the command that made the run (COMMANDS).
 
-A run with `repeats=2` (the compiled one) reports tokens/s from its last repeat alone: its first
-repeat compiles each new shape's graph while timed, as vLLM compiles before its first request.
+A run with `repeats=2` (the compiled one) reports specdec's tokens/s from its last repeat: the
+first compiles each new shape's graph while timed, where vLLM compiles before its first request.
+vLLM's rows come from the first repeat: its suffix decoding keeps the outputs of earlier requests,
+so a second pass over the same prompts would find its own answers.
 """
 
 from __future__ import annotations
@@ -41,14 +43,15 @@ def startup(run: Path, method: str) -> float | None:
     return None
 
 
-def last_repeat_speeds(run: Path) -> dict[str, float]:
-    """Tokens/s per method over the results of the run's last repeat: new tokens over wall seconds."""
+def repeat_speeds(run: Path) -> dict[str, float]:
+    """Tokens/s per method, new tokens over wall seconds: specdec's over the run's last repeat,
+    vLLM's over its first (module docstring)."""
     results = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
     last = max(r["repeat"] for r in results)
     tokens: dict[str, float] = {}
     seconds: dict[str, float] = {}
     for r in results:
-        if r["repeat"] == last:
+        if r["repeat"] == (0 if r["method"].startswith("vllm") else last):
             tokens[r["method"]] = tokens.get(r["method"], 0) + r["new_tokens"]
             seconds[r["method"]] = seconds.get(r["method"], 0) + r["wall_s"]
     return {m: tokens[m] / seconds[m] for m in tokens}
@@ -61,7 +64,7 @@ def rows() -> list[dict]:
         s = json.loads((run / "summary.json").read_text())
         speeds = {m: b["overall"]["tokens_per_s"] for m, b in s["methods"].items()}
         if "repeats=2" in command:
-            speeds = last_repeat_speeds(run)
+            speeds = repeat_speeds(run)
         plain = {m: speeds[m] for m, b in s["methods"].items()
                  if b["overall"]["proposed"] == 0 and b["overall"]["steps"]}  # the summary's own rule
         fastest = max(plain.values())
