@@ -22,7 +22,7 @@ HERE = Path(__file__).resolve().parent
 BASE = ("SPECDEC_VLLM_PYTHON=~/vllm/bin/python python -m specdec experiment=spec_bench_greedy "
         "method=ngram +method@compare.vllm=vllm +method@compare.vllm_ngram=vllm_ngram logger=none plots=false")
 COMMANDS = {
-    "cpu_compiled": f"{BASE} +method@compare.vllm_suffix=vllm_suffix data.limit=1 repeats=2 compile=on "
+    "cpu_compiled": f"{BASE} data.limit=1 repeats=2 compile=on "
                     "engine.compile_options.autotune=true "
                     "hydra.run.dir=experiments/peers/runs/cpu_compiled",
     "cpu_2": f"{BASE} data.limit=2 +method@compare.suffix=suffix hydra.run.dir=experiments/peers/runs/cpu_2",

