@@ -22,7 +22,6 @@ from specdec.core.attention import SLIDING, AttentionLayout, grouped_attention
 from specdec.core.cache import RowCache
 from specdec.core.decoder_stack import decoder_stack, hidden_source
 from specdec.core.device import to_device
-from specdec.core.errors import InvalidInput
 from specdec.core.types import CompiledPasses, Passes
 
 
@@ -232,35 +231,58 @@ class CachedModel:
     def keep_hidden_states(self, layers: list[int] | None = None) -> None:
         """From now on every pass also stores hidden states in the cache, beside the keys and values
         (at every position fed, whatever `keep` says): drafters that read the target's features get
-        them from the scoring pass itself, with no second pass.
+        them from the scoring pass itself, with no second pass. Each drafter reads its own with
+        `hidden_at(layers, ...)`.
 
         layers: None keeps the model's last hidden states (the output head's input), `[B, T, H]`.
         A list keeps, per pass, the concatenation in ascending order of the residual stream entering
         decoder layer i for each i (transformers' `output_hidden_states[i]`; i == N, the number of
-        layers, is the final normed output), `[B, T, n * H]`: EAGLE-3's taps. Under `compile=on`, the
-        passes of a model that keeps several taps run eagerly (the compiled forward declines them).
+        layers, is the final normed output, the same tensor as None's), `[B, T, n * H]`: EAGLE-3's
+        taps. Under `compile=on`, the passes of a model that keeps several taps run eagerly (the
+        compiled forward declines them).
 
-        One model keeps one kind: a second drafter on this engine that asks for another (EAGLE's last
-        hidden states beside EAGLE-3's taps) is refused, since the first one's would be overwritten."""
+        Drafters on one engine that ask for different kinds (EAGLE's last hidden states beside
+        EAGLE-3's taps) share it: the engine keeps the union of their taps, and each reads its own
+        columns. Ask before a generation starts: the cache's store is sized at a generation's first pass."""
         layers = None if layers is None else [int(i) for i in layers]
-        if self._hidden_source is not None and layers != self._hidden_layers:
-            def kind(taps: list[int] | None) -> str:
-                return "its last hidden states" if taps is None else f"the taps {taps}"
-
-            raise InvalidInput(f"{self.name} already keeps {kind(self._hidden_layers)} for another drafter; one engine "
-                               f"keeps one kind, and {kind(layers)} were asked for: measure these drafters in "
-                               "separate runs (e.g. eagle and eagle3)")
-        self._hidden_source = self.hidden_source()
-        if layers is None:
-            self._hidden_layers = None
-            return
-        if not layers or layers != sorted(set(layers)) or layers[0] < 0 or layers[-1] > self.num_layers:
-            raise ValueError(f"{self.name}: the hidden-state taps {layers} must be distinct ascending layer "
-                             f"indices in [0, {self.num_layers}] (the model has {self.num_layers} layers)")
-        if decoder_stack(self._hidden_source) is None:
+        if layers is not None:
+            if not layers or layers != sorted(set(layers)) or layers[0] < 0 or layers[-1] > self.num_layers:
+                raise ValueError(f"{self.name}: the hidden-state taps {layers} must be distinct ascending layer "
+                                 f"indices in [0, {self.num_layers}] (the model has {self.num_layers} layers)")
+        source = self.hidden_source()
+        if layers is not None and layers != [self.num_layers] and decoder_stack(source) is None:
             raise ValueError(f"{self.name}: {type(self.model).__name__}'s decoder has no list of layers to "
                              "tap; drafters that read several layers (EAGLE-3) cannot use it")
-        self._hidden_layers = layers
+        kept = self._kept_taps() if self._hidden_source is not None else []
+        union = sorted(set(kept) | set(self._taps(layers)))
+        self._hidden_source = source
+        # The last hidden states alone keep None: the decoder's output, through one hook (and the compiled path's).
+        self._hidden_layers = None if union == [self.num_layers] else union
+
+    def _taps(self, layers: list[int] | None) -> list[int]:
+        """`layers` as taps: None, the last hidden states, is tap N."""
+        return [self.num_layers] if layers is None else layers
+
+    def _kept_taps(self) -> list[int]:
+        return self._taps(self._hidden_layers)
+
+    def hidden_at(self, layers: list[int] | None, *index) -> torch.Tensor:
+        """The hidden states that `keep_hidden_states(layers)` asked for, at `cache.hidden[index]`
+        (e.g. `rows[:, None], positions`): `[..., n * H]`, the columns of those taps in what the
+        engine keeps for every drafter on it."""
+        states = self.cache.hidden[index]
+        kept, asked = self._kept_taps(), self._taps(layers)
+        if asked == kept:
+            return states
+        try:
+            blocks = [kept.index(i) for i in asked]
+        except ValueError:
+            raise ValueError(f"{self.name}: the taps {asked} were never asked for (keep_hidden_states); "
+                             f"it keeps {kept}") from None
+        width = states.shape[-1] // len(kept)
+        if blocks == list(range(blocks[0], blocks[0] + len(blocks))):  # one run of columns: a view
+            return states[..., blocks[0] * width:(blocks[-1] + 1) * width]
+        return states.unflatten(-1, (len(kept), width))[..., blocks, :].flatten(-2)
 
     def _tap_hooks(self, taps: dict[int, torch.Tensor]) -> list:
         """Hooks that put, for each kept layer i, the residual stream entering layer i (or the

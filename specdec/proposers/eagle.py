@@ -294,6 +294,7 @@ class EagleProposer:
     """
 
     name = "eagle"
+    taps: list[int] | None = None  # the target's hidden states it reads (`keep_hidden_states`; None: the last)
     drafts_trees = True  # its proposals are TreeProposals: only verifiers with a tree form (config checks it)
 
     def __init__(self, engine: Engine, heads_path: str, budget: int = 12, topk: int = 4, width: int = 4,
@@ -386,7 +387,7 @@ class EagleProposer:
         # 1. catch up on the positions the drafter has not seen, with the target's features
         upto = self.target.lengths
         counts, pos = unseen_positions(list(self.cache.lengths), upto, device)
-        features = self.target.cache.hidden[rows[:, None], pos]
+        features = self.target.hidden_at(self.taps, rows[:, None], pos)
         out = self._feed(state.tokens[rows[:, None], pos + 1], features, pos, counts)
         root = out[rows, to_device(counts, device) - 1]  # [B, H] predicted feature after the last token
         base = to_device(upto, device)  # the drafted region starts at each row's valid length

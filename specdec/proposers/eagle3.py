@@ -293,7 +293,7 @@ class Eagle3Proposer(EagleProposer):
         self.chain = chain
         self.drafts_trees = not chain  # the instance's answer (the hybrid asks it); the class's is the config's
         self.num_nodes = 0 if chain else budget  # nodes a step scores; 0: a chain, verified as one
-        self.layer_ids = layer_ids
+        self.layer_ids = self.taps = layer_ids
         self.target = target
         self.cache: RowCache | None = None
         target.keep_hidden_states(layer_ids)
@@ -327,7 +327,7 @@ class Eagle3Proposer(EagleProposer):
         counts = [u - s for u, s in zip(upto, seen)]
         pos = to_device(seen, device)[:, None] + torch.arange(max(counts), device=device)
         pos = torch.minimum(pos, to_device(upto, device)[:, None] - 1)
-        out = self._feed(state.tokens[rows[:, None], pos + 1], self.target.cache.hidden[rows[:, None], pos], pos, counts)
+        out = self._feed(state.tokens[rows[:, None], pos + 1], self.target.hidden_at(self.taps, rows[:, None], pos), pos, counts)
         feature = out[rows, to_device(counts, device) - 1][:, None]  # [B, 1, H]
         base = to_device(upto, device)
         tokens, probs = [], []

@@ -243,7 +243,7 @@ class MedusaProposer:
             return Proposal.empty(b, device)
         shape = self._shape(k)
         last = to_device(self.target.lengths, device) - 1  # the entry that produced the last token
-        hidden = self.target.cache.hidden[torch.arange(b, device=device), last]  # [B, H]
+        hidden = self.target.hidden_at(None, torch.arange(b, device=device), last)  # [B, H]
         guesses = self.compiled.forward if self.compiled is not None else self.guesses
         top = guesses(hidden, shape.max_depth, max(shape.ranks) + 1)  # [B, D, R]
         depth = to_device(shape.depths, device) - 1

@@ -441,7 +441,7 @@ class MTPProposer:
         upto = self.target.lengths
         counts, pos = unseen_positions(list(self.cache.lengths), upto, device)
         last = to_device(counts, device) - 1
-        feedback, normed = self._feed(state.tokens[rows[:, None], pos + 1], self.target.cache.hidden[rows[:, None], pos],
+        feedback, normed = self._feed(state.tokens[rows[:, None], pos + 1], self.target.hidden_at(None, rows[:, None], pos),
                                       pos, counts, 0)
         feedback, normed = feedback[rows, last][:, None], normed[rows, last]  # [B, 1, H], [B, H]
         base = to_device(upto, device)

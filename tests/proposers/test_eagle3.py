@@ -316,13 +316,45 @@ def test_a_published_folder_drafts_as_the_files_it_was_written_from(small_target
     assert [r.accepted for r in runs[0].stats.rows] == [r.accepted for r in runs[1].stats.rows]
 
 
-def test_eagle_and_eagle3_on_one_engine_are_refused_by_name(target, tmp_path):
-    """One model keeps one kind of hidden states: EAGLE-3's taps would overwrite EAGLE's last hidden
-    states (a shape error at the first draft). The second drafter is refused when it is built."""
+def test_eagle_and_eagle3_share_one_engine_each_reading_its_own_states(target):
+    """EAGLE's last hidden states beside EAGLE-3's taps on one engine (one run compares them): the
+    engine keeps the union, and each drafter decodes exactly as on an engine of its own."""
     from specdec.proposers.eagle import EagleProposer
 
-    engine = Engine(target, dtype="float32")
-    EagleProposer(engine, str(ASSETS / "tiny_random_eagle.safetensors"))
-    with pytest.raises(InvalidInput, match=r"already keeps its last hidden states for another drafter; .*the taps"):
-        Eagle3Proposer(engine, drafter_files(target))
-    engine.target.keep_hidden_states()  # the same kind again: fine
+    eagle_path, files = str(ASSETS / "tiny_random_eagle.safetensors"), drafter_files(target)
+
+    def decode(engine, proposer):
+        return SpeculativeDecoder(engine, proposer, num_speculative_tokens=4).generate(RAGGED_PROMPTS, max_new_tokens=16)
+
+    alone = [decode(e, EagleProposer(e, eagle_path)) for e in [Engine(target, dtype="float32")]]
+    alone += [decode(e, Eagle3Proposer(e, files)) for e in [Engine(target, dtype="float32")]]
+    shared = Engine(target, dtype="float32")
+    proposers = [EagleProposer(shared, eagle_path), Eagle3Proposer(shared, files)]
+    n = shared.target.num_layers
+    assert shared.target._hidden_layers == sorted({*proposers[1].layer_ids, n})
+    plain = SpeculativeDecoder(shared).generate(RAGGED_PROMPTS, max_new_tokens=16)
+    for proposer, own in zip(proposers, alone):
+        out = decode(shared, proposer)
+        assert out.output_ids == own.output_ids == plain.output_ids
+        assert [r.accepted for r in out.stats.rows] == [r.accepted for r in own.stats.rows]
+    shared.target.keep_hidden_states()  # asked again: the same union
+    assert shared.target._hidden_layers == sorted({*proposers[1].layer_ids, n})
+
+
+@pytest.mark.parametrize("kept, asked", [([0, 3, 8], [0, 8]), ([0, 3, 8], [3, 8]), ([0, 3, 8], None), ([2, 5], [5])])
+def test_hidden_at_reads_a_drafters_own_taps_from_the_union(small_target, kept, asked):
+    """`hidden_at`: the columns of the taps one drafter asked for, out of all the engine keeps; the
+    last hidden states (None) are tap N."""
+    prompts = [[t % 16 for t in p] for p in RAGGED_PROMPTS]
+    lens = [len(p) for p in prompts]
+    m = CachedModel(small_target)
+    m.reset(len(prompts), 64)
+    m.keep_hidden_states(kept)
+    m.keep_hidden_states(asked)
+    m.forward(torch.tensor([p + [0] * (max(lens) - len(p)) for p in prompts]), advance=lens)
+    taps = [8] if asked is None else asked
+    for b in range(len(prompts)):
+        got = m.hidden_at(asked, b, slice(0, lens[b]))
+        assert torch.allclose(got, _taps_of(small_target, prompts[b], taps), atol=1e-5)
+    with pytest.raises(ValueError, match="never asked for"):
+        m.hidden_at([1], 0, 0)
