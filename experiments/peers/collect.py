@@ -6,9 +6,9 @@ One row per method and run: tokens/s, speedup over specdec's plain decoding and 
 decoding of the run, tau, alpha, the fraction of prompts with the tokens of specdec's plain decoding,
 vLLM's start-up, and the command that made the run (COMMANDS).
 
-A run with `repeats=2` (the compiled one) reports specdec's tokens/s from its last repeat: the
-first compiles each new shape's graph while timed, where vLLM compiles before its first request.
-vLLM's rows come from the first repeat: its suffix decoding keeps the outputs of earlier requests,
+A run with `repeats=2` (the compiled one) reports tokens/s from its last repeat: the first
+compiles each new shape's graph while timed (specdec's; vLLM's n-gram also ran faster in its second
+repeat). Suffix decoding's rows would come from the first: it keeps the outputs of earlier requests,
 so a second pass over the same prompts would find its own answers.
 """
 
@@ -22,9 +22,8 @@ HERE = Path(__file__).resolve().parent
 BASE = ("SPECDEC_VLLM_PYTHON=~/vllm/bin/python python -m specdec experiment=spec_bench_greedy "
         "method=ngram +method@compare.vllm=vllm +method@compare.vllm_ngram=vllm_ngram logger=none plots=false")
 COMMANDS = {
-    "cpu_compiled": f"{BASE} data.limit=1 repeats=2 compile=on "
-                    "engine.compile_options.autotune=true "
-                    "hydra.run.dir=experiments/peers/runs/cpu_compiled",
+    **{run: f"{BASE} data.limit=1 repeats=2 compile=on engine.compile_options.autotune=true "
+               f"hydra.run.dir=experiments/peers/runs/{run}" for run in ("cpu_compiled", "cpu_compiled_2")},
     "cpu_2": f"{BASE} data.limit=2 +method@compare.suffix=suffix hydra.run.dir=experiments/peers/runs/cpu_2",
     "cpu_float32": f"{BASE} data.limit=1 generation.max_new_tokens=64 dtype=float32 "
                    "hydra.run.dir=experiments/peers/runs/cpu_float32",
@@ -44,14 +43,14 @@ def startup(run: Path, method: str) -> float | None:
 
 
 def repeat_speeds(run: Path) -> dict[str, float]:
-    """Tokens/s per method, new tokens over wall seconds: specdec's over the run's last repeat,
-    vLLM's over its first (module docstring)."""
+    """Tokens/s per method, new tokens over wall seconds, over the run's last repeat (suffix
+    decoding's: its first; module docstring)."""
     results = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
     last = max(r["repeat"] for r in results)
     tokens: dict[str, float] = {}
     seconds: dict[str, float] = {}
     for r in results:
-        if r["repeat"] == (0 if r["method"].startswith("vllm") else last):
+        if r["repeat"] == (0 if "suffix" in r["method"] else last):
             tokens[r["method"]] = tokens.get(r["method"], 0) + r["new_tokens"]
             seconds[r["method"]] = seconds.get(r["method"], 0) + r["wall_s"]
     return {m: tokens[m] / seconds[m] for m in tokens}
