@@ -13,9 +13,22 @@ DRAFTER=${DRAFTER:-$RUNS/eagle3-v4096}          # scripts/train_heads.py kind=ea
 COMMON="experiment=spec_bench_greedy generation.max_new_tokens=128 logger=none plots=false threads=1 progress=false"
 # variant NAME METHOD KEY=VALUE...: one more decoder in the same interleaved run, under its own name
 variant() { local name=$1 method=$2; shift 2; echo "+method@compare.$name=$method compare.$name.name=$name ${*/#/compare.$name.}"; }
-# One target cannot feed method=eagle and method=eagle3 in the same run: it keeps one set of hidden states
-# per pass (the last proposer's taps), and eagle then reads eagle3's 3H-wide taps. So two runs, each
-# interleaved with plain decoding, n-gram lookup in both as the common reference.
+#   ONE=1 DRAFTER2=experiments/drafters/runs/eagle3-v2048 experiments/drafters/run.sh  # all in one run
+# ONE=1: eagle, eagle3 at eagle's shape (and DRAFTER2's), n-gram, interleaved in one run (the target keeps
+# the union of the drafters' taps). Otherwise two runs, as the first measurements were made when one
+# target could feed only one kind of hidden states: each interleaved with plain decoding, n-gram lookup
+# in both as the common reference.
+if [[ -n "${ONE:-}" ]]; then
+  METHODS="method=eagle +method@compare.ngram=ngram \
+    $(variant eagle3_d2 eagle3 heads_path=$DRAFTER proposer.budget=4 proposer.depth=2 num_speculative_tokens=2)"
+  if [[ -n "${DRAFTER2:-}" ]]; then
+    METHODS="$METHODS $(variant eagle3_b eagle3 heads_path=$DRAFTER2 proposer.budget=4 proposer.depth=2 num_speculative_tokens=2)"
+  fi
+  TAG="ONE=1 NAME=$NAME LIMIT=$LIMIT ${DRAFTER2:+DRAFTER2=$DRAFTER2 }experiments/drafters/run.sh"
+  python -m specdec $COMMON data.limit=$LIMIT hydra.run.dir=$RUNS/$NAME-one $METHODS
+  python experiments/drafters/collect.py "$RUNS/$NAME-one" "$NAME-one" "$TAG" --vocab eagle=8192
+  exit 0
+fi
 # Run 1: eagle3 at its method file's shape (budget 8, depth 4) and at eagle's (budget 4, depth 2)
 METHODS="method=eagle3 method.heads_path=$DRAFTER \
   $(variant eagle3_d2 eagle3 heads_path=$DRAFTER proposer.budget=4 proposer.depth=2 num_speculative_tokens=2) \
