@@ -21,9 +21,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 BASE = ("SPECDEC_VLLM_PYTHON=~/vllm/bin/python python -m specdec experiment=spec_bench_greedy "
         "method=ngram +method@compare.vllm=vllm +method@compare.vllm_ngram=vllm_ngram logger=none plots=false")
+UNPINNED = " compare.vllm.decoder.pin=false compare.vllm_ngram.decoder.pin=false"
 COMMANDS = {
-    **{run: f"{BASE} data.limit=1 repeats=2 compile=on engine.compile_options.autotune=true "
-               f"hydra.run.dir=experiments/peers/runs/{run}" for run in ("cpu_compiled", "cpu_compiled_2")},
+    # vLLM's worker pinned to one core: the anchor's default since these runs; the two after it left it free
+    **{run: f"{BASE} data.limit=1 repeats=2 compile=on engine.compile_options.autotune=true{pin} "
+            f"hydra.run.dir=experiments/peers/runs/{run}"
+       for run, pin in (("cpu_pinned", ""), *((r, UNPINNED) for r in ("cpu_compiled", "cpu_compiled_2")))},
     "cpu_2": f"{BASE} data.limit=2 +method@compare.suffix=suffix hydra.run.dir=experiments/peers/runs/cpu_2",
     "cpu_float32": f"{BASE} data.limit=1 generation.max_new_tokens=64 dtype=float32 "
                    "hydra.run.dir=experiments/peers/runs/cpu_float32",
