@@ -17,7 +17,7 @@ from specdec.core.verify import SpeculativeSamplingVerifier
 from specdec.models import tiny_random_model
 from specdec.proposers.base import Proposal
 from tests.core.test_tree import SiblingsAgainstP
-from tests.stats import chi_square_pvalue
+from tests.stats import chi_square_pvalue, exact_joint_of_tokens_2_and_3
 
 V = 8
 PROMPT = [3, 5, 2]
@@ -76,16 +76,6 @@ class DraftTree:
         pass
 
 
-def _exact_joint_of_tokens_2_and_3(target) -> torch.Tensor:
-    """P(t2, t3) = sum_t1 p(t1) p(t2|t1) p(t3|t1,t2), over the shaped target distribution."""
-    with torch.inference_mode():
-        grid = torch.cartesian_prod(torch.arange(V), torch.arange(V))  # [V*V, 2] (t1, t2)
-        seqs = torch.cat([torch.tensor(PROMPT).expand(V * V, -1), grid], 1)
-        p = probabilities(target(seqs).logits[:, -3:], PARAMS)
-    joint = p[0, 0][:, None, None] * p[:, 1].view(V, V, V)[:, 0][:, :, None] * p[:, 2].view(V, V, V)
-    return joint.sum(0).flatten()
-
-
 def _tokens_2_and_3(models, sampled: bool, verifier="auto", n=30_000) -> torch.Tensor:
     target, draft = models
     engine = Engine(target, dtype="float32")
@@ -101,10 +91,10 @@ def _tokens_2_and_3(models, sampled: bool, verifier="auto", n=30_000) -> torch.T
 @pytest.mark.parametrize("sampled", [True, False])
 def test_tree_sampling_through_the_engine_preserves_the_joint_distribution(models, sampled):
     counts = _tokens_2_and_3(models, sampled)
-    assert chi_square_pvalue(counts, _exact_joint_of_tokens_2_and_3(models[0])) > 1e-3
+    assert chi_square_pvalue(counts, exact_joint_of_tokens_2_and_3(models[0], PROMPT, PARAMS, V)) > 1e-3
 
 
 def test_siblings_tested_against_p_fail_through_the_engine(models):
     broken = TreeVerifier(SpeculativeSamplingVerifier(), SiblingsAgainstP())
     counts = _tokens_2_and_3(models, False, verifier=broken)
-    assert chi_square_pvalue(counts, _exact_joint_of_tokens_2_and_3(models[0])) < 1e-6
+    assert chi_square_pvalue(counts, exact_joint_of_tokens_2_and_3(models[0], PROMPT, PARAMS, V)) < 1e-6
