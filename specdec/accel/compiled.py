@@ -67,6 +67,7 @@ from specdec.accel.cuda_graphs import CapturedCall, CudaGraph, check_cuda_graphs
 from specdec.accel.syncs import to_device
 from specdec.core.attention import grouped_attention
 from specdec.core.cache import row_index
+from specdec.core.engine import cpu_has_bfloat16_units
 from specdec.core.sampling import greedy_tokens
 
 COMPILE_MODES = ("off", "on", "autotune", "frozen", "auto")
@@ -133,12 +134,6 @@ def frozen_weights(compile: str | bool) -> bool | None:
     beside the model's own (the eager prefill reads those): about half the weights' memory more for a
     Llama-shaped model (experiments/gpu/LOG.md, "NVIDIA H200: run 3")."""
     return True if compile == "frozen" else None
-
-
-def cpu_has_bfloat16_units() -> bool:
-    """Whether this CPU runs bfloat16 matrix products natively (AVX512-BF16 or AMX), as oneDNN
-    reports it; elsewhere (AVX2) bfloat16 is emulated. `dtype=auto` and `narrowest_width` ask it."""
-    return torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def narrowest_width(device: torch.device, dtype: torch.dtype, autotune: bool = False) -> int:
@@ -333,7 +328,7 @@ def concatenates(device: torch.device, dtype: torch.dtype, freezing: bool) -> bo
     units the concatenated products cost 2.6x (AVX2): off, as in float32, where it was not measured
     (experiments/gpu/LOG.md, "concatenated")."""
     return (freezing and device.type == "cpu" and dtype == torch.bfloat16
-            and torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+            and torch.backends.mkldnn.is_available() and cpu_has_bfloat16_units())
 
 
 _COMPILED: dict[tuple, object] = {}

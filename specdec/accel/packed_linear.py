@@ -39,6 +39,7 @@ import weakref
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from specdec.core.engine import cpu_has_bfloat16_units
 from specdec.core.errors import InvalidInput
 
 PACKED_LINEAR_MODES = ("auto", "on", "off")
@@ -74,7 +75,7 @@ def resolve_packed_linear(mode: str | bool, device: torch.device, dtype: torch.d
         why_not = f"it is a CPU kernel and this engine runs on {device}"
     elif dtype not in PACKED_DTYPES:
         why_not = f"it packs float32 and bfloat16 weights and this engine runs {str(dtype).removeprefix('torch.')}"
-    elif dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    elif dtype == torch.bfloat16 and not cpu_has_bfloat16_units():
         why_not = "this CPU has no bfloat16 units (AVX512-BF16 or AMX) for oneDNN's bfloat16 kernels"
     elif compiled:
         why_not = "compiled passes pack their own weights (inductor's freezing); use compile=off"

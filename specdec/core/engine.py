@@ -60,7 +60,8 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
 
 def cpu_has_bfloat16_units() -> bool:
     """Whether this CPU runs bfloat16 matrix products natively (AVX512-BF16 or AMX), as oneDNN
-    reports it; elsewhere (AVX2) bfloat16 is emulated. `dtype=auto` and the compiled passes' widths ask it."""
+    reports it; elsewhere (AVX2) bfloat16 is emulated. `dtype=auto`, the compiled passes' widths and
+    concatenation, and bfloat16 packed linear layers ask it."""
     return torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
