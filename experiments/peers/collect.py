@@ -27,6 +27,11 @@ COMMANDS = {
     **{run: f"{BASE} data.limit=1 repeats=2 compile=on engine.compile_options.autotune=true{pin} "
             f"hydra.run.dir=experiments/peers/runs/{run}"
        for run, pin in (("cpu_pinned", ""), *((r, UNPINNED) for r in ("cpu_compiled", "cpu_compiled_2")))},
+    # n-gram lookup at k = 8 beside k = 4, and vLLM's at both
+    "cpu_k8": f"{BASE} data.limit=1 repeats=2 compile=on engine.compile_options.autotune=true "
+              "method.num_speculative_tokens=8 +method@compare.ngram4=ngram compare.ngram4.num_speculative_tokens=4 "
+              "+method@compare.vllm_ngram8=vllm_ngram compare.vllm_ngram8.num_speculative_tokens=8 "
+              "hydra.run.dir=experiments/peers/runs/cpu_k8",
     "cpu_2": f"{BASE} data.limit=2 +method@compare.suffix=suffix hydra.run.dir=experiments/peers/runs/cpu_2",
     "cpu_float32": f"{BASE} data.limit=1 generation.max_new_tokens=64 dtype=float32 "
                    "hydra.run.dir=experiments/peers/runs/cpu_float32",
