@@ -40,9 +40,14 @@ METHODS = ("ngram", "suffix", "eagle", "eagle3")
 
 
 def speculative_config(method: str | None, k: int, drafter: str | None = None, prompt_lookup_min: int = 1,
-                       prompt_lookup_max: int = 4) -> dict | None:
-    """vLLM's `speculative_config` for `method` (None: plain decoding) with k drafts a step."""
+                       prompt_lookup_max: int = 4, extra: dict | None = None) -> dict | None:
+    """vLLM's `speculative_config` for `method` (None: plain decoding) with k drafts a step. `extra`: its
+    other keys as vLLM names them (`suffix_decoding_max_cached_requests: 0` turns off suffix decoding's
+    cross-request cache, as `method.proposer.max_cached_requests=0` does specdec's)."""
     if method is None:
+        if extra:
+            raise InvalidInput(f"method.decoder.speculative_args={dict(extra)}: plain decoding has no speculative "
+                               "config; set method.decoder.speculative too")
         return None
     if method not in METHODS:
         raise InvalidInput(f"method.decoder.speculative={method!r}: vLLM's methods here are {', '.join(METHODS)} "
@@ -59,6 +64,11 @@ def speculative_config(method: str | None, k: int, drafter: str | None = None, p
         if not Path(drafter).expanduser().is_dir():
             raise MissingInput(f"method.decoder.drafter={drafter}: no such folder")
         config["model"] = str(Path(drafter).expanduser().resolve())
+    clash = sorted(set(extra or {}) & {"method", "num_speculative_tokens", "model"})
+    if clash:
+        raise InvalidInput(f"method.decoder.speculative_args sets {', '.join(clash)}: set them with "
+                           "method.decoder.speculative, method.num_speculative_tokens and method.decoder.drafter")
+    config.update(extra or {})
     return config
 
 
@@ -142,7 +152,7 @@ class VLLMAnchor(RequestRoom):
         its drafter, and a target vLLM can load (the embedded model's converted folder, a folder, or
         `model_path`). `spec`: the method's `decoder` node."""
         speculative_config(spec.get("speculative"), k, spec.get("drafter"), spec.get("prompt_lookup_min", 1),
-                           spec.get("prompt_lookup_max", 4))
+                           spec.get("prompt_lookup_max", 4), spec.get("speculative_args"))
         check_python(spec.get("python"), spec.get("speculative"))
         folder = spec.get("model_path") or target_path
         if folder != "embedded" and not (folder and Path(folder).expanduser().is_dir()):
@@ -153,10 +163,11 @@ class VLLMAnchor(RequestRoom):
                  python: str | None = None, speculative: str | None = None, drafter: str | None = None,
                  prompt_lookup_min: int = 1, prompt_lookup_max: int = 4, model_path: str | None = None,
                  dtype: str | None = None, threads: int = 1, max_model_len: int | None = None,
-                 engine_args: dict | None = None, startup_timeout_s: float = 900.0, pin: bool = True, **_ignored):
+                 engine_args: dict | None = None, speculative_args: dict | None = None,
+                 startup_timeout_s: float = 900.0, pin: bool = True, **_ignored):
         self.engine, self.tokenizer = engine, tokenizer
         self.spec = speculative_config(speculative, num_speculative_tokens, drafter, prompt_lookup_min,
-                                       prompt_lookup_max)
+                                       prompt_lookup_max, speculative_args)
         self.k = num_speculative_tokens if self.spec else 0  # plain decoding drafts nothing, whatever k says
         self.name = f"vllm_{speculative}" if speculative else "vllm"
         self.speculative = self.spec is not None

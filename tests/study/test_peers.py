@@ -190,6 +190,15 @@ def test_bad_set_ups_are_refused_before_anything_starts(folder, stand_in, monkey
         speculative_config("ngram", 0)
 
 
+def test_speculative_args_reach_vllms_config_and_clashes_are_refused():
+    off = {"suffix_decoding_max_cached_requests": 0}
+    assert speculative_config("suffix", 8, extra=off) == {"method": "suffix", "num_speculative_tokens": 8, **off}
+    with pytest.raises(InvalidInput, match="sets method, num_speculative_tokens"):
+        speculative_config("suffix", 8, extra={"num_speculative_tokens": 16, "method": "ngram"})
+    with pytest.raises(InvalidInput, match="plain decoding has no speculative config"):
+        speculative_config(None, 0, extra=off)
+
+
 def test_a_failing_worker_says_why(folder, stand_in):
     engine = make_engine(tiny_random_model(seed=0, eos_token_id=None))
     anchor = VLLMAnchor(engine, python=stand_in, model_path=str(folder), engine_args={"fail": True})
