@@ -2,7 +2,8 @@
 
 A study folder (experiments/<study>/) keeps its numbers in results.csv: one row per run, method or
 setting, with a `command` column that names what produced the row. table.json beside it says which
-columns the README's main table shows, in order, and optionally which rows (`"where": {column: value}`).
+columns the README's main table shows, in order, and optionally which rows (`"where": {column: value}`,
+or `{column: [value, ...]}` for any of several).
 The README's table is this script's output pasted as is, so a table is regenerated, never typed;
 tests/study/test_study_tables.py checks that the two agree.
 
@@ -36,7 +37,7 @@ def load(study: Path) -> tuple[list[str], list[dict[str, str]]]:
     missing = [c for c in [*columns, *where] if c not in header]
     if missing:
         raise KeyError(f"{csv_path}: no column {missing}; its columns are {header}. Fix table.json or the CSV.")
-    rows = [r for r in rows if all(r[k] == v for k, v in where.items())]
+    rows = [r for r in rows if all(r[k] in (v if isinstance(v, list) else [v]) for k, v in where.items())]
     if not rows:
         raise ValueError(f"{csv_path}: no row matches {where}; the table would be empty")
     return columns, rows

@@ -6,10 +6,10 @@ One row per method and run: tokens per wall second and per CPU second, the CPU s
 second, speedup over specdec's plain decoding and over the fastest plain decoding of the run, tau, alpha, the fraction of prompts with the tokens of specdec's plain decoding,
 vLLM's start-up, and the command that made the run (COMMANDS).
 
-A run with `repeats=2` (the compiled one) reports tokens/s from its last repeat: the first
+A run with `repeats=2` (the compiled ones) reports tokens/s from its last repeat: the first
 compiles each new shape's graph while timed (specdec's; vLLM's n-gram also ran faster in its second
-repeat). Suffix decoding's rows would come from the first: it keeps the outputs of earlier requests,
-so a second pass over the same prompts would find its own answers.
+repeat). Suffix decoding keeps the outputs of earlier requests, so a second pass over the same
+prompts would find its own answers: `cpu_suffix` turns both engines' cross-request caches off.
 """
 
 from __future__ import annotations
@@ -32,6 +32,14 @@ COMMANDS = {
               "method.num_speculative_tokens=8 +method@compare.ngram4=ngram compare.ngram4.num_speculative_tokens=4 "
               "+method@compare.vllm_ngram8=vllm_ngram compare.vllm_ngram8.num_speculative_tokens=8 "
               "hydra.run.dir=experiments/peers/runs/cpu_k8",
+    # suffix decoding in both engines, their cross-request caches off (the second repeat would find the first's answers)
+    "cpu_suffix": "SPECDEC_VLLM_PYTHON=~/vllm/bin/python python -m specdec experiment=spec_bench_greedy data.limit=1 "
+                  "repeats=2 compile=on engine.compile_options.autotune=true method=suffix "
+                  "method.proposer.max_cached_requests=0 +method@compare.ngram=ngram +method@compare.vllm=vllm "
+                  "+method@compare.vllm_ngram=vllm_ngram logger=none plots=false "
+                  "+method@compare.vllm_suffix=vllm_suffix compare.vllm_suffix.num_speculative_tokens=8 "
+                  "+compare.vllm_suffix.decoder.speculative_args.suffix_decoding_max_cached_requests=0 "
+                  "hydra.run.dir=experiments/peers/runs/cpu_suffix",
     "cpu_2": f"{BASE} data.limit=2 +method@compare.suffix=suffix hydra.run.dir=experiments/peers/runs/cpu_2",
     "cpu_float32": f"{BASE} data.limit=1 generation.max_new_tokens=64 dtype=float32 "
                    "hydra.run.dir=experiments/peers/runs/cpu_float32",
@@ -52,13 +60,13 @@ def startup(run: Path, method: str) -> float | None:
 
 def timed(run: Path) -> dict[str, tuple[float, float]]:
     """(tokens per wall second, tokens per CPU second) per method, new tokens over the seconds of
-    the run's last repeat (suffix decoding's: its first; module docstring). CPU seconds are the
-    process's: vLLM's speculative methods keep a second thread busy, so there they exceed the wall's."""
+    the run's last repeat (module docstring). CPU seconds are the process's: vLLM's speculative
+    methods keep a second thread busy, so there they exceed the wall's."""
     results = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
     last = max(r["repeat"] for r in results)
     sums: dict[str, list[float]] = {}
     for r in results:
-        if r["repeat"] == (0 if "suffix" in r["method"] else last):
+        if r["repeat"] == last:
             total = sums.setdefault(r["method"], [0.0, 0.0, 0.0])
             total[0] += r["new_tokens"]
             total[1] += r["wall_s"]

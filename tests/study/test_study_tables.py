@@ -57,6 +57,10 @@ def test_tool_prints_the_chosen_columns_and_rows(tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "study_table.py"), str(study)],
                          capture_output=True, text=True, check=True).stdout
     assert out.strip() == _tool().table(study)
+    # a list: rows with any of its values
+    several = _study(tmp_path, ["method"], "method,table,command\nngram,main,a\ndraft,aside,b\nsuffix,other,c\n",
+                     where={"table": ["main", "other"]})
+    assert _tool().table(several) == "| method |\n|---|\n| ngram |\n| suffix |"
 
 
 def test_tool_says_what_is_wrong(tmp_path):
