@@ -19,25 +19,23 @@ import json
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BASE = ("SPECDEC_VLLM_PYTHON=~/vllm/bin/python python -m specdec experiment=spec_bench_greedy "
-        "method=ngram +method@compare.vllm=vllm +method@compare.vllm_ngram=vllm_ngram logger=none plots=false")
+RUN = "SPECDEC_VLLM_PYTHON=~/vllm/bin/python python -m specdec experiment=spec_bench_greedy"
+ANCHORS = "+method@compare.vllm=vllm +method@compare.vllm_ngram=vllm_ngram logger=none plots=false"
+BASE = f"{RUN} method=ngram {ANCHORS}"
+COMPILED = "data.limit=1 repeats=2 compile=on engine.compile_options.autotune=true"
 UNPINNED = " compare.vllm.decoder.pin=false compare.vllm_ngram.decoder.pin=false"
 COMMANDS = {
     # vLLM's worker pinned to one core: the anchor's default since these runs; the two after it left it free
-    **{run: f"{BASE} data.limit=1 repeats=2 compile=on engine.compile_options.autotune=true{pin} "
-            f"hydra.run.dir=experiments/peers/runs/{run}"
+    **{run: f"{BASE} {COMPILED}{pin} hydra.run.dir=experiments/peers/runs/{run}"
        for run, pin in (("cpu_pinned", ""), *((r, UNPINNED) for r in ("cpu_compiled", "cpu_compiled_2")))},
     # n-gram lookup at k = 8 beside k = 4, and vLLM's at both
-    "cpu_k8": f"{BASE} data.limit=1 repeats=2 compile=on engine.compile_options.autotune=true "
-              "method.num_speculative_tokens=8 +method@compare.ngram4=ngram compare.ngram4.num_speculative_tokens=4 "
-              "+method@compare.vllm_ngram8=vllm_ngram compare.vllm_ngram8.num_speculative_tokens=8 "
-              "hydra.run.dir=experiments/peers/runs/cpu_k8",
+    "cpu_k8": f"{BASE} {COMPILED} method.num_speculative_tokens=8 +method@compare.ngram4=ngram "
+              "compare.ngram4.num_speculative_tokens=4 +method@compare.vllm_ngram8=vllm_ngram "
+              "compare.vllm_ngram8.num_speculative_tokens=8 hydra.run.dir=experiments/peers/runs/cpu_k8",
     # suffix decoding in both engines, their cross-request caches off (the second repeat would find the first's answers)
-    "cpu_suffix": "SPECDEC_VLLM_PYTHON=~/vllm/bin/python python -m specdec experiment=spec_bench_greedy data.limit=1 "
-                  "repeats=2 compile=on engine.compile_options.autotune=true method=suffix "
-                  "method.proposer.max_cached_requests=0 +method@compare.ngram=ngram +method@compare.vllm=vllm "
-                  "+method@compare.vllm_ngram=vllm_ngram logger=none plots=false "
-                  "+method@compare.vllm_suffix=vllm_suffix compare.vllm_suffix.num_speculative_tokens=8 "
+    "cpu_suffix": f"{RUN} method=suffix {ANCHORS} {COMPILED} method.proposer.max_cached_requests=0 "
+                  "+method@compare.ngram=ngram +method@compare.vllm_suffix=vllm_suffix "
+                  "compare.vllm_suffix.num_speculative_tokens=8 "
                   "+compare.vllm_suffix.decoder.speculative_args.suffix_decoding_max_cached_requests=0 "
                   "hydra.run.dir=experiments/peers/runs/cpu_suffix",
     "cpu_2": f"{BASE} data.limit=2 +method@compare.suffix=suffix hydra.run.dir=experiments/peers/runs/cpu_2",
