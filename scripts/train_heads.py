@@ -33,6 +33,7 @@ from specdec.core import metrics
 from specdec.core.decoding import SpeculativeDecoder
 from specdec.core.engine import Engine
 from specdec.core.errors import InvalidInput, reported
+from specdec.core.files import write_whole
 from specdec.models import ModelSpec, cache_dir, load_model
 from specdec.proposers.eagle import EagleDrafter, EagleProposer
 from specdec.proposers.eagle3 import Eagle3Proposer
@@ -94,6 +95,7 @@ from specdec.train.training import (
 
 log = logging.getLogger("train_heads")
 METHODS = ("medusa", "eagle", "eagle3")
+KINDS = (*METHODS, "corpus")  # corpus: no training; the target's answers as suffix decoding's datastore
 EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the verifier a speculators folder names for target=embedded
 DEFAULT_RANKS = 1 + max(rank for path in DEFAULT_TREE for rank in path)  # what the decoding check's tree reads of a head
 FAMILIES = ("written", "math", "qa", "follow_ups", "passages", "code", "derived")
@@ -102,7 +104,7 @@ FAMILIES = ("written", "math", "qa", "follow_ups", "passages", "code", "derived"
 def check_config(cfg: DictConfig) -> None:
     """The values a run cannot work with, and an `out` it must not write, refused before the target
     loads (InvalidInput naming the key: `Error: <message>` on the command line)."""
-    check_choice("kind", cfg.kind, METHODS)
+    check_choice("kind", cfg.kind, KINDS)
     p = cfg.prompts
     check_at_least("prompts.held_out", p.held_out, 1)
     if p.families:
@@ -160,7 +162,7 @@ def check_config(cfg: DictConfig) -> None:
             raise InvalidInput(f"prompts.conversations: {file} is not a file; give local .json or .jsonl files of "
                                "conversations (ShareGPT's `conversations` or the `messages` list)")
     check_at_least("eval.prompts", cfg.eval.prompts, 1)
-    if cfg.eval.prompts > p.held_out:
+    if cfg.eval.prompts > p.held_out and cfg.kind != "corpus":  # kind=corpus has no decoding check
         raise InvalidInput(f"eval.prompts={cfg.eval.prompts}: the decoding check uses held-out prompts only; "
                            f"at most prompts.held_out={p.held_out}")
     check_at_least("eval.max_new_tokens", cfg.eval.max_new_tokens, 1)
@@ -171,6 +173,9 @@ def check_config(cfg: DictConfig) -> None:
     keep = resolve_path(target) if target and target not in ("embedded", "tiny_random") else None
     if cfg.kind == "eagle3":
         check_out_dir(_eagle3_folder(out), cfg.overwrite, keep)
+    elif cfg.kind == "corpus":
+        check_out_file(out, ".jsonl", cfg.overwrite)
+        check_out_spares_target(out, keep)
     else:
         check_out_file(out, ".safetensors", cfg.overwrite, companion="report .json")
         check_out_spares_target(out, keep, (".json",), is_checkpoint)
@@ -230,7 +235,7 @@ def run(cfg: DictConfig) -> dict:
         raw = None
     conv_texts, conv_raw = _conversation_data(cfg, engine, tokenizer, eos, evaluation)
     held_n = cfg.prompts.held_out
-    if not 0 < held_n < len(texts):
+    if not 0 < held_n < len(texts) and cfg.kind != "corpus":
         raise InvalidInput(f"prompts.held_out={held_n} must be in [1, {len(texts) - 1}] for {len(texts)} prompts")
     if raw is None:
         prompt_ids = [build_turn_input(tokenizer, [], t) for t in texts]
@@ -240,6 +245,8 @@ def run(cfg: DictConfig) -> dict:
         prompt_ids = [e.tokens[: e.start].tolist() for e in raw]
     texts, raw = texts + conv_texts, raw + conv_raw  # conversations train only: held-out prompts come first
     prompt_ids += [e.tokens[: e.start].tolist() for e in conv_raw]
+    if cfg.kind == "corpus":
+        return _write_corpus(cfg, prompt_ids, raw, phase)
     examples = [truncate(e, cfg.train.max_seq_len) for e in raw]
     starts = [e.start for e in examples]
     examples = [Example(e.tokens, 1) for e in examples]  # hidden states at every position
@@ -381,6 +388,23 @@ def _run_eagle3(cfg, engine, texts, prompt_ids, examples, features, starts, held
     (run_dir / "train_report.json").write_text(text)
     log.info("drafter saved to %s (use it with method=eagle3 method.heads_path=%s); %.0f s in all",
              folder, folder, report["total_s"])
+    return report
+
+
+def _write_corpus(cfg: DictConfig, prompt_ids: list[list[int]], examples: list[Example], phase) -> dict:
+    """kind=corpus: every prompt and the target's answer to it, one JSON object per line, as suffix
+    decoding's datastore (`method.proposer.corpus`, `specdec.proposers.suffix.Corpus`). Held-out prompts
+    included: none is an evaluation prompt (`check_disjoint`)."""
+    out = resolve_path(cfg.out)
+    lines = [json.dumps({"prompt_token_ids": ids, "output_token_ids": e.tokens[e.start :].tolist()})
+             for ids, e in zip(prompt_ids, examples)]
+    write_whole(out, lambda tmp: Path(tmp).write_text("\n".join(lines) + "\n"))
+    phase("save")
+    tokens = sum(len(e.tokens) - e.start for e in examples)
+    report = {"kind": "corpus", "out": str(out), "sequences": len(lines), "tokens": tokens,
+              "times_s": dict(phase.times), "command": " ".join(sys.argv)}
+    log.info("corpus of %d answers (%d tokens) saved to %s (use it with method=suffix method.proposer.corpus=%s)",
+             len(lines), tokens, out, out)
     return report
 
 

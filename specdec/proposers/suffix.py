@@ -3,7 +3,10 @@
 Two indexes of token sequences answer "what followed this context before, and how often":
 - per request, the row's own prompt and output so far (`TokenPositions`, rebuilt per generation);
 - across requests, the outputs of earlier requests (`SuffixIndex`, kept between generations,
-  oldest evicted first, bounded by `max_cached_requests` and `max_cached_tokens`).
+  oldest evicted first, bounded by `max_cached_requests` and `max_cached_tokens`);
+- optionally, a datastore read from a file (`corpus`; `Corpus`): the target's own answers to other
+  prompts, as REST (He et al. 2024) retrieves drafts from a datastore. It starts the run warm, as a
+  server's cache is after many requests, and it is never evicted.
 
 `SuffixIndex` is a suffix trie cut at depth `max_depth`: every substring of length <= max_depth
 of the indexed outputs is a path from the root, and each node counts its occurrences. So after a
@@ -37,7 +40,9 @@ indexes hold only committed tokens, so every proposal is a function of the past.
 from __future__ import annotations
 
 import heapq
+import json
 from collections import Counter, deque
+from pathlib import Path
 
 import torch
 
@@ -244,6 +249,63 @@ class OutputCache:
             self.tokens -= len(old)
 
 
+class Corpus:
+    """A datastore of token sequences for suffix decoding, read from a JSONL file: one object per line
+    with `output_token_ids` (specdec's results.jsonl, or `scripts/train_heads.py kind=corpus`) or
+    `token_ids`, and optionally `prompt_token_ids`, the prompt the sequence answers. Those prompts are
+    kept so that a request whose prompt is one of them is refused: its answer would be in the datastore.
+    The trie holds at most `max_depth` nodes per token: keep corpora to about a million tokens."""
+
+    def __init__(self, path: str | Path, max_depth: int = 24, vocab_size: int | None = None):
+        self.path = Path(path)
+        self.path = self.path.expanduser()
+        if not self.path.is_file():
+            raise FileNotFoundError(f"method.proposer.corpus={path}: no such file; give a JSONL file of earlier "
+                                    "outputs (a results.jsonl, or scripts/train_heads.py kind=corpus out=<file>.jsonl)")
+        self.index = SuffixIndex(max_depth)
+        self.prompts: set[tuple[int, ...]] = set()
+        self.sequences = self.tokens = 0
+        with self.path.open() as f:
+            for n, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        row = json.loads(line)
+                    except json.JSONDecodeError as err:
+                        raise ValueError(f"method.proposer.corpus={path}, line {n}: not JSON ({err})") from None
+                    self._add(row, n, vocab_size)
+        if not self.sequences:
+            raise ValueError(f"method.proposer.corpus={path}: the file holds no sequences")
+
+    def _add(self, row, n: int, vocab_size: int | None) -> None:
+        where = f"method.proposer.corpus={self.path}, line {n}"
+        if not isinstance(row, dict):
+            raise ValueError(f"{where}: not a JSON object; each line is {{\"output_token_ids\": [...]}} or "
+                             "{\"token_ids\": [...]}")
+        tokens = row.get("output_token_ids", row.get("token_ids"))
+        prompt = row.get("prompt_token_ids") or []
+        for name, ids in (("output_token_ids or token_ids", tokens), ("prompt_token_ids", prompt)):
+            if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                                    for t in ids):
+                raise ValueError(f"{where}: {name} must be a list of token ids (integers >= 0), got "
+                                 f"{str(ids)[:60]}")
+            if vocab_size is not None and ids and max(ids) >= vocab_size:
+                raise ValueError(f"{where}: token id {max(ids)} is outside the target's vocabulary "
+                                 f"[0, {vocab_size}); was this corpus made with another tokenizer?")
+        if prompt:
+            self.prompts.add(tuple(prompt))
+        if tokens:
+            self.index.add(tokens)
+            self.sequences += 1
+            self.tokens += len(tokens)
+
+    def check(self, prompts: list[list[int]]) -> None:
+        """Refuse prompts whose answers the datastore holds: drafting from them would measure recall."""
+        for i, p in enumerate(prompts):
+            if tuple(p) in self.prompts:
+                raise ValueError(f"prompt {i} is a prompt of method.proposer.corpus={self.path}, whose answer it "
+                                 "holds: build the corpus from other prompts than the ones evaluated")
+
+
 class SuffixProposer:
     """Drafts from suffix matches in the row's own tokens and in earlier requests' outputs.
 
@@ -253,21 +315,31 @@ class SuffixProposer:
     min_token_prob:      stop when the draft's estimated chance of being right so far falls below it.
     max_cached_requests: earlier outputs kept for the cross-request index (0 turns it off).
     max_cached_tokens:   and at most this many tokens in them (memory: <= max_depth nodes per token).
+    corpus:              a JSONL file of other outputs to draft from as well (`Corpus`; None: none).
     """
 
     name = "suffix"
 
     def __init__(self, engine=None, max_depth: int = 24, max_spec_factor: float = 1.0, max_spec_offset: float = 0.0,
-                 min_token_prob: float = 0.1, max_cached_requests: int = 1000, max_cached_tokens: int = 200_000):
+                 min_token_prob: float = 0.1, max_cached_requests: int = 1000, max_cached_tokens: int = 200_000,
+                 corpus: str | Path | None = None):
         if max_spec_factor < 0 or not 0.0 <= min_token_prob <= 1.0:
             raise ValueError(f"method.proposer: need max_spec_factor >= 0 and 0 <= min_token_prob <= 1, got "
                              f"{max_spec_factor}, {min_token_prob}")
         self.max_depth, self.factor, self.offset, self.min_prob = max_depth, max_spec_factor, max_spec_offset, min_token_prob
         self.outputs = OutputCache(max_depth, max_cached_requests, max_cached_tokens)
+        vocab = getattr(getattr(engine, "target", None), "vocab_size", None)
+        self.corpus = Corpus(corpus, max_depth, vocab) if corpus is not None else None
         self.rows: dict[int, TokenPositions] = {}  # row -> its prompt and output so far
 
     def reset(self, state) -> None:
         self.rows = {}
+        if self.corpus is not None and state is not None:
+            self.corpus.check([c[:n] for c, n in zip(state.committed, state.seq_lens)])
+
+    def indexes(self, own: TokenPositions) -> list:
+        """Where drafts come from: the row's own text, earlier outputs, the corpus."""
+        return [own, self.outputs.index] + ([self.corpus.index] if self.corpus is not None else [])
 
     def _sync(self, state, b: int) -> list[int]:
         """Index row b's committed tokens not indexed yet; returns its context (last max_depth tokens)."""
@@ -284,7 +356,7 @@ class SuffixProposer:
         Returns the candidate with the most expected accepted tokens, sum(probs) (ties: the longer
         match), as (tokens, extra)."""
         best: tuple[float, int, list[int], list] = (0.0, 0, [], [])
-        for index in (own, self.outputs.index):
+        for index in self.indexes(own):
             for m, match in index.matches(context, self.max_depth):
                 limit = min(k, int(self.factor * m + self.offset))
                 if limit < 1:

@@ -886,6 +886,10 @@ def _check_proposer_part(key: str, m: DictConfig, cfg: DictConfig, label: str, c
             shape = static_tree(_plain(spec.tree))
         except ValueError as err:
             _fail(_setting_key(key, m, label, spec, "tree"), str(err).removeprefix("method.tree "))
+    corpus = spec.get("corpus")
+    if corpus is not None and not resolve_path(corpus).is_file():
+        _fail(_setting_key(key, m, label, spec, "corpus"), f"{corpus} is not a file; give a JSONL file of other "
+              "prompts' outputs (a results.jsonl, or scripts/train_heads.py kind=corpus out=<file>.jsonl)")
     if "heads_path" not in spec:
         return
     kind = getattr(cls, "name", m.name)

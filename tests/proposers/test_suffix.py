@@ -4,6 +4,7 @@ length rule, cross-request reuse, and greedy token identity with plain decoding;
 tested in tests/proposers/test_strategies_lossless.py)."""
 
 import functools
+import json
 import random
 
 import pytest
@@ -209,3 +210,67 @@ def test_suffix_policy_and_hybrid_with_its_trained_part_on_the_embedded_target_e
             out = dec.generate(prompts, max_new_tokens=32)
             assert out.output_ids == plain.output_ids
         assert sum(r.accepted for r in out.stats.rows) > 0
+
+
+# ---------------------------------------------------------------- a datastore (`corpus`)
+
+
+def _corpus(path, rows) -> str:
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("kind", [SuffixProposer, SuffixTreeProposer])
+def test_a_corpus_is_drafted_from_and_greedy_output_is_unchanged(engine_factory, tmp_path, kind):
+    """The corpus holds the target's own answers, once as they are and once with every fifth token
+    changed: drafts from it are often right (more accepted than without it) and sometimes wrong, and
+    the output is plain decoding's either way."""
+    engine = engine_factory()
+    ref = SpeculativeDecoder(engine).generate(RAGGED_PROMPTS, max_new_tokens=40)
+    spoiled = [[(t + 1) % 97 if i % 5 == 4 else t for i, t in enumerate(o)] for o in ref.output_ids]
+    corpus = _corpus(tmp_path / "corpus.jsonl", [{"token_ids": o} for o in ref.output_ids + spoiled])
+    accepted = {}
+    for name, args in (("none", {}), ("corpus", {"corpus": corpus})):
+        dec = SpeculativeDecoder(engine, kind(engine, max_cached_requests=0, **args), num_speculative_tokens=6)
+        out = dec.generate(RAGGED_PROMPTS, max_new_tokens=40)
+        assert out.output_ids == ref.output_ids and out.lossless
+        accepted[name] = sum(r.accepted for r in out.stats.rows)
+    assert accepted["corpus"] > 2 * max(accepted["none"], 10), accepted
+
+
+def test_a_prompt_whose_answer_the_corpus_holds_is_refused(engine_factory, tmp_path):
+    engine = engine_factory()
+    other = [5, 6, 7]
+    corpus = _corpus(tmp_path / "c.jsonl", [{"prompt_token_ids": RAGGED_PROMPTS[1], "output_token_ids": [1, 2, 3]},
+                                            {"prompt_token_ids": other, "output_token_ids": [4, 5]}])
+    dec = SpeculativeDecoder(engine, SuffixProposer(engine, corpus=corpus))
+    with pytest.raises(ValueError, match="prompt 1 is a prompt of method.proposer.corpus=.*whose answer it holds"):
+        dec.generate(RAGGED_PROMPTS, max_new_tokens=4)
+    assert dec.generate([RAGGED_PROMPTS[0]], max_new_tokens=4).output_ids  # others decode
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"output_token_ids": [1, 2]}\n{"output_token_ids": [1, 2\n', "line 2: not JSON"),
+    ('[1, 2, 3]\n', "line 1: not a JSON object"),
+    ('{"text": "hello"}\n', r"line 1: output_token_ids or token_ids must be a list of token ids"),
+    ('{"token_ids": [1, -2]}\n', "must be a list of token ids"),
+    ('{"token_ids": [1, 2], "prompt_token_ids": "abc"}\n', "prompt_token_ids must be a list"),
+    ('{"token_ids": [1, 100000]}\n', r"token id 100000 is outside the target's vocabulary \[0, "),
+    ('\n\n', "holds no sequences"),
+])
+def test_a_bad_corpus_file_is_refused_naming_the_line(engine_factory, tmp_path, text, message):
+    path = tmp_path / "corpus.jsonl"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        SuffixProposer(engine_factory(), corpus=str(path))
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        SuffixProposer(corpus=str(tmp_path / "missing.jsonl"))
+
+
+def test_a_results_file_is_a_corpus(tmp_path):
+    """specdec's own results.jsonl (a line per prompt, with prompt_token_ids and output_token_ids)."""
+    rows = [{"prompt_id": "1", "method": "suffix", "prompt_token_ids": [9, 9], "output_token_ids": [1, 2, 3, 4],
+             "tokens_per_s": 3.0}, {"prompt_id": "2", "prompt_token_ids": [8], "output_token_ids": [1, 2, 5]}]
+    corpus = SuffixProposer(corpus=_corpus(tmp_path / "results.jsonl", rows)).corpus
+    assert (corpus.sequences, corpus.tokens, corpus.prompts) == (2, 7, {(9, 9), (8,)})
+    assert corpus.index.children(corpus.index.find([1, 2])) == {3: 1, 5: 1}

@@ -769,3 +769,9 @@ def test_compile_options_under_compile_off_are_said_to_be_ignored(caplog):
     caplog.clear()
     validate(_compose([*TINY, "compile=on", "engine.compile_options.autotune=true"]))
     assert "ignores" not in caplog.text
+
+
+def test_a_corpus_that_is_not_a_file_is_refused_before_any_model_loads(monkeypatch, tmp_path):
+    _refused_before_any_model_loads([*TINY, "method=suffix", "method.proposer.corpus=/no/such/corpus.jsonl"],
+                                    r"^method.proposer.corpus: /no/such/corpus.jsonl is not a file; give a JSONL file",
+                                    monkeypatch, tmp_path)

@@ -4,6 +4,7 @@ overwrite=true, as a draft folder that holds the target is; the decoding check's
 vocabulary are checked before training, not after; and what the scripts write is readable by
 the group as the umask allows (safetensors alone writes 0600)."""
 
+import json
 import os
 from pathlib import Path
 
@@ -118,3 +119,26 @@ def test_a_trained_draft_is_readable_as_the_umask_allows(tmp_path, umask_022):
     modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "draft").iterdir()}
     assert modes["model.safetensors"] == 0o644 and set(modes.values()) == {0o644}, modes
     assert (tmp_path / "draft").stat().st_mode & 0o777 == 0o755
+
+
+def test_kind_corpus_writes_the_targets_answers_as_a_datastore(tmp_path):
+    """kind=corpus trains nothing: each prompt and the target's greedy answer, one JSON line each, which
+    suffix decoding reads back (and which refuses those prompts)."""
+    from specdec.core.decoding import SpeculativeDecoder
+    from specdec.core.engine import Engine
+    from specdec.proposers.suffix import SuffixProposer
+
+    out = tmp_path / "corpus.jsonl"
+    cfg = _cfg("train_heads", "kind=corpus", "target.path=tiny_random", "dtype=float32", "prompts.count=6",
+               "prompts.target_written=0", "prompts.held_out=2", "generation.max_new_tokens=8",
+               "generation.cache=false", f"out={out}", "progress=false")
+    report = load_script("train_heads").run(cfg)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert report["sequences"] == len(rows) == 6 and report["tokens"] == sum(len(r["output_token_ids"]) for r in rows)
+    engine = Engine(tiny_random_model(), dtype="float32")
+    plain = SpeculativeDecoder(engine).generate([rows[0]["prompt_token_ids"]], max_new_tokens=8)
+    assert plain.output_ids[0] == rows[0]["output_token_ids"]  # the target's own greedy answer
+    corpus = SuffixProposer(engine, corpus=str(out)).corpus
+    assert corpus.sequences == 6 and corpus.prompts == {tuple(r["prompt_token_ids"]) for r in rows}
+    with pytest.raises(InvalidInput, match=r"out=.*corpus\.json: must end in \.jsonl"):
+        load_script("train_heads").check_config(_cfg("train_heads", "kind=corpus", f"out={tmp_path / 'corpus.json'}"))
