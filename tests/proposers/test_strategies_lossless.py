@@ -6,6 +6,8 @@ chi-square test with the exact one computed from the target; an n-gram proposer 
 fails the same test, so the test can see a broken deterministic draft, and so does a tree verifier
 that tests siblings against p instead of what the siblings before them left of it."""
 
+import json
+
 import pytest
 import torch
 
@@ -20,7 +22,7 @@ from specdec.proposers.base import Proposal
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.layer_skip import LayerSkipProposer
 from specdec.proposers.ngram import NgramProposer
-from specdec.proposers.suffix import SuffixTreeProposer
+from specdec.proposers.suffix import SuffixProposer, SuffixTreeProposer
 from tests.core.test_tree import SiblingsAgainstP
 from tests.stats import chi_square_pvalue, exact_joint_of_tokens_2_and_3
 
@@ -123,3 +125,18 @@ def test_suffix_tree_sampling_is_lossless_and_a_broken_tree_verifier_is_caught(t
     broken = TreeVerifier(SpeculativeSamplingVerifier(), SiblingsAgainstP())
     counts, _ = _sample_pairs(engine, SuffixTreeProposer(budget=6), k=2, verifier=broken, prompt=BRANCHING)
     assert chi_square_pvalue(counts, exact) < 1e-6
+
+
+@pytest.mark.parametrize("cls", [SuffixProposer, SuffixTreeProposer])
+def test_suffix_sampling_from_a_corpus_is_lossless(target, tmp_path, cls):
+    """Drafts from a datastore (`corpus`) are deterministic too (a one-hot q): the prompt [0, 1] has no
+    repeats of its own, so the drafts come from the corpus, where every token has several successors."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("\n".join(json.dumps({"token_ids": BRANCHING[i:] + BRANCHING[:i]}) for i in range(0, 30, 3)))
+    prompt = [0, 1]
+    exact = exact_joint_of_tokens_2_and_3(target, prompt, PARAMS, V)
+    engine = Engine(target, dtype="float32")
+    proposer = cls(engine, corpus=str(corpus), max_cached_requests=0, max_spec_factor=2.0)
+    counts, stats = _sample_pairs(engine, proposer, k=2, prompt=prompt)
+    assert 0.02 < stats.acceptance_rate < 0.95  # the chain: the likeliest successor only (about 0.04)
+    assert chi_square_pvalue(counts, exact) > 1e-3
