@@ -38,6 +38,17 @@ COMMANDS = {
                   "compare.vllm_suffix.num_speculative_tokens=8 "
                   "+compare.vllm_suffix.decoder.speculative_args.suffix_decoding_max_cached_requests=0 "
                   "hydra.run.dir=experiments/peers/runs/cpu_suffix",
+    # suffix decoding with a datastore of the target's answers to other prompts (scripts/train_heads.py kind=corpus),
+    # drafting up to twice the match length; vLLM's suffix decoding at both draft-length rules
+    "cpu_corpus": f"{RUN} method=suffix method.name=suffix_corpus {ANCHORS} {COMPILED} "
+                  "method.proposer.max_cached_requests=0 method.proposer.corpus=experiments/peers/runs/corpus-large.jsonl "
+                  "method.proposer.max_spec_factor=2 +method@compare.suffix=suffix "
+                  "compare.suffix.proposer.max_cached_requests=0 "
+                  + " ".join(f"+method@compare.{n}=vllm_suffix compare.{n}.name={n} compare.{n}.num_speculative_tokens=8 "
+                             f"+compare.{n}.decoder.speculative_args.suffix_decoding_max_cached_requests=0 "
+                             f"+compare.{n}.decoder.speculative_args.suffix_decoding_max_spec_factor={f}"
+                             for n, f in (("vllm_suffix", 1), ("vllm_suffix_f2", 2)))
+                  + " hydra.run.dir=experiments/peers/runs/cpu_corpus",
     "cpu_2": f"{BASE} data.limit=2 +method@compare.suffix=suffix hydra.run.dir=experiments/peers/runs/cpu_2",
     "cpu_float32": f"{BASE} data.limit=1 generation.max_new_tokens=64 dtype=float32 "
                    "hydra.run.dir=experiments/peers/runs/cpu_float32",
