@@ -38,17 +38,23 @@ COMMANDS = {
                   "compare.vllm_suffix.num_speculative_tokens=8 "
                   "+compare.vllm_suffix.decoder.speculative_args.suffix_decoding_max_cached_requests=0 "
                   "hydra.run.dir=experiments/peers/runs/cpu_suffix",
-    # suffix decoding with a datastore of the target's answers to other prompts (scripts/train_heads.py kind=corpus),
-    # drafting up to twice the match length; vLLM's suffix decoding at both draft-length rules
+    # suffix decoding with a datastore of the target's answers to other prompts (scripts/train_heads.py kind=corpus)
+    # beside suffix decoding without one, in both engines; otherwise as cpu_suffix
     "cpu_corpus": f"{RUN} method=suffix method.name=suffix_corpus {ANCHORS} {COMPILED} "
                   "method.proposer.max_cached_requests=0 method.proposer.corpus=experiments/peers/runs/corpus-large.jsonl "
-                  "method.proposer.max_spec_factor=2 +method@compare.suffix=suffix "
-                  "compare.suffix.proposer.max_cached_requests=0 "
-                  + " ".join(f"+method@compare.{n}=vllm_suffix compare.{n}.name={n} compare.{n}.num_speculative_tokens=8 "
-                             f"+compare.{n}.decoder.speculative_args.suffix_decoding_max_cached_requests=0 "
-                             f"+compare.{n}.decoder.speculative_args.suffix_decoding_max_spec_factor={f}"
-                             for n, f in (("vllm_suffix", 1), ("vllm_suffix_f2", 2)))
-                  + " hydra.run.dir=experiments/peers/runs/cpu_corpus",
+                  "+method@compare.suffix=suffix compare.suffix.proposer.max_cached_requests=0 "
+                  "+method@compare.vllm_suffix=vllm_suffix compare.vllm_suffix.num_speculative_tokens=8 "
+                  "+compare.vllm_suffix.decoder.speculative_args.suffix_decoding_max_cached_requests=0 "
+                  "hydra.run.dir=experiments/peers/runs/cpu_corpus",
+    # cpu_corpus again, with suffix decoding's token trees from the same corpus in place of the chain without one
+    "cpu_corpus_2": f"{RUN} method=suffix method.name=suffix_corpus {ANCHORS} {COMPILED} "
+                    "method.proposer.max_cached_requests=0 method.proposer.corpus=experiments/peers/runs/corpus-large.jsonl "
+                    "+method@compare.suffix_tree_corpus=suffix_tree compare.suffix_tree_corpus.name=suffix_tree_corpus "
+                    "compare.suffix_tree_corpus.proposer.max_cached_requests=0 "
+                    "compare.suffix_tree_corpus.proposer.corpus=experiments/peers/runs/corpus-large.jsonl "
+                    "+method@compare.vllm_suffix=vllm_suffix compare.vllm_suffix.num_speculative_tokens=8 "
+                    "+compare.vllm_suffix.decoder.speculative_args.suffix_decoding_max_cached_requests=0 "
+                    "hydra.run.dir=experiments/peers/runs/cpu_corpus_2",
     "cpu_2": f"{BASE} data.limit=2 +method@compare.suffix=suffix hydra.run.dir=experiments/peers/runs/cpu_2",
     "cpu_float32": f"{BASE} data.limit=1 generation.max_new_tokens=64 dtype=float32 "
                    "hydra.run.dir=experiments/peers/runs/cpu_float32",

@@ -254,7 +254,7 @@ class Corpus:
     with `output_token_ids` (specdec's results.jsonl, or `scripts/train_heads.py kind=corpus`) or
     `token_ids`, and optionally `prompt_token_ids`, the prompt the sequence answers. Those prompts are
     kept so that a request whose prompt is one of them is refused: its answer would be in the datastore.
-    The trie holds at most `max_depth` nodes per token: keep corpora to about a million tokens."""
+    The trie holds at most `max_depth` nodes per token: 111k tokens made 1.6M nodes, 0.4 GB, in 4 s."""
 
     def __init__(self, path: str | Path, max_depth: int = 24, vocab_size: int | None = None):
         self.path = Path(path)
@@ -306,6 +306,22 @@ class Corpus:
                                  "holds: build the corpus from other prompts than the ones evaluated")
 
 
+_CORPORA: dict[tuple, Corpus] = {}
+
+
+def read_corpus(path: str | Path, max_depth: int = 24, vocab_size: int | None = None) -> Corpus:
+    """`Corpus(path, ...)`, read once per file version: the methods of one run that draft from the same
+    corpus share its trie (it is never written after reading), which can take gigabytes."""
+    file = Path(path).expanduser()
+    stat = file.stat() if file.is_file() else None
+    key = (str(file.resolve()), stat and (stat.st_mtime_ns, stat.st_size), max_depth, vocab_size)
+    if stat is None or key not in _CORPORA:
+        corpus = Corpus(path, max_depth, vocab_size)
+        _CORPORA.clear()  # one at a time: an old version's trie is not kept alive
+        _CORPORA[key] = corpus
+    return _CORPORA[key]
+
+
 class SuffixProposer:
     """Drafts from suffix matches in the row's own tokens and in earlier requests' outputs.
 
@@ -329,7 +345,7 @@ class SuffixProposer:
         self.max_depth, self.factor, self.offset, self.min_prob = max_depth, max_spec_factor, max_spec_offset, min_token_prob
         self.outputs = OutputCache(max_depth, max_cached_requests, max_cached_tokens)
         vocab = getattr(getattr(engine, "target", None), "vocab_size", None)
-        self.corpus = Corpus(corpus, max_depth, vocab) if corpus is not None else None
+        self.corpus = read_corpus(corpus, max_depth, vocab) if corpus is not None else None
         self.rows: dict[int, TokenPositions] = {}  # row -> its prompt and output so far
 
     def reset(self, state) -> None:

@@ -274,3 +274,12 @@ def test_a_results_file_is_a_corpus(tmp_path):
     corpus = SuffixProposer(corpus=_corpus(tmp_path / "results.jsonl", rows)).corpus
     assert (corpus.sequences, corpus.tokens, corpus.prompts) == (2, 7, {(9, 9), (8,)})
     assert corpus.index.children(corpus.index.find([1, 2])) == {3: 1, 5: 1}
+
+
+def test_methods_that_read_one_corpus_share_it_until_the_file_changes(tmp_path):
+    path = _corpus(tmp_path / "c.jsonl", [{"token_ids": [1, 2, 3]}])
+    a, b = SuffixProposer(corpus=path), SuffixTreeProposer(corpus=path)
+    assert a.corpus is b.corpus
+    _corpus(tmp_path / "c.jsonl", [{"token_ids": [1, 2, 3, 4, 5]}])
+    c = SuffixProposer(corpus=path)
+    assert c.corpus is not a.corpus and c.corpus.tokens == 5 and a.corpus.tokens == 3
