@@ -46,15 +46,6 @@ COMMANDS = {
                   "+method@compare.vllm_suffix=vllm_suffix compare.vllm_suffix.num_speculative_tokens=8 "
                   "+compare.vllm_suffix.decoder.speculative_args.suffix_decoding_max_cached_requests=0 "
                   "hydra.run.dir=experiments/peers/runs/cpu_corpus",
-    # cpu_corpus again, with suffix decoding's token trees from the same corpus in place of the chain without one
-    "cpu_corpus_2": f"{RUN} method=suffix method.name=suffix_corpus {ANCHORS} {COMPILED} "
-                    "method.proposer.max_cached_requests=0 method.proposer.corpus=experiments/peers/runs/corpus-large.jsonl "
-                    "+method@compare.suffix_tree_corpus=suffix_tree compare.suffix_tree_corpus.name=suffix_tree_corpus "
-                    "compare.suffix_tree_corpus.proposer.max_cached_requests=0 "
-                    "compare.suffix_tree_corpus.proposer.corpus=experiments/peers/runs/corpus-large.jsonl "
-                    "+method@compare.vllm_suffix=vllm_suffix compare.vllm_suffix.num_speculative_tokens=8 "
-                    "+compare.vllm_suffix.decoder.speculative_args.suffix_decoding_max_cached_requests=0 "
-                    "hydra.run.dir=experiments/peers/runs/cpu_corpus_2",
     "cpu_2": f"{BASE} data.limit=2 +method@compare.suffix=suffix hydra.run.dir=experiments/peers/runs/cpu_2",
     "cpu_float32": f"{BASE} data.limit=1 generation.max_new_tokens=64 dtype=float32 "
                    "hydra.run.dir=experiments/peers/runs/cpu_float32",
