@@ -24,6 +24,11 @@ ANCHORS = "+method@compare.vllm=vllm +method@compare.vllm_ngram=vllm_ngram logge
 BASE = f"{RUN} method=ngram {ANCHORS}"
 COMPILED = "data.limit=1 repeats=2 compile=on engine.compile_options.autotune=true"
 UNPINNED = " compare.vllm.decoder.pin=false compare.vllm_ngram.decoder.pin=false"
+CORPUS = (f"{RUN} method=suffix method.name=suffix_corpus {ANCHORS} {COMPILED} "
+          "method.proposer.max_cached_requests=0 method.proposer.corpus=experiments/peers/runs/corpus-large.jsonl "
+          "+method@compare.suffix=suffix compare.suffix.proposer.max_cached_requests=0 "
+          "+method@compare.vllm_suffix=vllm_suffix compare.vllm_suffix.num_speculative_tokens=8 "
+          "+compare.vllm_suffix.decoder.speculative_args.suffix_decoding_max_cached_requests=0")
 COMMANDS = {
     # vLLM's worker pinned to one core: the anchor's default since these runs; the two after it left it free
     **{run: f"{BASE} {COMPILED}{pin} hydra.run.dir=experiments/peers/runs/{run}"
@@ -39,13 +44,8 @@ COMMANDS = {
                   "+compare.vllm_suffix.decoder.speculative_args.suffix_decoding_max_cached_requests=0 "
                   "hydra.run.dir=experiments/peers/runs/cpu_suffix",
     # suffix decoding with a datastore of the target's answers to other prompts (scripts/train_heads.py kind=corpus)
-    # beside suffix decoding without one, in both engines; otherwise as cpu_suffix
-    "cpu_corpus": f"{RUN} method=suffix method.name=suffix_corpus {ANCHORS} {COMPILED} "
-                  "method.proposer.max_cached_requests=0 method.proposer.corpus=experiments/peers/runs/corpus-large.jsonl "
-                  "+method@compare.suffix=suffix compare.suffix.proposer.max_cached_requests=0 "
-                  "+method@compare.vllm_suffix=vllm_suffix compare.vllm_suffix.num_speculative_tokens=8 "
-                  "+compare.vllm_suffix.decoder.speculative_args.suffix_decoding_max_cached_requests=0 "
-                  "hydra.run.dir=experiments/peers/runs/cpu_corpus",
+    # beside suffix decoding without one, in both engines; otherwise as cpu_suffix. cpu_corpus_2 repeats it.
+    **{run: f"{CORPUS} hydra.run.dir=experiments/peers/runs/{run}" for run in ("cpu_corpus", "cpu_corpus_2")},
     "cpu_2": f"{BASE} data.limit=2 +method@compare.suffix=suffix hydra.run.dir=experiments/peers/runs/cpu_2",
     "cpu_float32": f"{BASE} data.limit=1 generation.max_new_tokens=64 dtype=float32 "
                    "hydra.run.dir=experiments/peers/runs/cpu_float32",
