@@ -398,7 +398,7 @@ def _write_corpus(cfg: DictConfig, prompt_ids: list[list[int]], examples: list[E
     out = resolve_path(cfg.out)
     lines = [json.dumps({"prompt_token_ids": ids, "output_token_ids": e.tokens[e.start :].tolist()})
              for ids, e in zip(prompt_ids, examples)]
-    write_whole(out, lambda tmp: Path(tmp).write_text("\n".join(lines) + "\n"))
+    write_whole(out, lambda tmp: tmp.write_text("\n".join(lines) + "\n"))
     phase("save")
     tokens = sum(len(e.tokens) - e.start for e in examples)
     report = {"kind": "corpus", "out": str(out), "sequences": len(lines), "tokens": tokens,

@@ -257,8 +257,7 @@ class Corpus:
     The trie holds at most `max_depth` nodes per token: 111k tokens made 1.6M nodes, 0.4 GB, in 4 s."""
 
     def __init__(self, path: str | Path, max_depth: int = 24, vocab_size: int | None = None):
-        self.path = Path(path)
-        self.path = self.path.expanduser()
+        self.path = Path(path).expanduser()
         if not self.path.is_file():
             raise FileNotFoundError(f"method.proposer.corpus={path}: no such file; give a JSONL file of earlier "
                                     "outputs (a results.jsonl, or scripts/train_heads.py kind=corpus out=<file>.jsonl)")
@@ -351,7 +350,7 @@ class SuffixProposer:
     def reset(self, state) -> None:
         self.rows = {}
         if self.corpus is not None and state is not None:
-            self.corpus.check([c[:n] for c, n in zip(state.committed, state.seq_lens)])
+            self.corpus.check([c[:n] for c, n in zip(state.committed, state.prompt_lens)])
 
     def indexes(self, own: TokenPositions) -> list:
         """Where drafts come from: the row's own text, earlier outputs, the corpus."""
