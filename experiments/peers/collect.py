@@ -29,6 +29,18 @@ CORPUS = (f"{RUN} method=suffix method.name=suffix_corpus {ANCHORS} {COMPILED} "
           "+method@compare.suffix=suffix compare.suffix.proposer.max_cached_requests=0 "
           "+method@compare.vllm_suffix=vllm_suffix compare.vllm_suffix.num_speculative_tokens=8 "
           "+compare.vllm_suffix.decoder.speculative_args.suffix_decoding_max_cached_requests=0")
+# The same with the larger datastore, drafts up to twice the match length (`max_spec_factor=2`), and vLLM's
+# suffix method at both factors; four vLLM workers fit in memory with 1 GiB of KV cache each.
+CORPUS_XL = (f"VLLM_CPU_KVCACHE_SPACE=1 {RUN} method=suffix method.name=suffix_corpus_f2 {ANCHORS} {COMPILED} "
+             "method.proposer.max_cached_requests=0 method.proposer.corpus=experiments/peers/runs/corpus-xl.jsonl "
+             "method.proposer.max_spec_factor=2 "
+             "+method@compare.suffix=suffix compare.suffix.proposer.max_cached_requests=0 "
+             "+method@compare.vllm_suffix=vllm_suffix compare.vllm_suffix.num_speculative_tokens=8 "
+             "+compare.vllm_suffix.decoder.speculative_args.suffix_decoding_max_cached_requests=0 "
+             "+method@compare.vllm_suffix_f2=vllm_suffix compare.vllm_suffix_f2.name=vllm_suffix_f2 "
+             "compare.vllm_suffix_f2.num_speculative_tokens=8 "
+             "+compare.vllm_suffix_f2.decoder.speculative_args.suffix_decoding_max_cached_requests=0 "
+             "+compare.vllm_suffix_f2.decoder.speculative_args.suffix_decoding_max_spec_factor=2")
 COMMANDS = {
     # vLLM's worker pinned to one core: the anchor's default since these runs; the two after it left it free
     **{run: f"{BASE} {COMPILED}{pin} hydra.run.dir=experiments/peers/runs/{run}"
@@ -46,6 +58,7 @@ COMMANDS = {
     # suffix decoding with a datastore of the target's answers to other prompts (scripts/train_heads.py kind=corpus)
     # beside suffix decoding without one, in both engines; otherwise as cpu_suffix. cpu_corpus_2 repeats it.
     **{run: f"{CORPUS} hydra.run.dir=experiments/peers/runs/{run}" for run in ("cpu_corpus", "cpu_corpus_2")},
+    **{run: f"{CORPUS_XL} hydra.run.dir=experiments/peers/runs/{run}" for run in ("cpu_corpus_xl", "cpu_corpus_xl_2")},
     "cpu_2": f"{BASE} data.limit=2 +method@compare.suffix=suffix hydra.run.dir=experiments/peers/runs/cpu_2",
     "cpu_float32": f"{BASE} data.limit=1 generation.max_new_tokens=64 dtype=float32 "
                    "hydra.run.dir=experiments/peers/runs/cpu_float32",
