@@ -97,6 +97,9 @@ def rows() -> list[dict]:
     out = []
     for name, command in COMMANDS.items():
         run = HERE / "runs" / name
+        if not (run / "summary.json").exists():  # a run not made here (yet): its command is above
+            print(f"skipped {name}: no {run / 'summary.json'}")
+            continue
         s = json.loads((run / "summary.json").read_text())
         speeds = timed(run)
         plain = {m: speeds[m][0] for m, b in s["methods"].items()
