@@ -58,7 +58,7 @@ COMMANDS = {
     # suffix decoding with a datastore of the target's answers to other prompts (scripts/train_heads.py kind=corpus)
     # beside suffix decoding without one, in both engines; otherwise as cpu_suffix. cpu_corpus_2 repeats it.
     **{run: f"{CORPUS} hydra.run.dir=experiments/peers/runs/{run}" for run in ("cpu_corpus", "cpu_corpus_2")},
-    **{run: f"{CORPUS_XL} hydra.run.dir=experiments/peers/runs/{run}" for run in ("cpu_corpus_xl",)},
+    **{run: f"{CORPUS_XL} hydra.run.dir=experiments/peers/runs/{run}" for run in ("cpu_corpus_xl", "cpu_corpus_xl_2")},
     "cpu_2": f"{BASE} data.limit=2 +method@compare.suffix=suffix hydra.run.dir=experiments/peers/runs/cpu_2",
     "cpu_float32": f"{BASE} data.limit=1 generation.max_new_tokens=64 dtype=float32 "
                    "hydra.run.dir=experiments/peers/runs/cpu_float32",
