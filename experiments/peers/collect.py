@@ -24,23 +24,29 @@ ANCHORS = "+method@compare.vllm=vllm +method@compare.vllm_ngram=vllm_ngram logge
 BASE = f"{RUN} method=ngram {ANCHORS}"
 COMPILED = "data.limit=1 repeats=2 compile=on engine.compile_options.autotune=true"
 UNPINNED = " compare.vllm.decoder.pin=false compare.vllm_ngram.decoder.pin=false"
-CORPUS = (f"{RUN} method=suffix method.name=suffix_corpus {ANCHORS} {COMPILED} "
-          "method.proposer.max_cached_requests=0 method.proposer.corpus=experiments/peers/runs/corpus-large.jsonl "
-          "+method@compare.suffix=suffix compare.suffix.proposer.max_cached_requests=0 "
-          "+method@compare.vllm_suffix=vllm_suffix compare.vllm_suffix.num_speculative_tokens=8 "
-          "+compare.vllm_suffix.decoder.speculative_args.suffix_decoding_max_cached_requests=0")
-# The same with the larger datastore, drafts up to twice the match length (`max_spec_factor=2`), and vLLM's
-# suffix method at both factors; four vLLM workers fit in memory with 1 GiB of KV cache each.
-CORPUS_XL = (f"VLLM_CPU_KVCACHE_SPACE=1 {RUN} method=suffix method.name=suffix_corpus_f2 {ANCHORS} {COMPILED} "
-             "method.proposer.max_cached_requests=0 method.proposer.corpus=experiments/peers/runs/corpus-xl.jsonl "
-             "method.proposer.max_spec_factor=2 "
-             "+method@compare.suffix=suffix compare.suffix.proposer.max_cached_requests=0 "
-             "+method@compare.vllm_suffix=vllm_suffix compare.vllm_suffix.num_speculative_tokens=8 "
-             "+compare.vllm_suffix.decoder.speculative_args.suffix_decoding_max_cached_requests=0 "
-             "+method@compare.vllm_suffix_f2=vllm_suffix compare.vllm_suffix_f2.name=vllm_suffix_f2 "
-             "compare.vllm_suffix_f2.num_speculative_tokens=8 "
-             "+compare.vllm_suffix_f2.decoder.speculative_args.suffix_decoding_max_cached_requests=0 "
-             "+compare.vllm_suffix_f2.decoder.speculative_args.suffix_decoding_max_spec_factor=2")
+
+
+def vllm_suffix(key: str, factor: int | None = None) -> str:
+    """vLLM's suffix decoding as `compare.<key>`: k = 8, its cross-request cache off (a second repeat
+    would find the first's answers), `suffix_decoding_max_spec_factor=factor` where given."""
+    name = "" if key == "vllm_suffix" else f" compare.{key}.name={key}"
+    args = f"+compare.{key}.decoder.speculative_args.suffix_decoding_"
+    out = f"+method@compare.{key}=vllm_suffix{name} compare.{key}.num_speculative_tokens=8 {args}max_cached_requests=0"
+    return out + (f" {args}max_spec_factor={factor}" if factor else "")
+
+
+def corpus_run(name: str, corpus: str, options: str = "") -> str:
+    """specdec's suffix decoding from the datastore `corpus` (under runs/) as `name`, with `options`,
+    beside specdec's and vLLM's suffix decoding without one; cross-request caches off."""
+    return (f"{RUN} method=suffix method.name={name} {ANCHORS} {COMPILED} method.proposer.max_cached_requests=0 "
+            f"method.proposer.corpus=experiments/peers/runs/{corpus} {options}"
+            f"+method@compare.suffix=suffix compare.suffix.proposer.max_cached_requests=0 {vllm_suffix('vllm_suffix')}")
+
+
+# The larger datastore, drafts up to twice the match length, and vLLM's suffix method at both factors;
+# four vLLM workers fit in memory with 1 GiB of KV cache each.
+CORPUS_XL = (f"VLLM_CPU_KVCACHE_SPACE=1 {corpus_run('suffix_corpus_f2', 'corpus-xl.jsonl', 'method.proposer.max_spec_factor=2 ')} "
+             f"{vllm_suffix('vllm_suffix_f2', 2)}")
 COMMANDS = {
     # vLLM's worker pinned to one core: the anchor's default since these runs; the two after it left it free
     **{run: f"{BASE} {COMPILED}{pin} hydra.run.dir=experiments/peers/runs/{run}"
@@ -51,13 +57,11 @@ COMMANDS = {
               "compare.vllm_ngram8.num_speculative_tokens=8 hydra.run.dir=experiments/peers/runs/cpu_k8",
     # suffix decoding in both engines, their cross-request caches off (the second repeat would find the first's answers)
     "cpu_suffix": f"{RUN} method=suffix {ANCHORS} {COMPILED} method.proposer.max_cached_requests=0 "
-                  "+method@compare.ngram=ngram +method@compare.vllm_suffix=vllm_suffix "
-                  "compare.vllm_suffix.num_speculative_tokens=8 "
-                  "+compare.vllm_suffix.decoder.speculative_args.suffix_decoding_max_cached_requests=0 "
-                  "hydra.run.dir=experiments/peers/runs/cpu_suffix",
+                  f"+method@compare.ngram=ngram {vllm_suffix('vllm_suffix')} hydra.run.dir=experiments/peers/runs/cpu_suffix",
     # suffix decoding with a datastore of the target's answers to other prompts (scripts/train_heads.py kind=corpus)
     # beside suffix decoding without one, in both engines; otherwise as cpu_suffix. cpu_corpus_2 repeats it.
-    **{run: f"{CORPUS} hydra.run.dir=experiments/peers/runs/{run}" for run in ("cpu_corpus", "cpu_corpus_2")},
+    **{run: f"{corpus_run('suffix_corpus', 'corpus-large.jsonl')} hydra.run.dir=experiments/peers/runs/{run}"
+       for run in ("cpu_corpus", "cpu_corpus_2")},
     **{run: f"{CORPUS_XL} hydra.run.dir=experiments/peers/runs/{run}" for run in ("cpu_corpus_xl", "cpu_corpus_xl_2")},
     "cpu_2": f"{BASE} data.limit=2 +method@compare.suffix=suffix hydra.run.dir=experiments/peers/runs/cpu_2",
     "cpu_float32": f"{BASE} data.limit=1 generation.max_new_tokens=64 dtype=float32 "
