@@ -10,6 +10,9 @@ RUNS=${RUNS:-experiments/drafters/runs}
 LIMIT=${LIMIT:-2}                               # prompts per Spec-Bench category
 NAME=${NAME:-limit$LIMIT}
 DRAFTER=${DRAFTER:-$RUNS/eagle3-v4096}          # scripts/train_heads.py kind=eagle3 out=<this>
+ASKED=""                                        # the variables that chose the drafters, for the recorded command
+[[ "$DRAFTER" != "$RUNS/eagle3-v4096" ]] && ASKED="DRAFTER=$DRAFTER "
+ASKED="$ASKED${DRAFTER2:+DRAFTER2=$DRAFTER2 }"
 COMMON="experiment=spec_bench_greedy generation.max_new_tokens=128 logger=none plots=false threads=1 progress=false"
 # variant NAME METHOD KEY=VALUE...: one more decoder in the same interleaved run, under its own name
 variant() { local name=$1 method=$2; shift 2; echo "+method@compare.$name=$method compare.$name.name=$name ${*/#/compare.$name.}"; }
@@ -24,7 +27,7 @@ if [[ -n "${ONE:-}" ]]; then
   if [[ -n "${DRAFTER2:-}" ]]; then
     METHODS="$METHODS $(variant eagle3_b eagle3 heads_path=$DRAFTER2 proposer.budget=4 proposer.depth=2 num_speculative_tokens=2)"
   fi
-  TAG="ONE=1 NAME=$NAME LIMIT=$LIMIT ${DRAFTER2:+DRAFTER2=$DRAFTER2 }experiments/drafters/run.sh"
+  TAG="ONE=1 NAME=$NAME LIMIT=$LIMIT ${ASKED}experiments/drafters/run.sh"
   python -m specdec $COMMON data.limit=$LIMIT hydra.run.dir=$RUNS/$NAME-one $METHODS
   python experiments/drafters/collect.py "$RUNS/$NAME-one" "$NAME-one" "$TAG" --vocab eagle=8192
   exit 0
@@ -36,7 +39,7 @@ METHODS="method=eagle3 method.heads_path=$DRAFTER \
 if [[ -n "${DRAFTER2:-}" ]]; then
   METHODS="$METHODS $(variant eagle3_b eagle3 heads_path=$DRAFTER2 proposer.budget=4 proposer.depth=2 num_speculative_tokens=2)"
 fi
-TAG="NAME=$NAME LIMIT=$LIMIT ${DRAFTER2:+DRAFTER2=$DRAFTER2 }experiments/drafters/run.sh"
+TAG="NAME=$NAME LIMIT=$LIMIT ${ASKED}experiments/drafters/run.sh"
 python -m specdec $COMMON data.limit=$LIMIT hydra.run.dir=$RUNS/$NAME-eagle3 $METHODS
 python experiments/drafters/collect.py "$RUNS/$NAME-eagle3" "$NAME-eagle3" "$TAG"
 # Run 2: the shipped EAGLE-style drafter (its default shape: budget 4, depth 2)

@@ -431,6 +431,8 @@ class Engine:
         # Models of a proposer's own that run in this engine's generations (`add_model`); weak, so a
         # dropped proposer's model goes with it.
         self._proposer_models: weakref.WeakSet[CachedModel] = weakref.WeakSet()
+        # Cache-free modules of a proposer's own (an EAGLE drafter, Medusa's heads: `add_module`); weak too.
+        self._proposer_modules: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
         self._busy = threading.Lock()
 
     def add_model(self, model: CachedModel) -> None:
@@ -438,6 +440,13 @@ class Engine:
         skipping's view of the target's first layers): held like them for each generation (its
         attention implementation swapped once, not around every pass)."""
         self._proposer_models.add(model)
+
+    def add_module(self, module: torch.nn.Module) -> None:
+        """A module of a proposer's own that runs in this engine's generations outside any `CachedModel`
+        (an EAGLE drafter, Medusa's heads): held by the passes for each generation as the models are
+        (where passes run eagerly on a CPU, its linear layers packed, which its small products need
+        as much as the target's do: experiments/drafters/LOG.md, section 6)."""
+        self._proposer_modules.add(module)
 
     @property
     def compile(self) -> bool:
@@ -501,6 +510,9 @@ class Engine:
                     held.enter_context(grouped_attention(model))
                     if self.passes is not None:
                         held.enter_context(self.passes.hold(model))
+                if self.passes is not None:
+                    for module in list(self._proposer_modules):
+                        held.enter_context(self.passes.hold(module))
                 yield
         finally:
             self._busy.release()

@@ -12,6 +12,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import specdec.accel.packed_linear as packed_linear
+from specdec.accel.passes import Accelerated
 from specdec.core.decoding import SpeculativeDecoder
 from specdec.core.engine import CachedModel, Engine
 from specdec.core.errors import InputError, InvalidInput
@@ -206,6 +208,29 @@ def test_greedy_trees_equal_plain_greedy(small_target, shape, batch):
 def test_greedy_chains_equal_plain_greedy(small_target, batch, vocab):
     prompts = [[t % 16 for t in p] for p in RAGGED_PROMPTS[: 1 if batch == "single" else 3]]
     _greedy_check(small_target, prompts, drafter_files(small_target, draft_vocab=vocab), 3, depth=3, chain=True)
+
+
+@pytest.mark.skipif(not packed_linear.available(), reason="this torch build has no oneDNN linear kernels")
+def test_the_drafter_runs_packed_where_the_engine_packs_and_stays_lossless(small_target, monkeypatch):
+    """The drafter's own linear layers run packed for a generation (`Engine.add_module`), as the
+    target's do, are given back after it, and the greedy tokens equal plain decoding's."""
+    prompts = [[t % 16 for t in p] for p in RAGGED_PROMPTS[:3]]
+    engine = Engine(small_target, dtype="float32", passes=Accelerated(packed_linear="on"))
+    ref = SpeculativeDecoder(engine).generate(prompts, max_new_tokens=20)
+    proposer = Eagle3Proposer(engine, drafter_files(small_target, draft_vocab=12), depth=3, budget=6)
+    ran: set[int] = set()
+    forward = packed_linear._packed_forward
+
+    def recorded(self, x):
+        ran.add(id(self))
+        return forward(self, x)
+
+    monkeypatch.setattr(packed_linear, "_packed_forward", recorded)
+    out = SpeculativeDecoder(engine, proposer, num_speculative_tokens=3).generate(prompts, max_new_tokens=20)
+    assert out.output_ids == ref.output_ids and out.lossless
+    drafter_linears = {id(m) for m in proposer.drafter.modules() if isinstance(m, torch.nn.Linear)}
+    assert drafter_linears & ran, "none of the drafter's linear layers ran packed"
+    assert not any("forward" in vars(m) for m in proposer.drafter.modules())  # given back after the generation
 
 
 def test_greedy_on_the_wide_target_with_the_files_own_taps(target):
