@@ -443,9 +443,9 @@ class Engine:
 
     def add_module(self, module: torch.nn.Module) -> None:
         """A module of a proposer's own that runs in this engine's generations outside any `CachedModel`
-        (an EAGLE drafter, Medusa's heads): held by the passes for each generation as the models are
-        (where passes run eagerly on a CPU, its linear layers packed, which its small products need
-        as much as the target's do: experiments/drafters/LOG.md, section 6)."""
+        (an EAGLE drafter, Medusa's heads; `compiled` adds those it is given): held by the passes for
+        each generation as the models are (where passes run eagerly on a CPU, its linear layers packed,
+        which its small products need as much as the target's do: experiments/drafters/LOG.md, section 6)."""
         self._proposer_modules.add(module)
 
     @property
@@ -456,7 +456,10 @@ class Engine:
     def compiled(self, name: str, what, kind: str):
         """`what` compiled as the target's passes are, or None where they run eagerly (then run `what`
         as it is): the hook through which a proposer's own modules follow the engine. kind `model` (a
-        `CachedModel`), `module` (a drafter over its own RowCache) or `call` (a cache-free module)."""
+        `CachedModel`, held through `add_model`), `module` (a drafter over its own RowCache) or `call` (a
+        cache-free module); the last two are held for each generation here (`add_module`), compiled or not."""
+        if kind != "model":
+            self.add_module(what)
         if self.passes is None or self.target.compiled is None:
             return None
         compiled = self.passes.compiled(what, kind, self.target)

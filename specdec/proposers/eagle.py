@@ -330,7 +330,6 @@ class EagleProposer:
         target.keep_hidden_states()
         # compile=on: the drafter's passes compile at the target's buckets, with its backend
         self.compiled = engine.compiled("eagle drafter", self.drafter, "module")
-        engine.add_module(self.drafter)
 
     @staticmethod
     def heads_info(heads_path: Any) -> tuple[int, bool] | None:

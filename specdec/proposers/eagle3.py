@@ -298,7 +298,6 @@ class Eagle3Proposer(EagleProposer):
         self.cache: RowCache | None = None
         target.keep_hidden_states(layer_ids)
         self.compiled = engine.compiled("eagle3 drafter", self.drafter, "module")
-        engine.add_module(self.drafter)
 
     @staticmethod
     def heads_info(heads_path: Any) -> tuple[int, bool]:

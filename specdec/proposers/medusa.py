@@ -214,7 +214,6 @@ class MedusaProposer:
         self.guesses = MedusaGuesses(self.heads, self.head)
         # Where the engine compiles, the guesses compile with the target's options (None: eager).
         self.compiled = engine.compiled("medusa heads", self.guesses, "call")
-        engine.add_module(self.guesses)
 
     @staticmethod
     def heads_info(heads_path: Any) -> tuple[int, bool, dict] | None:
