@@ -1,5 +1,6 @@
-"""experiments/peers/draft_replay.py: replaying a suffix drafter over plain decoding's greedy text
-takes the steps that the engine takes decoding the same prompt with that drafter."""
+"""The peers study's scripts. experiments/peers/draft_replay.py: replaying a suffix drafter over
+plain decoding's greedy text takes the steps that the engine takes with that drafter; collect.py
+keeps the recorded rows of runs whose raw outputs are not here."""
 
 import pytest
 
@@ -23,3 +24,12 @@ def test_the_replay_takes_the_engines_steps(engine_factory, kind):
     assert steps == row.steps
     if kind is SuffixProposer:  # a chain's width is its draft plus the root
         assert [w - 1 for w in widths] == row.draft_lengths
+
+
+def test_collect_keeps_the_recorded_rows_of_runs_whose_outputs_are_not_here(tmp_path, monkeypatch):
+    collect = load_script("collect", "experiments/peers")
+    monkeypatch.setattr(collect, "HERE", tmp_path)
+    monkeypatch.setattr(collect, "COMMANDS", {"cpu_a": "cmd a", "cpu_b": "cmd b"})
+    (tmp_path / "results.csv").write_text("run,method,tok/s\ncpu_a,ngram,40.1\ncpu_a,vllm,31.0\ngone,x,1\n")
+    assert collect.rows() == [{"run": "cpu_a", "method": "ngram", "tok/s": "40.1"},
+                              {"run": "cpu_a", "method": "vllm", "tok/s": "31.0"}]  # cpu_b: no rows, none made
