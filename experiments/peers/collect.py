@@ -49,14 +49,12 @@ CORPUS_XL = (f"VLLM_CPU_KVCACHE_SPACE=1 {corpus_run('suffix_corpus_f2', 'corpus-
              f"{vllm_suffix('vllm_suffix_f2', 2)}")
 # Suffix decoding's token trees from the same datastore (budget 11: 12 wide at most, a compiled width;
 # drafts up to 3x the match length; paths down to 3% under the counts; experiments/peers/draft_replay.py
-# chose them) beside the chain at factor 2 and vLLM's suffix method at factors 1 and 2.
+# chose them) beside vLLM's best method, its suffix decoding at factor 2. Alone: with section 10's chain
+# beside it, the run compiled both forms' graphs and did not fit in time or memory (LOG.md 12).
 TREE = (f"VLLM_CPU_KVCACHE_SPACE=1 {RUN} method=suffix_tree method.name=suffix_tree_corpus method.proposer.budget=11 "
         "method.proposer.max_spec_factor=3 method.proposer.min_token_prob=0.03 method.proposer.max_cached_requests=0 "
-        "method.proposer.corpus=experiments/peers/runs/corpus-xl.jsonl +method@compare.suffix_corpus_f2=suffix "
-        "compare.suffix_corpus_f2.name=suffix_corpus_f2 compare.suffix_corpus_f2.proposer.max_cached_requests=0 "
-        "compare.suffix_corpus_f2.proposer.corpus=experiments/peers/runs/corpus-xl.jsonl "
-        f"compare.suffix_corpus_f2.proposer.max_spec_factor=2 +method@compare.vllm=vllm {vllm_suffix('vllm_suffix')} "
-        f"{vllm_suffix('vllm_suffix_f2', 2)} logger=none plots=false {COMPILED}")
+        f"method.proposer.corpus=experiments/peers/runs/corpus-xl.jsonl {vllm_suffix('vllm_suffix_f2', 2)} "
+        f"logger=none plots=false {COMPILED}")
 COMMANDS = {
     # vLLM's worker pinned to one core: the anchor's default since these runs; the two after it left it free
     **{run: f"{BASE} {COMPILED}{pin} hydra.run.dir=experiments/peers/runs/{run}"
@@ -73,7 +71,7 @@ COMMANDS = {
     **{run: f"{corpus_run('suffix_corpus', 'corpus-large.jsonl')} hydra.run.dir=experiments/peers/runs/{run}"
        for run in ("cpu_corpus", "cpu_corpus_2")},
     **{run: f"{CORPUS_XL} hydra.run.dir=experiments/peers/runs/{run}" for run in ("cpu_corpus_xl", "cpu_corpus_xl_2")},
-    **{run: f"{TREE} hydra.run.dir=experiments/peers/runs/{run}" for run in ("cpu_tree", "cpu_tree_2")},
+    "cpu_tree_only": f"{TREE} hydra.run.dir=experiments/peers/runs/cpu_tree_only",
     "cpu_2": f"{BASE} data.limit=2 +method@compare.suffix=suffix hydra.run.dir=experiments/peers/runs/cpu_2",
     "cpu_float32": f"{BASE} data.limit=1 generation.max_new_tokens=64 dtype=float32 "
                    "hydra.run.dir=experiments/peers/runs/cpu_float32",
