@@ -9,6 +9,7 @@ accepted counts back. Nothing in the library is changed: the timers are installe
     python scripts/profile_step.py --method draft --draft self --k 4 --dtype bfloat16
     python scripts/profile_step.py --method autoregressive
     python scripts/profile_step.py --method eagle --k 2 --dtype bfloat16 --threads 1 --compile autotune
+    python scripts/profile_step.py --method suffix_tree --k 8 --dtype bfloat16 --threads 1 --compile on
 
 Under `--compile on|autotune` a target pass is timed around `CachedModel.forward` (the compiled
 graph holds the masks and the cache writes too), never inside what dynamo traces: a timer there
@@ -79,12 +80,18 @@ def build_proposer(name: str, engine: Engine):
         conf = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "method" / "eagle.yaml"), resolve=True)
         shape = {k: v for k, v in conf["proposer"].items() if k not in ("_target_", "heads_path")}
         return EagleProposer(engine, str(resolve_heads_path("embedded", "eagle")), **shape)
+    if name in ("suffix", "suffix_tree"):  # drafts from the prompt and the output so far (no datastore)
+        from specdec.proposers.suffix import SuffixProposer, SuffixTreeProposer
+
+        return (SuffixTreeProposer if name == "suffix_tree" else SuffixProposer)(
+            engine, max_spec_factor=3.0, min_token_prob=0.03, max_cached_requests=0)
     raise SystemExit(f"unknown method {name}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--method", default="draft", choices=["autoregressive", "draft", "ngram", "layer_skip", "eagle"])
+    ap.add_argument("--method", default="draft", choices=["autoregressive", "draft", "ngram", "layer_skip", "eagle", "suffix",
+                                                         "suffix_tree"])
     ap.add_argument("--draft", default="self", help="'self' or a path loadable by specdec.models")
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--dtype", default="auto")
@@ -119,7 +126,7 @@ def main() -> None:
     if args.method == "eagle":  # the drafter's own passes are inside "1 propose"; its head runs eagerly
         clock.wrap(decoder.proposer.head, "logits", "eagle: output head")
     clock.wrap(decoder.proposer, "propose", "1 propose")
-    clock.wrap(decoder, "_score", "2 score")
+    clock.wrap(decoder, "score", "2 score")
     clock.wrap(decoder, "commit_step", "4 commit")
     clock.wrap(decoder.proposer, "observe", "5 observe")
     steps = 0
