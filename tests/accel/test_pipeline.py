@@ -63,7 +63,7 @@ def test_pipelined_equals_serial_and_the_targets_greedy(target, engines, kind, k
     assert set(out.reports["pipeline"]) == {"pipelined_steps"}
     _every_step_pipelined(out)
     _same_caches(engine, out, serial_caches)
-    assert all(torch.equal(a, b) for a, b in zip(_valid_kv(engine.target, out), serial_kv))
+    _same_kv(_valid_kv(engine.target, out), serial_kv)
 
 
 def _every_step_pipelined(out) -> int:
@@ -87,6 +87,16 @@ def _same_caches(engine, out, serial: list[list[int]]) -> None:
 def _draft(engine, out):
     """The draft model of the decoder that produced `out` (layer skipping's view for that kind)."""
     return engine.draft if engine.draft is not None else next(iter(engine._proposer_models))
+
+
+def _same_kv(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
+    """The valid cache entries agree to float32 rounding. Not bit for bit: a step the pipeline cuts on
+    the device can run at another width than the serial loop's, and some CPUs' BLAS kernels, chosen by
+    row count, round the last bit differently (seen: 3e-7 at a row's last entry). A wrong entry (a
+    rolled-back draft's key, another position's) differs by far more than that."""
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
 
 
 def _valid_kv(model, out):
@@ -255,7 +265,7 @@ def test_steps_captured_whole_equal_serial(target, unrelated_draft, kind):
     # a few graphs, not one a step
     assert 2 <= report["step_graphs"] <= 4 and "step_graph_error" not in report
     _same_caches(engine, out, caches)
-    assert all(torch.equal(a, b) for a, b in zip(_valid_kv(engine.target, out), kv))
+    _same_kv(_valid_kv(engine.target, out), kv)
 
 
 def test_forced_acceptance_captured_whole_draws_as_the_serial_loop(target, unrelated_draft):
