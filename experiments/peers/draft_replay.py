@@ -11,8 +11,8 @@ drift into other text. A later turn of a conversation is replayed after the earl
 answers, without its own user message (results.jsonl does not keep it): its own-text matches are
 slightly fewer than in the run.
 
-Rules: `chain` (method=suffix), `tree` (method=suffix_tree, `budget` nodes), at draft-length factors
-1 and 2. Per rule: steps, tau (tokens per step) and the mean scoring width (drafted tokens + 1).
+Rules: `chain` (method=suffix), `tree` (method=suffix_tree, `budget` nodes), at each draft-length
+factor and probability floor given. Per rule: steps, tau (tokens per step) and the mean scoring width (drafted tokens + 1).
 """
 
 from __future__ import annotations
@@ -22,29 +22,7 @@ import json
 import statistics
 from pathlib import Path
 
-from specdec.proposers.suffix import SuffixProposer, SuffixTreeProposer, TokenPositions, continuation
-
-
-class UnionProposer(SuffixTreeProposer):
-    """A tree of every source's chain: for each index and match (longest first), the chain that
-    `SuffixProposer` would draft there, merged by common prefixes until `budget` nodes."""
-
-    def tree_row(self, context, own, k):
-        tokens, parents, kids = [], [], {}
-        for index in self.indexes(own):
-            for m, match in index.matches(context, self.max_depth):
-                limit = min(k, int(self.factor * m + self.offset))
-                chain, _ = continuation(index, match, limit, self.min_prob) if limit >= 1 else ([], [])
-                at = -1
-                for t in chain:
-                    if (at, t) not in kids:
-                        if len(tokens) == self.budget:
-                            break
-                        kids[at, t] = len(tokens)
-                        tokens.append(t)
-                        parents.append(at)
-                    at = kids[at, t]
-        return tokens, parents
+from specdec.proposers.suffix import SuffixProposer, SuffixTreeProposer, TokenPositions
 
 
 def accepted_chain(tokens: list[int], truth: list[int]) -> int:
