@@ -12,7 +12,7 @@ answers, without its own user message (results.jsonl does not keep it): its own-
 slightly fewer than in the run.
 
 Rules: `chain` (method=suffix), `tree` (method=suffix_tree, `budget` nodes), at each draft-length
-factor and probability floor given. Per rule: steps, tau (tokens per step) and the mean scoring width (drafted tokens + 1).
+factor and probability floor given. Per rule: steps, tau (tokens the steps emit per step, as the engine counts it) and the mean scoring width (drafted tokens + 1).
 """
 
 from __future__ import annotations
@@ -106,8 +106,9 @@ def main() -> None:
             s, w = replay(proposer, prompt, output, args.k)
             steps += s
             widths += w
-            per.setdefault(category, []).append(len(output) / s)
-        tau = sum(len(o) for _, o, _ in texts) / steps
+            per.setdefault(category, []).append((len(output) - 1) / s)
+        # tokens the steps emitted over steps, as the engine counts tau: the prefill writes each first token
+        tau = sum(len(o) - 1 for _, o, _ in texts) / steps
         cats = " ".join(f"{c[:5]} {statistics.mean(v):.2f}" for c, v in per.items())
         print(f"{name:<22} {steps:>6} {tau:>6.2f} {statistics.mean(widths):>6.2f}  {cats}")
 

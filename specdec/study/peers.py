@@ -37,6 +37,11 @@ from specdec.study.anchors import AnchorState, RequestRoom
 WORKER = Path(__file__).resolve().parents[2] / "scripts" / "vllm_worker.py"
 # vLLM's speculative methods that this anchor sets up, and what each needs beside k.
 METHODS = ("ngram", "suffix", "eagle", "eagle3")
+# vLLM's engine arguments where the method's `engine_args` do not set them. Its prefix cache is off:
+# with an anchor in the run, specdec prefills every turn whole (`continues_cache`), and a run's second
+# repeat asks the same prompts again, so with the cache on vLLM would skip the prefills specdec pays
+# (experiments/peers/LOG.md 13). `engine_args: {enable_prefix_caching: true}` turns it back on.
+ENGINE_DEFAULTS = {"enable_prefix_caching": False}
 
 
 def speculative_config(method: str | None, k: int, drafter: str | None = None, prompt_lookup_min: int = 1,
@@ -143,7 +148,7 @@ class VLLMAnchor(RequestRoom):
     """vLLM, plain (`speculative=None`) or with one of its speculative methods, as a decoder."""
 
     lossless = True
-    continues_cache = False  # every turn is a request of its own; vLLM's prefix cache is its business
+    continues_cache = False  # every turn is a request of its own, prefilled whole (`ENGINE_DEFAULTS`)
     engine_name = "vLLM"  # whose decoding loop it is, in the run's messages
 
     @staticmethod
@@ -175,7 +180,7 @@ class VLLMAnchor(RequestRoom):
         self.setup = {"model": model_folder(engine, model_path),
                       "dtype": dtype or str(engine.dtype).removeprefix("torch."), "seed": 0,
                       "max_model_len": max_model_len or engine.target.context_length,
-                      "speculative_config": self.spec, "engine_args": dict(engine_args or {}),
+                      "speculative_config": self.spec, "engine_args": {**ENGINE_DEFAULTS, **(engine_args or {})},
                       "cpus": pinned_cpus(threads) if pin else None}
         self.threads, self.startup_timeout_s = threads, startup_timeout_s
         self._checks = SpeculativeDecoder(engine, tokenizer=tokenizer, eos_token_id=eos_token_id)

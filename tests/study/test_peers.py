@@ -199,6 +199,17 @@ def test_speculative_args_reach_vllms_config_and_clashes_are_refused():
         speculative_config(None, 0, extra=off)
 
 
+def test_vllms_prefix_cache_is_off_unless_asked_for(folder, stand_in):
+    """With it on, vLLM would skip the prefills of prompts it saw before (a run's second repeat, a
+    conversation's earlier turns), which specdec's methods beside it pay in full."""
+    engine = make_engine(tiny_random_model(seed=0, eos_token_id=None))
+    assert VLLMAnchor(engine, python=stand_in, model_path=str(folder)).setup["engine_args"] == {
+        "enable_prefix_caching": False}
+    asked = VLLMAnchor(engine, python=stand_in, model_path=str(folder),
+                       engine_args={"enable_prefix_caching": True, "block_size": 32})
+    assert asked.setup["engine_args"] == {"enable_prefix_caching": True, "block_size": 32}
+
+
 def test_a_failing_worker_says_why(folder, stand_in):
     engine = make_engine(tiny_random_model(seed=0, eos_token_id=None))
     anchor = VLLMAnchor(engine, python=stand_in, model_path=str(folder), engine_args={"fail": True})
