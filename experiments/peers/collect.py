@@ -10,6 +10,10 @@ A run with `repeats=2` (the compiled ones) reports tokens/s from its last repeat
 compiles each new shape's graph while timed (specdec's; vLLM's n-gram also ran faster in its second
 repeat). Suffix decoding keeps the outputs of earlier requests, so a second pass over the same
 prompts would find its own answers: `cpu_suffix` turns both engines' cross-request caches off.
+So, for the same reason, does vLLM's prefix cache since `cpu_tree4_2` (`specdec.study.peers.ENGINE_DEFAULTS`).
+The runs before it ran with the cache on, vLLM's default then: with it, vLLM skipped the prefills of the
+measured repeat. To run them as they ran, add `+compare.<key>.decoder.engine_args.enable_prefix_caching=true`
+for each vLLM method (LOG.md 13).
 """
 
 from __future__ import annotations
@@ -47,14 +51,18 @@ def corpus_run(name: str, corpus: str, options: str = "") -> str:
 # four vLLM workers fit in memory with 1 GiB of KV cache each.
 CORPUS_XL = (f"VLLM_CPU_KVCACHE_SPACE=1 {corpus_run('suffix_corpus_f2', 'corpus-xl.jsonl', 'method.proposer.max_spec_factor=2 ')} "
              f"{vllm_suffix('vllm_suffix_f2', 2)}")
-# Suffix decoding's token trees from the same datastore (budget 11: 12 wide at most, a compiled width;
-# drafts up to 3x the match length; paths down to 3% under the counts; experiments/peers/draft_replay.py
-# chose them) beside vLLM's best method, its suffix decoding at factor 2. Alone: with section 10's chain
-# beside it, the run compiled both forms' graphs and did not fit in time or memory (LOG.md 12).
-TREE = (f"VLLM_CPU_KVCACHE_SPACE=1 {RUN} method=suffix_tree method.name=suffix_tree_corpus method.proposer.budget=11 "
-        "method.proposer.max_spec_factor=3 method.proposer.min_token_prob=0.03 method.proposer.max_cached_requests=0 "
-        f"method.proposer.corpus=experiments/peers/runs/corpus-xl.jsonl {vllm_suffix('vllm_suffix_f2', 2)} "
-        f"logger=none plots=false {COMPILED}")
+# Suffix decoding's token trees from the same datastore beside vLLM's best method, its suffix decoding at
+# factor 2, alone (with section 10's chain beside it, the run compiled both forms' graphs and did not fit
+# in time or memory; LOG.md 12). experiments/peers/draft_replay.py chose the rules: budget 11 (12 wide at
+# most), drafts up to 3x the match length, paths down to 3% under the counts; and budget 3 (4 wide at
+# most: the widest pass whose products run on inductor's C++ GEMMs under autotune, LOG.md 13).
+def tree_run(budget: int, factor: int) -> str:
+    return (f"VLLM_CPU_KVCACHE_SPACE=1 {RUN} method=suffix_tree method.name=suffix_tree_corpus "
+            f"method.proposer.budget={budget} method.proposer.max_spec_factor={factor} method.proposer.min_token_prob=0.03 "
+            "method.proposer.max_cached_requests=0 method.proposer.corpus=experiments/peers/runs/corpus-xl.jsonl "
+            f"{vllm_suffix('vllm_suffix_f2', 2)} logger=none plots=false {COMPILED}")
+
+
 COMMANDS = {
     # vLLM's worker pinned to one core: the anchor's default since these runs; the two after it left it free
     **{run: f"{BASE} {COMPILED}{pin} hydra.run.dir=experiments/peers/runs/{run}"
@@ -71,7 +79,8 @@ COMMANDS = {
     **{run: f"{corpus_run('suffix_corpus', 'corpus-large.jsonl')} hydra.run.dir=experiments/peers/runs/{run}"
        for run in ("cpu_corpus", "cpu_corpus_2")},
     **{run: f"{CORPUS_XL} hydra.run.dir=experiments/peers/runs/{run}" for run in ("cpu_corpus_xl", "cpu_corpus_xl_2")},
-    "cpu_tree_only": f"{TREE} hydra.run.dir=experiments/peers/runs/cpu_tree_only",
+    "cpu_tree_only": f"{tree_run(11, 3)} hydra.run.dir=experiments/peers/runs/cpu_tree_only",
+    **{run: f"{tree_run(3, 2)} hydra.run.dir=experiments/peers/runs/{run}" for run in ("cpu_tree4", "cpu_tree4_2", "cpu_tree4_3")},
     "cpu_2": f"{BASE} data.limit=2 +method@compare.suffix=suffix hydra.run.dir=experiments/peers/runs/cpu_2",
     "cpu_float32": f"{BASE} data.limit=1 generation.max_new_tokens=64 dtype=float32 "
                    "hydra.run.dir=experiments/peers/runs/cpu_float32",
