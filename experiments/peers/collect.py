@@ -66,7 +66,7 @@ def tree_run(budget: int, factor: int) -> str:
 COMMANDS = {
     # vLLM's worker pinned to one core: the anchor's default since these runs; the two after it left it free
     **{run: f"{BASE} {COMPILED}{pin} hydra.run.dir=experiments/peers/runs/{run}"
-       for run, pin in (("cpu_pinned", ""), *((r, UNPINNED) for r in ("cpu_compiled", "cpu_compiled_2")))},
+       for run, pin in (("cpu_pinned", ""), ("cpu_pinned_2", ""), *((r, UNPINNED) for r in ("cpu_compiled", "cpu_compiled_2")))},
     # n-gram lookup at k = 8 beside k = 4, and vLLM's at both
     "cpu_k8": f"{BASE} {COMPILED} method.num_speculative_tokens=8 +method@compare.ngram4=ngram "
               "compare.ngram4.num_speculative_tokens=4 +method@compare.vllm_ngram8=vllm_ngram "
